@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from vgrpo.advantages import (
+    clamp_advantages,
+    compute_advantages,
+    group_normalize,
+    soft_clip_advantages,
+    zero_variance_groups,
+)
+
+
+def test_group_normalize_matches_hand_computation():
+    r = torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 40.0])
+    adv = group_normalize(r, 3, delta=0.0)
+    g1 = (torch.tensor([1.0, 2.0, 3.0]) - 2.0) / torch.tensor([1.0, 2.0, 3.0]).std(unbiased=False)
+    g2 = (torch.tensor([10.0, 10.0, 40.0]) - 20.0) / torch.tensor([10.0, 10.0, 40.0]).std(unbiased=False)
+    torch.testing.assert_close(adv, torch.cat([g1, g2]))
+    torch.testing.assert_close(adv.reshape(2, 3).mean(dim=1), torch.zeros(2), atol=1e-6, rtol=0)
+
+
+def test_group_normalize_constant_group_gives_exact_zeros_not_nan():
+    r = torch.tensor([0.1, 0.1, 0.1, 0.3, 0.3, 0.3, 0.0, 1.0, 0.5])
+    adv = group_normalize(r, 3, delta=0.0)
+    assert torch.isfinite(adv).all()
+    assert torch.equal(adv[:6], torch.zeros(6))
+    assert zero_variance_groups(r, 3).tolist() == [True, True, False]
+
+
+def test_global_std_uses_one_std_for_the_batch():
+    r = torch.tensor([1.0, 3.0, 10.0, 30.0])
+    adv = group_normalize(r, 2, std_scope="global", delta=0.0)
+    std = r.std(unbiased=False)
+    torch.testing.assert_close(adv, torch.tensor([-1.0, 1.0, -10.0, 10.0]) / std)
+
+
+def test_group_normalize_rejects_bad_layouts():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_normalize(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="G >= 2"):
+        group_normalize(torch.zeros(6), 1)
+
+
+def test_soft_clip_is_bounded_by_eta_and_identity_near_zero():
+    a = torch.linspace(-100, 100, 1001)
+    clipped = soft_clip_advantages(a, 3.0)
+    assert clipped.abs().max() <= 3.0  # float32 tanh saturates to exactly 1 far out
+    assert soft_clip_advantages(torch.tensor([6.0]), 3.0).item() == pytest.approx(3.0 * 0.9640276, rel=1e-6)
+    small = torch.tensor([-1e-3, 0.0, 1e-3])
+    torch.testing.assert_close(soft_clip_advantages(small, 3.0), small, rtol=1e-6, atol=0)
+    assert torch.all(clipped[1:] >= clipped[:-1])  # monotone: the order of samples is kept
+
+
+def test_clamp_advantages():
+    assert clamp_advantages(torch.tensor([-9.0, 0.5, 7.0]), 5.0).tolist() == [-5.0, 0.5, 5.0]
+
+
+def test_multi_reward_normalize_then_sum_vs_sum_then_normalize():
+    a = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    b = torch.tensor([10.0, 0.0, 5.0, 5.0])
+    w = {"a": 1.0, "b": 0.5}
+    nts = compute_advantages({"a": a, "b": b}, group_size=2, weights=w, soft_clip_eta=None, delta=0.0)
+    expected = group_normalize(a, 2, delta=0.0) + 0.5 * group_normalize(b, 2, delta=0.0)
+    torch.testing.assert_close(nts.advantages, expected)
+    stn = compute_advantages(
+        {"a": a, "b": b},
+        group_size=2,
+        weights=w,
+        aggregation="sum_then_normalize",
+        soft_clip_eta=None,
+        delta=0.0,
+    )
+    torch.testing.assert_close(stn.advantages, group_normalize(a + 0.5 * b, 2, delta=0.0))
+    torch.testing.assert_close(stn.total_reward, a + 0.5 * b)
+    # second group of b is constant: only a contributes there under normalize_then_sum
+    assert nts.metrics["reward/b_std"] == pytest.approx(b.std(unbiased=False).item())
+
+
+def test_compute_advantages_reports_zero_variance_fraction_and_clips():
+    r = torch.tensor([1.0, 1.0, 0.0, 100.0])
+    res = compute_advantages({"r": r}, group_size=2, soft_clip_eta=0.5)
+    assert res.metrics["advantage/zero_variance_frac"] == 0.5
+    assert res.advantages.abs().max() < 0.5
+    assert res.metrics["advantage/abs_max_before_clip"] > 0.99
+
+
+def test_compute_advantages_rejects_mismatched_weights_and_nan():
+    with pytest.raises(ValueError, match="unknown \\['c'\\]"):
+        compute_advantages({"a": torch.zeros(4)}, group_size=2, weights={"a": 1.0, "c": 1.0})
+    with pytest.raises(ValueError, match="reward 'a' has non-finite"):
+        compute_advantages({"a": torch.tensor([0.0, float("nan"), 1.0, 2.0])}, group_size=2)

@@ -1,0 +1,86 @@
+from pathlib import Path
+
+import pytest
+
+from vgrpo.config import ConfigError, MixGRPOConfig, NaiveELBOConfig, TrainConfig, VGRPOConfig, load_config
+
+PARAMS = Path(__file__).resolve().parents[1] / "params"
+
+
+def _write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_the_papers_sd35_stage_one_controls():
+    config = TrainConfig()
+    algo = config.algorithm
+    assert isinstance(algo, VGRPOConfig)
+    assert (algo.n_mc, algo.share, algo.timestep_sampling, algo.prediction) == (4, "batch", "stratified", "x")
+    assert algo.self_normalize and algo.clip_range is None and algo.kl_coef == 0.0
+    assert config.advantage.soft_clip_eta == 3.0 and config.optim.gradient_steps == 1
+    assert config.lora is not None and (config.lora.rank, config.lora.alpha) == (32, 64)
+    assert config.optim.lr == 3e-4 and config.optim.weight_decay == 1e-4
+
+
+def test_unknown_key_is_an_error_naming_file_and_key(tmp_path):
+    path = _write(tmp_path, "algorithm:\n  name: vgrpo\n  n_mcc: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config([path])
+    assert str(path) in str(err.value) and "algorithm.vgrpo.n_mcc" in str(err.value)
+
+
+def test_mistyped_value_is_an_error_naming_the_key(tmp_path):
+    path = _write(tmp_path, "rollout:\n  group_size: eight\n")
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+        load_config([path])
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("rollout:\n  group_size: 1\n", "rollout.group_size"),
+        ("algorithm:\n  name: vgrpo\n  n_mc: 0\n", "n_mc"),
+        ("algorithm:\n  name: vgrpo\n  clip_range: 0\n", "clip_range"),
+        ("algorithm:\n  name: ppo\n", "algorithm"),
+        ("optim:\n  minibatches: 5\n", "minibatches"),
+        ("rollout:\n  num_steps: 3\nalgorithm:\n  name: vgrpo\n  n_mc: 4\n", "n_mc"),
+        ("- just\n- a list\n", "mapping"),
+        ("rollout: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_impossible_values_are_rejected_with_the_key(tmp_path, text, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config([_write(tmp_path, text)])
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: params file not found"):
+        load_config([tmp_path / "nope.yaml"])
+
+
+def test_later_files_and_overrides_win_and_algorithm_switch_drops_old_keys(tmp_path):
+    base = _write(tmp_path, "seed: 1\nalgorithm:\n  name: vgrpo\n  n_mc: 8\n", "a.yaml")
+    preset = _write(tmp_path, "algorithm:\n  name: mixgrpo\n  window_size: 2\n", "b.yaml")
+    config = load_config([base, preset], {"seed": 5})
+    assert config.seed == 5
+    assert isinstance(config.algorithm, MixGRPOConfig) and config.algorithm.window_size == 2
+
+
+def test_configs_are_frozen():
+    config = TrainConfig()
+    with pytest.raises(Exception, match="frozen"):
+        config.seed = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("preset", sorted((PARAMS / "algorithms").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_presets_load(preset):
+    config = load_config([PARAMS / "base.yaml", preset])
+    assert config.algorithm.name == preset.stem
+
+
+def test_naive_preset_is_vgrpo_with_techniques_off():
+    config = load_config([PARAMS / "base.yaml", PARAMS / "algorithms" / "naive_elbo.yaml"])
+    assert isinstance(config.algorithm, NaiveELBOConfig)
+    assert config.algorithm.share == "none" and not config.algorithm.self_normalize

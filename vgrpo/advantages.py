@@ -1,0 +1,166 @@
+"""GRPO advantages: group-relative normalisation, multi-reward aggregation and clipping.
+
+Samples are laid out prompt-major: sample ``i`` belongs to prompt ``i // G`` (``G`` = group size),
+so a ``(B * G,)`` vector reshapes to ``(B, G)``. Shared by V-GRPO and every baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "AdvantageResult",
+    "clamp_advantages",
+    "compute_advantages",
+    "group_normalize",
+    "soft_clip_advantages",
+    "zero_variance_groups",
+]
+
+StdScope = Literal["group", "global"]
+Aggregation = Literal["normalize_then_sum", "sum_then_normalize"]
+
+
+def _grouped(values: Tensor, group_size: int) -> Tensor:
+    if values.ndim != 1:
+        raise ValueError(f"expected a (B * G,) vector, got shape {tuple(values.shape)}")
+    if group_size < 2 or values.shape[0] % group_size:
+        raise ValueError(f"{values.shape[0]} samples do not split into groups of {group_size} (need G >= 2)")
+    return values.reshape(-1, group_size)
+
+
+def zero_variance_groups(rewards: Tensor, group_size: int, *, atol: float = 1e-8) -> Tensor:
+    """``(B,)`` bool: groups whose rewards are all equal (they carry no learning signal)."""
+    grouped = _grouped(rewards.float(), group_size)
+    return (grouped.max(dim=1).values - grouped.min(dim=1).values) <= atol
+
+
+def group_normalize(rewards: Tensor, group_size: int, *, std_scope: StdScope = "group", delta: float = 1e-4) -> Tensor:
+    """GRPO advantage, algorithm.md §2: ``A_i = (r_i - mean_g r) / (std r + delta)``.
+
+    Args:
+        rewards: ``(B * G,)``.
+        std_scope: ``"group"`` (per-prompt std, GRPO) or ``"global"`` (one std over the whole batch,
+            Flow-GRPO's default).
+        delta: keeps near-constant groups finite.
+
+    Returns:
+        ``(B * G,)`` float32 advantages; exactly 0 for zero-variance groups (never NaN).
+    """
+    grouped = _grouped(rewards.float(), group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if std_scope == "group":
+        std = grouped.std(dim=1, unbiased=False, keepdim=True)
+    elif std_scope == "global":
+        std = grouped.std(unbiased=False).expand_as(grouped[:, :1])
+    else:
+        raise ValueError(f"std_scope must be 'group' or 'global', got {std_scope!r}")
+    advantages = centred / (std + delta)
+    flat = zero_variance_groups(rewards, group_size)
+    advantages = torch.where(flat[:, None], torch.zeros_like(advantages), advantages)
+    return advantages.reshape(-1)
+
+
+def soft_clip_advantages(advantages: Tensor, eta: float) -> Tensor:
+    """V-GRPO Eq. (17): ``A <- eta * tanh(A / eta)``; bounded by ``eta``, the identity near 0."""
+    if eta <= 0:
+        raise ValueError(f"soft-clip eta must be > 0, got {eta}")
+    return eta * torch.tanh(advantages / eta)
+
+
+def clamp_advantages(advantages: Tensor, max_abs: float) -> Tensor:
+    """Hard clamp to ``[-max_abs, max_abs]`` (Flow-GRPO's ``adv_clip_max = 5``)."""
+    if max_abs <= 0:
+        raise ValueError(f"advantage clamp must be > 0, got {max_abs}")
+    return advantages.clamp(-max_abs, max_abs)
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """Advantages and what they were made from.
+
+    Attributes:
+        advantages: ``(B * G,)`` float32, after aggregation and clipping.
+        total_reward: ``(B * G,)`` the weighted sum of raw rewards (what evaluation reports).
+        zero_variance: ``(B,)`` bool, groups whose total reward is constant.
+        metrics: flat dict of detached scalars (per-reward mean/std, advantage stats).
+    """
+
+    advantages: Tensor
+    total_reward: Tensor
+    zero_variance: Tensor
+    metrics: dict[str, float]
+
+
+def compute_advantages(
+    rewards: Mapping[str, Tensor],
+    *,
+    group_size: int,
+    weights: Mapping[str, float] | None = None,
+    aggregation: Aggregation = "normalize_then_sum",
+    std_scope: StdScope = "group",
+    delta: float = 1e-4,
+    soft_clip_eta: float | None = None,
+    clamp: float | None = None,
+) -> AdvantageResult:
+    """Multi-reward GRPO advantages, algorithm.md §2.
+
+    ``normalize_then_sum``: ``A_i = sum_m w_m A_i^m`` (MixGRPO's ``advantage_aggr``);
+    ``sum_then_normalize``: normalise ``sum_m w_m r_i^m`` once (Flow-GRPO's ``multi_score``).
+    Then optional soft-clipping (V-GRPO Eq. 17) and/or a hard clamp (the baselines).
+
+    Args:
+        rewards: name -> ``(B * G,)`` scores.
+        weights: name -> weight; default 1 for every reward. A weight for an absent reward is an error.
+    """
+    if not rewards:
+        raise ValueError("no rewards given")
+    weights = dict(weights) if weights is not None else {name: 1.0 for name in rewards}
+    unknown = sorted(set(weights) - set(rewards))
+    missing = sorted(set(rewards) - set(weights))
+    if unknown or missing:
+        raise ValueError(f"reward weights do not match rewards: unknown {unknown}, missing {missing}")
+    metrics: dict[str, float] = {}
+    total = torch.zeros_like(next(iter(rewards.values())), dtype=torch.float32)
+    for name, r in rewards.items():
+        r32 = r.detach().float()
+        if not torch.isfinite(r32).all():
+            raise ValueError(f"reward {name!r} has non-finite scores")
+        total = total + weights[name] * r32
+        metrics[f"reward/{name}_mean"] = r32.mean().item()
+        metrics[f"reward/{name}_std"] = r32.std(unbiased=False).item()
+    if aggregation == "normalize_then_sum":
+        adv = sum(
+            (
+                weights[name] * group_normalize(r.detach(), group_size, std_scope=std_scope, delta=delta)
+                for name, r in rewards.items()
+            ),
+            start=torch.zeros_like(total),
+        )
+    elif aggregation == "sum_then_normalize":
+        adv = group_normalize(total, group_size, std_scope=std_scope, delta=delta)
+    else:
+        raise ValueError(f"aggregation must be 'normalize_then_sum' or 'sum_then_normalize', got {aggregation!r}")
+    raw_abs_max = adv.abs().max().item()
+    if soft_clip_eta is not None:
+        adv = soft_clip_advantages(adv, soft_clip_eta)
+    if clamp is not None:
+        adv = clamp_advantages(adv, clamp)
+    flat = zero_variance_groups(total, group_size)
+    metrics.update(
+        {
+            "reward/total_mean": total.mean().item(),
+            "reward/total_std": total.std(unbiased=False).item(),
+            "advantage/mean": adv.mean().item(),
+            "advantage/std": adv.std(unbiased=False).item(),
+            "advantage/abs_max_before_clip": raw_abs_max,
+            "advantage/abs_max": adv.abs().max().item(),
+            "advantage/zero_variance_frac": flat.float().mean().item(),
+        }
+    )
+    return AdvantageResult(advantages=adv, total_reward=total, zero_variance=flat, metrics=metrics)

@@ -1,0 +1,130 @@
+"""DiffusionNFT (Zheng et al. 2025): likelihood-free RL on the forward process.
+
+Read next to algorithm.md §5. An "old" copy of the trainable weights samples with the Euler ODE;
+the reward-derived weight ``r = clip(A / A_max / 2 + 0.5, 0, 1)`` mixes a positive and a negative
+implicit policy (:func:`vgrpo.losses.nft_loss`) trained with the self-normalised x-loss on noised
+samples; after each iteration the old weights follow the trained ones by EMA. Timestep-noise pairs
+reuse V-GRPO's :func:`vgrpo.pairs.draw_pairs`, drawn independently per sample (no sharing).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vgrpo.algorithms.base import Algorithm, PreparedBatch, Rollout, micro_batches
+from vgrpo.config import DiffusionNFTConfig
+from vgrpo.flow import interpolate
+from vgrpo.losses import nft_loss
+from vgrpo.pairs import SharedPairs, draw_pairs
+from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
+from vgrpo.samplers import euler_ode_sample
+
+__all__ = ["DiffusionNFT", "nft_reward_weight"]
+
+
+def nft_reward_weight(advantages: Tensor, adv_max: float) -> Tensor:
+    """DiffusionNFT's optimality probability ``r = clip(A / A_max / 2 + 0.5, 0, 1)``, ``(N,)``."""
+    return (advantages.float() / adv_max / 2 + 0.5).clamp(0.0, 1.0)
+
+
+class DiffusionNFT(Algorithm):
+    name = "diffusion_nft"
+
+    def __init__(
+        self,
+        config: DiffusionNFTConfig,
+        *,
+        policy: nn.Module,
+        sigmas: Tensor,
+        group_size: int,
+        latent_shape: tuple[int, ...],
+        rollout_micro_batch: int,
+        train_micro_batch: int,
+    ):
+        self.config = config
+        self.sigmas = sigmas
+        self.group_size = group_size
+        self.latent_shape = latent_shape
+        self.rollout_micro_batch = rollout_micro_batch
+        self.train_micro_batch = train_micro_batch
+        self.old = ParameterSnapshot(trainable_parameters(policy))
+
+    def rollout(
+        self, policy: nn.Module, cond: Conditioning, noise: Tensor, generator: torch.Generator, iteration: int
+    ) -> Rollout:
+        with self.old.swapped_in():
+            chunks = [
+                euler_ode_sample(policy, noise[pos], cond.index(mb), self.sigmas)
+                for mb, pos in micro_batches(torch.arange(noise.shape[0]), self.rollout_micro_batch)
+            ]
+        return Rollout(samples=torch.cat(chunks), nfe=self.sigmas.shape[0] - 1)
+
+    def _inputs(self, samples: Tensor, pairs: SharedPairs, j: int, mb: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        x0 = samples[mb.to(samples.device)]
+        t = pairs.timesteps(j, mb).to(x0.device)
+        eps = pairs.noise(j, mb).to(device=x0.device, dtype=x0.dtype)
+        return x0, t, eps, interpolate(x0, eps, t).to(x0.dtype)
+
+    def prepare(
+        self,
+        policy: nn.Module,
+        rollout: Rollout,
+        cond: Conditioning,
+        advantages: Tensor,
+        generator: torch.Generator,
+    ) -> PreparedBatch:
+        n = rollout.samples.shape[0]
+        pairs = draw_pairs(
+            num_prompts=n // self.group_size,
+            group_size=self.group_size,
+            n_mc=self.config.n_mc,
+            latent_shape=self.latent_shape,
+            share="none",
+            timestep_sampling=self.config.timestep_sampling,
+            sigmas=self.sigmas,
+            generator=generator,
+        )
+        v_old = torch.empty(n, pairs.n_mc, *rollout.samples.shape[1:])
+        with torch.no_grad(), self.old.swapped_in():
+            for j in range(pairs.n_mc):
+                for mb, pos in micro_batches(torch.arange(n), self.train_micro_batch):
+                    _, t, _, z = self._inputs(rollout.samples, pairs, j, mb)
+                    v_old[pos, j] = policy(z, t, cond.index(mb)).float().cpu()
+        r = nft_reward_weight(advantages, self.config.adv_max)
+        return PreparedBatch(
+            samples=rollout.samples,
+            cond=cond,
+            advantages=advantages,
+            extras={"pairs": pairs, "v_old": v_old, "reward_weight": r},
+            metrics={"nft/reward_weight_mean": r.mean().item()},
+        )
+
+    def accumulate_gradients(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:
+        pairs: SharedPairs = batch.extras["pairs"]
+        v_old: Tensor = batch.extras["v_old"]
+        r: Tensor = batch.extras["reward_weight"]
+        totals: dict[str, float] = {}
+        scale = 1.0 / (pairs.n_mc * idx.shape[0])
+        for j in range(pairs.n_mc):
+            for mb, _ in micro_batches(idx, self.train_micro_batch):
+                x0, t, eps, z = self._inputs(batch.samples, pairs, j, mb)
+                v = policy(z, t, batch.cond.index(mb))
+                loss, metrics = nft_loss(
+                    v_theta=v,
+                    v_old=v_old[mb, j].to(v.device),
+                    x0=x0,
+                    eps=eps,
+                    t=t,
+                    reward_weight=r[mb].to(v.device),
+                    beta=self.config.beta,
+                )
+                (loss * mb.shape[0] * scale).backward()
+                for key, value in metrics.items():
+                    totals[key] = totals.get(key, 0.0) + value * mb.shape[0] * scale
+        return totals
+
+    def end_iteration(self, policy: nn.Module, iteration: int) -> dict[str, float]:
+        decay = min(self.config.ema_decay_max, self.config.ema_decay_rate * iteration)
+        self.old.ema_update(decay)
+        return {"nft/ema_decay": decay}

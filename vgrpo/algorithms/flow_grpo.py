@@ -1,0 +1,163 @@
+"""Flow-GRPO (Liu et al. 2025) and MixGRPO (Li et al. 2025): GRPO over the SDE sampler's MDP.
+
+Read next to algorithm.md §5. The rollout stores the whole trajectory and the per-step Gaussian
+log-probabilities; each gradient step re-scores stored transitions under the current weights and
+applies the PPO clip per (sample, step), plus a KL to the frozen reference. The loss is a mean
+over (sample, step) terms, so backwarding one step and one micro-batch at a time is exact.
+
+MixGRPO is the same algorithm with SDE steps (and training) confined to a sliding window.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vgrpo.algorithms.base import Algorithm, PreparedBatch, Rollout, micro_batches
+from vgrpo.config import FlowGRPOConfig, MixGRPOConfig
+from vgrpo.losses import flow_grpo_loss, ratio_metrics
+from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
+from vgrpo.samplers import SDETrajectory, mixgrpo_window_start, sde_sample, sde_step, window_mask
+
+__all__ = ["FlowGRPO", "MixGRPO"]
+
+
+class FlowGRPO(Algorithm):
+    """Flow-GRPO: SDE on every step, train on ``timestep_fraction`` of them per sample."""
+
+    name = "flow_grpo"
+
+    def __init__(
+        self,
+        config: FlowGRPOConfig,
+        *,
+        policy: nn.Module,
+        sigmas: Tensor,
+        group_size: int,
+        latent_shape: tuple[int, ...],
+        rollout_micro_batch: int,
+        train_micro_batch: int,
+    ):
+        self.config = config
+        self.sigmas = sigmas
+        self.group_size = group_size
+        self.latent_shape = latent_shape
+        self.rollout_micro_batch = rollout_micro_batch
+        self.train_micro_batch = train_micro_batch
+        self.num_steps = sigmas.shape[0] - 1
+        # The reference policy is the weights at construction (for LoRA: the adapter at init = base model).
+        self.reference = ParameterSnapshot(trainable_parameters(policy)) if config.kl_coef > 0 else None
+
+    def sde_steps(self, iteration: int) -> Tensor:
+        """``(T,)`` bool: the stochastic (and trainable) steps at this iteration."""
+        return torch.ones(self.num_steps, dtype=torch.bool)
+
+    def rollout(
+        self, policy: nn.Module, cond: Conditioning, noise: Tensor, generator: torch.Generator, iteration: int
+    ) -> Rollout:
+        mask = self.sde_steps(iteration)
+        step_noise = torch.randn(noise.shape[0], self.num_steps, *noise.shape[1:], generator=generator)
+        parts = [
+            sde_sample(
+                policy,
+                noise[pos],
+                cond.index(mb),
+                self.sigmas,
+                noise_level=self.config.noise_level,
+                sde_steps=mask,
+                step_noise=step_noise[pos].to(device=noise.device, dtype=noise.dtype),
+            )
+            for mb, pos in micro_batches(torch.arange(noise.shape[0]), self.rollout_micro_batch)
+        ]
+        trajectory = SDETrajectory(
+            latents=torch.cat([p.latents for p in parts]),
+            log_probs=torch.cat([p.log_probs for p in parts]),
+            sde_steps=mask,
+            sigmas=self.sigmas,
+        )
+        return Rollout(samples=trajectory.samples, nfe=self.num_steps, trajectory=trajectory)
+
+    def prepare(
+        self,
+        policy: nn.Module,
+        rollout: Rollout,
+        cond: Conditioning,
+        advantages: Tensor,
+        generator: torch.Generator,
+    ) -> PreparedBatch:
+        assert rollout.trajectory is not None
+        trainable = torch.nonzero(rollout.trajectory.sde_steps).flatten()
+        per_sample = max(1, int(self.config.timestep_fraction * trainable.shape[0]))
+        # Each sample trains on its own random subset of the stochastic steps (Flow-GRPO's shuffle).
+        n = rollout.samples.shape[0]
+        order = torch.stack([torch.randperm(trainable.shape[0], generator=generator) for _ in range(n)])
+        train_steps = trainable[order[:, :per_sample]]
+        return PreparedBatch(
+            samples=rollout.samples,
+            cond=cond,
+            advantages=advantages,
+            extras={"trajectory": rollout.trajectory, "train_steps": train_steps},
+        )
+
+    def accumulate_gradients(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:
+        traj: SDETrajectory = batch.extras["trajectory"]
+        train_steps: Tensor = batch.extras["train_steps"]
+        num_terms = idx.shape[0] * train_steps.shape[1]
+        t_cap = float(self.sigmas[1])
+        ratios, kls, loss_sum = [], [], 0.0
+        for col in range(train_steps.shape[1]):
+            for mb, _ in micro_batches(idx, self.train_micro_batch):
+                k = train_steps[mb, col]
+                rows = mb.to(traj.latents.device)
+                x_t, x_next = traj.latents[rows, k], traj.latents[rows, k + 1]
+                t, t_next = self.sigmas[k].to(x_t.device), self.sigmas[k + 1].to(x_t.device)
+                cond = batch.cond.index(mb)
+                current = sde_step(
+                    v=policy(x_t, t, cond), x_t=x_t, t=t, t_next=t_next,
+                    noise_level=self.config.noise_level, t_cap=t_cap, x_next=x_next,
+                )  # fmt: skip
+                kl = None
+                if self.reference is not None:
+                    with torch.no_grad(), self.reference.swapped_in():
+                        ref_mean = sde_step(
+                            v=policy(x_t, t, cond), x_t=x_t, t=t, t_next=t_next,
+                            noise_level=self.config.noise_level, t_cap=t_cap, x_next=x_next,
+                        ).mean  # fmt: skip
+                    # KL between Gaussians of equal std: ||mu_theta - mu_ref||^2 / (2 std^2), per dim.
+                    sq = ((current.mean - ref_mean) ** 2).mean(dim=tuple(range(1, x_t.ndim)))
+                    kl = sq / (2 * current.std**2)
+                loss, _ = flow_grpo_loss(
+                    log_probs=current.log_prob,
+                    old_log_probs=traj.log_probs[rows, k],
+                    advantages=batch.advantages[rows],
+                    clip_range=self.config.clip_range,
+                    kl=kl,
+                    kl_coef=self.config.kl_coef,
+                )
+                share = mb.shape[0] / num_terms
+                (loss * share).backward()
+                loss_sum += loss.item() * share
+                ratios.append(torch.exp(current.log_prob.detach() - traj.log_probs[rows, k]))
+                if kl is not None:
+                    kls.append(kl.detach())
+        metrics = ratio_metrics(torch.cat(ratios), self.config.clip_range)
+        kl_mean = torch.cat(kls).mean().item() if kls else 0.0
+        metrics.update({"loss": loss_sum, "kl": kl_mean, "policy_loss": loss_sum - self.config.kl_coef * kl_mean})
+        return metrics
+
+
+class MixGRPO(FlowGRPO):
+    """MixGRPO: SDE and training inside a window of ``window_size`` steps that slides every
+    ``shift_interval`` iterations and rolls back at the end; Euler ODE outside the window."""
+
+    name = "mixgrpo"
+    config: MixGRPOConfig
+
+    def sde_steps(self, iteration: int) -> Tensor:
+        start = mixgrpo_window_start(
+            iteration,
+            num_steps=self.num_steps,
+            window_size=self.config.window_size,
+            shift_interval=self.config.shift_interval,
+        )
+        return window_mask(self.num_steps, start, self.config.window_size)

@@ -1,0 +1,49 @@
+"""Algorithm registry: short name -> dotted class path, imported only when selected."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+from vgrpo.algorithms.base import Algorithm
+from vgrpo.config import TrainConfig
+from vgrpo.flow import timestep_grid
+
+__all__ = ["ALGORITHMS", "build_algorithm", "get_algorithm_class"]
+
+ALGORITHMS: dict[str, str] = {
+    "vgrpo": "vgrpo.algorithms.vgrpo:VGRPO",
+    "naive_elbo": "vgrpo.algorithms.vgrpo:VGRPO",
+    "flow_grpo": "vgrpo.algorithms.flow_grpo:FlowGRPO",
+    "mixgrpo": "vgrpo.algorithms.flow_grpo:MixGRPO",
+    "diffusion_nft": "vgrpo.algorithms.diffusion_nft:DiffusionNFT",
+}
+
+# Algorithms that keep a copy of the trainable weights (reference or old policy) need the policy.
+_NEEDS_POLICY = {"flow_grpo", "mixgrpo", "diffusion_nft"}
+
+
+def get_algorithm_class(name: str) -> type[Algorithm]:
+    if name not in ALGORITHMS:
+        raise KeyError(f"unknown algorithm {name!r}; valid names: {', '.join(sorted(ALGORITHMS))}")
+    module, _, cls = ALGORITHMS[name].partition(":")
+    algorithm_class: type[Algorithm] = getattr(importlib.import_module(module), cls)
+    return algorithm_class
+
+
+def build_algorithm(config: TrainConfig, *, policy: nn.Module, latent_shape: tuple[int, ...]) -> Algorithm:
+    """Instantiate ``config.algorithm`` with the plain values it needs from the rest of the config."""
+    algo_config = config.algorithm
+    kwargs: dict[str, object] = {
+        "sigmas": timestep_grid(config.rollout.num_steps, shift=config.rollout.shift),
+        "group_size": config.rollout.group_size,
+        "latent_shape": latent_shape,
+        "rollout_micro_batch": config.rollout.micro_batch_size,
+        "train_micro_batch": config.optim.micro_batch_size,
+    }
+    if algo_config.name in _NEEDS_POLICY:
+        kwargs["policy"] = policy
+    cls = get_algorithm_class(algo_config.name)
+    algorithm = cls(algo_config, **kwargs)  # type: ignore[call-arg]
+    return algorithm

@@ -1,0 +1,39 @@
+"""LoRA adapters through peft, on the attention projections of both SD3 streams (paper: r=32, alpha=64)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+__all__ = ["add_lora"]
+
+
+def add_lora(
+    transformer: nn.Module,
+    *,
+    rank: int,
+    alpha: int,
+    target_modules: Sequence[str],
+    dropout: float = 0.0,
+    adapter_name: str = "default",
+) -> nn.Module:
+    """Freeze ``transformer`` and add a trainable LoRA adapter (diffusers ``add_adapter``) in place.
+
+    LoRA ``B`` starts at zero, so the adapted model equals the base model until the first update.
+    """
+    from peft import LoraConfig as PeftLoraConfig
+
+    missing = [m for m in target_modules if not any(n.endswith(m) for n, _ in transformer.named_modules())]
+    if missing:
+        raise ValueError(f"LoRA target modules not found in {type(transformer).__name__}: {missing}")
+    transformer.requires_grad_(False)
+    config = PeftLoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        init_lora_weights=True,
+        target_modules=list(target_modules),
+    )
+    transformer.add_adapter(config, adapter_name=adapter_name)  # type: ignore[operator]
+    return transformer

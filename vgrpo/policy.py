@@ -1,0 +1,109 @@
+"""What the algorithms need from a model: a velocity field, its conditioning and its trainable weights.
+
+A *policy* is any ``torch.nn.Module`` whose ``forward(latents, t, cond)`` returns the velocity
+``v_hat`` with the shape of ``latents`` and whose trainable parameters (``requires_grad``) are the
+ones RL updates: LoRA adapters, or every weight for full fine-tuning. Adapters for real diffusers
+transformers live in :mod:`vgrpo.models`.
+
+Other copies of the weights an algorithm needs (Flow-GRPO's frozen reference, DiffusionNFT's
+"old" EMA policy) are :class:`ParameterSnapshot` s of the trainable parameters swapped in place,
+so that LoRA and full fine-tuning share one mechanism and a LoRA snapshot costs only the adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Conditioning", "ParameterSnapshot", "VelocityModel", "trainable_parameters"]
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """Text conditioning for a batch, every tensor batch-first.
+
+    Attributes:
+        prompt_embeds: ``(B, L, D)`` token embeddings (SD3: CLIP-L/G + T5 joint sequence).
+        pooled_prompt_embeds: ``(B, P)`` pooled embeddings, or ``None`` for models without them.
+    """
+
+    prompt_embeds: Tensor
+    pooled_prompt_embeds: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        pooled = self.pooled_prompt_embeds
+        if pooled is not None and pooled.shape[0] != self.prompt_embeds.shape[0]:
+            raise ValueError(
+                f"pooled_prompt_embeds has batch {pooled.shape[0]}, prompt_embeds {self.prompt_embeds.shape[0]}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.prompt_embeds.shape[0])
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> Conditioning:
+        pooled = self.pooled_prompt_embeds
+        return Conditioning(
+            prompt_embeds=fn(self.prompt_embeds), pooled_prompt_embeds=None if pooled is None else fn(pooled)
+        )
+
+    def index(self, idx: Tensor) -> Conditioning:
+        """Rows ``idx`` (a ``(n,)`` long tensor) of every tensor."""
+        return self._map(lambda x: x.index_select(0, idx.to(x.device)))
+
+    def repeat_interleave(self, repeats: int) -> Conditioning:
+        """Each prompt repeated ``repeats`` times in place: prompts ``(B,)`` -> samples ``(B * G,)``."""
+        return self._map(lambda x: x.repeat_interleave(repeats, dim=0))
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Conditioning:
+        return self._map(lambda x: x.to(device=device, dtype=dtype))
+
+
+@runtime_checkable
+class VelocityModel(Protocol):
+    """``(latents (N, *S), t (N,) in [0, 1], cond with N rows) -> v_hat (N, *S)``."""
+
+    def __call__(self, latents: Tensor, t: Tensor, cond: Conditioning) -> Tensor: ...
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters RL updates, in a stable order."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+class ParameterSnapshot:
+    """A detached copy of some parameters that can be swapped into the live model.
+
+    Used for the frozen reference policy (Flow-GRPO's KL) and the EMA "old" policy (DiffusionNFT).
+    Swapping exchanges storage, so it is O(1) and leaves the optimizer's parameter objects intact.
+    """
+
+    def __init__(self, params: Sequence[nn.Parameter]):
+        self.params = list(params)
+        self.values = [p.detach().clone() for p in self.params]
+
+    @contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """Run the block with the snapshot's values in the live parameters, then restore them."""
+        self._swap()
+        try:
+            yield
+        finally:
+            self._swap()
+
+    @torch.no_grad()
+    def _swap(self) -> None:
+        for i, p in enumerate(self.params):
+            p.data, self.values[i] = self.values[i], p.data
+
+    @torch.no_grad()
+    def ema_update(self, decay: float) -> None:
+        """``snapshot <- decay * snapshot + (1 - decay) * live`` (decay 0 copies the live weights)."""
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"EMA decay must lie in [0, 1], got {decay}")
+        for p, v in zip(self.params, self.values, strict=True):
+            v.mul_(decay).add_(p.detach(), alpha=1 - decay)

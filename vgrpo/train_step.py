@@ -1,0 +1,150 @@
+"""One training iteration, the same for every algorithm, usable without Prefect:
+
+rollout -> rewards -> advantages -> prepare (pairs, old surrogates) -> K gradient steps
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from vgrpo.advantages import compute_advantages
+from vgrpo.algorithms.base import Algorithm
+from vgrpo.config import OptimConfig, TrainConfig
+from vgrpo.policy import Conditioning, trainable_parameters
+
+__all__ = ["IterationRecord", "RewardFn", "build_optimizer", "minibatch_schedule", "train_iteration"]
+
+RewardFn = Callable[[Tensor, Sequence[str]], Mapping[str, Tensor]]
+"""``(samples (N, *S), prompts (N,)) -> {reward name: (N,) scores}``; decoding is the reward's job."""
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """What one iteration did.
+
+    Attributes:
+        metrics: flat dict of floats: rewards, advantages, surrogate CV, ratio/clip/KL statistics
+            (averaged over gradient steps; ``*_first`` / ``*_last`` keep the ends), grad norm,
+            seconds per phase and NFE.
+        rewards: name -> ``(N,)`` the iteration's raw rewards.
+        samples: ``(N, *S)`` the rollout's final latents.
+    """
+
+    metrics: dict[str, float]
+    rewards: dict[str, Tensor]
+    samples: Tensor
+
+
+def build_optimizer(policy: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW over the policy's trainable parameters (LoRA adapters, or everything)."""
+    params = trainable_parameters(policy)
+    if not params:
+        raise ValueError("the policy has no trainable parameters")
+    return torch.optim.AdamW(
+        params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.adam_eps
+    )
+
+
+def minibatch_schedule(num_samples: int, minibatches: int, steps: int, generator: torch.Generator) -> list[Tensor]:
+    """Sample indices for each of ``steps`` gradient steps: the whole batch when ``minibatches == 1``,
+    else consecutive parts of a permutation redrawn at the start of each pass over the batch."""
+    if minibatches == 1:
+        return [torch.arange(num_samples)] * steps
+    size = num_samples // minibatches
+    schedule: list[Tensor] = []
+    while len(schedule) < steps:
+        perm = torch.randperm(num_samples, generator=generator)
+        schedule.extend(perm[k * size : (k + 1) * size].sort().values for k in range(minibatches))
+    return schedule[:steps]
+
+
+def _accumulate(into: dict[str, list[float]], metrics: Mapping[str, float]) -> None:
+    for key, value in metrics.items():
+        into.setdefault(key, []).append(value)
+
+
+def train_iteration(
+    *,
+    policy: nn.Module,
+    algorithm: Algorithm,
+    optimizer: torch.optim.Optimizer,
+    reward_fn: RewardFn,
+    prompts: Sequence[str],
+    cond: Conditioning,
+    config: TrainConfig,
+    latent_shape: tuple[int, ...],
+    generator: torch.Generator,
+    iteration: int,
+) -> IterationRecord:
+    """Run one iteration on ``B`` prompts (``cond`` has ``B`` rows), ``G`` samples each.
+
+    Randomness (initial noise, SDE noise, pairs, minibatches) comes from ``generator`` only, so the
+    same seed gives the same iteration.
+    """
+    group_size = config.rollout.group_size
+    if len(prompts) != len(cond):
+        raise ValueError(f"{len(prompts)} prompts but conditioning has {len(cond)} rows")
+    device = next(policy.parameters()).device
+    sample_prompts = [p for p in prompts for _ in range(group_size)]
+    sample_cond = cond.repeat_interleave(group_size).to(device)
+    num_samples = len(sample_prompts)
+
+    t0 = time.perf_counter()
+    noise = torch.randn(num_samples, *latent_shape, generator=generator).to(device)
+    rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
+    t1 = time.perf_counter()
+    rewards = {name: r.detach().float().cpu() for name, r in reward_fn(rollout.samples, sample_prompts).items()}
+    for name, r in rewards.items():
+        if r.shape != (num_samples,):
+            raise ValueError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({num_samples},)")
+    t2 = time.perf_counter()
+    adv = compute_advantages(
+        rewards,
+        group_size=group_size,
+        weights=config.advantage.weights or None,
+        aggregation=config.advantage.aggregation,
+        std_scope=config.advantage.std_scope,
+        delta=config.advantage.delta,
+        soft_clip_eta=config.advantage.soft_clip_eta,
+        clamp=config.advantage.clamp,
+    )
+    batch = algorithm.prepare(policy, rollout, sample_cond, adv.advantages, generator)
+    t3 = time.perf_counter()
+
+    params = trainable_parameters(policy)
+    max_norm = config.optim.max_grad_norm if config.optim.max_grad_norm is not None else float("inf")
+    per_step: dict[str, list[float]] = {}
+    schedule = minibatch_schedule(num_samples, config.optim.minibatches, config.optim.gradient_steps, generator)
+    for step, idx in enumerate(schedule):
+        optimizer.zero_grad(set_to_none=True)
+        step_metrics = algorithm.accumulate_gradients(policy, batch, idx, step)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        optimizer.step()
+        _accumulate(per_step, {**step_metrics, "grad_norm": grad_norm.item()})
+    end_metrics = algorithm.end_iteration(policy, iteration)
+    t4 = time.perf_counter()
+
+    metrics: dict[str, float] = {"iteration": float(iteration), **adv.metrics, **batch.metrics, **end_metrics}
+    for key, values in per_step.items():
+        metrics[f"train/{key}"] = sum(values) / len(values)
+    for key in ("ratio_mean", "ratio_max", "ratio_min", "clip_frac"):
+        if key in per_step:
+            metrics[f"train/{key}_first"] = per_step[key][0]
+            metrics[f"train/{key}_last"] = per_step[key][-1]
+    metrics.update(
+        {
+            "time/rollout_s": t1 - t0,
+            "time/reward_s": t2 - t1,
+            "time/prepare_s": t3 - t2,
+            "time/update_s": t4 - t3,
+            "time/total_s": t4 - t0,
+            "nfe/rollout_per_sample": float(rollout.nfe),
+            "gradient_steps": float(config.optim.gradient_steps),
+        }
+    )
+    return IterationRecord(metrics=metrics, rewards=rewards, samples=rollout.samples)
