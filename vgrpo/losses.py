@@ -32,6 +32,17 @@ def _clip_active(ratio: Tensor, advantages: Tensor, clip_range: float | None) ->
     return ~(clipped_high | clipped_low)
 
 
+def _add_kl(
+    loss: Tensor, metrics: dict[str, float], kl: Tensor | None, kl_coef: float
+) -> tuple[Tensor, dict[str, float]]:
+    """``loss + kl_coef * mean(kl)``, recording ``kl`` and the total ``loss`` in ``metrics``."""
+    kl_value = torch.zeros((), device=loss.device) if kl is None else kl.float().mean()
+    if kl_coef:
+        loss = loss + kl_coef * kl_value
+    metrics.update({"kl": kl_value.item(), "loss": loss.item()})
+    return loss, metrics
+
+
 def ratio_metrics(ratio: Tensor, clip_range: float | None) -> dict[str, float]:
     """Ratio diagnostics: mean/min/max, k3 approximate KL ``E[(r - 1) - log r]``, clip fractions."""
     r = ratio.detach().float()
@@ -105,11 +116,7 @@ def vgrpo_loss(
     """
     ratio = vgrpo_ratio(surrogates=surrogates, old_surrogates=old_surrogates)
     loss, metrics = clipped_policy_loss(ratio=ratio, advantages=advantages, clip_range=clip_range)
-    kl_value = torch.zeros((), device=loss.device) if kl is None else kl.float().mean()
-    if kl_coef:
-        loss = loss + kl_coef * kl_value
-    metrics.update({"kl": kl_value.item(), "loss": loss.item()})
-    return loss, metrics
+    return _add_kl(loss, metrics, kl, kl_coef)
 
 
 def vgrpo_surrogate_coefficients(
@@ -145,11 +152,7 @@ def flow_grpo_loss(
     """
     ratio = torch.exp(log_probs.float() - old_log_probs.detach().float())
     loss, metrics = clipped_policy_loss(ratio=ratio, advantages=advantages, clip_range=clip_range)
-    kl_value = torch.zeros((), device=loss.device) if kl is None else kl.float().mean()
-    if kl_coef:
-        loss = loss + kl_coef * kl_value
-    metrics.update({"kl": kl_value.item(), "loss": loss.item()})
-    return loss, metrics
+    return _add_kl(loss, metrics, kl, kl_coef)
 
 
 def nft_loss(

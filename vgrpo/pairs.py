@@ -18,6 +18,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from vgrpo.flow import interpolate
+
 __all__ = ["ShareScope", "SharedPairs", "TimestepSampling", "draw_pairs", "stratified_timesteps"]
 
 ShareScope = Literal["batch", "group", "none"]
@@ -61,6 +63,14 @@ class SharedPairs:
         if self.share == "batch":
             return self.eps[0, j].expand(sample_idx.shape[0], *self.eps.shape[2:])
         return self.eps[self.rows(sample_idx).to(self.eps.device), j]
+
+    def noised(self, j: int, sample_idx: Tensor, samples: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Pair ``j`` applied to ``samples[sample_idx]``: ``(x0, t, eps, z)`` with
+        ``z = (1 - t) x0 + t eps`` on the samples' device and dtype."""
+        x0 = samples[sample_idx.to(samples.device)]
+        t = self.timesteps(j, sample_idx).to(x0.device)
+        eps = self.noise(j, sample_idx).to(device=x0.device, dtype=x0.dtype)
+        return x0, t, eps, interpolate(x0, eps, t).to(x0.dtype)
 
 
 def stratified_timesteps(sigmas: Tensor, n_mc: int, num_rows: int, generator: torch.Generator) -> Tensor:

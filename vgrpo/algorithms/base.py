@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.policy import Conditioning
-from vgrpo.samplers import SDETrajectory
+from vgrpo.samplers import SDETrajectory, euler_ode_sample
 
 __all__ = ["Algorithm", "PreparedBatch", "Rollout", "micro_batches"]
 
@@ -61,9 +61,43 @@ class PreparedBatch:
 
 
 class Algorithm(ABC):
-    """Base class: subclasses are constructed from their typed config plus plain values."""
+    """Base class: subclasses are constructed from their typed config plus these plain values.
+
+    Args:
+        config: the algorithm's typed config (``TrainConfig.algorithm``).
+        sigmas: ``(T + 1,)`` the rollout's timestep grid.
+        group_size: ``G``; samples are prompt-major (sample ``i`` belongs to prompt ``i // G``).
+        latent_shape: ``S``, the shape of one sample's latents.
+        rollout_micro_batch, train_micro_batch: samples per model call (memory only).
+    """
 
     name: str = "base"
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        sigmas: Tensor,
+        group_size: int,
+        latent_shape: tuple[int, ...],
+        rollout_micro_batch: int,
+        train_micro_batch: int,
+    ):
+        self.config = config
+        self.sigmas = sigmas
+        self.num_steps = sigmas.shape[0] - 1
+        self.group_size = group_size
+        self.latent_shape = latent_shape
+        self.rollout_micro_batch = rollout_micro_batch
+        self.train_micro_batch = train_micro_batch
+
+    def ode_rollout(self, policy: nn.Module, cond: Conditioning, noise: Tensor) -> Rollout:
+        """Euler ODE sampling in micro-batches; only the final latents are kept."""
+        chunks = [
+            euler_ode_sample(policy, noise[pos], cond.index(mb), self.sigmas)
+            for mb, pos in micro_batches(torch.arange(noise.shape[0]), self.rollout_micro_batch)
+        ]
+        return Rollout(samples=torch.cat(chunks), nfe=self.num_steps)
 
     @abstractmethod
     def rollout(

@@ -9,16 +9,16 @@ reuse V-GRPO's :func:`vgrpo.pairs.draw_pairs`, drawn independently per sample (n
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from vgrpo.algorithms.base import Algorithm, PreparedBatch, Rollout, micro_batches
 from vgrpo.config import DiffusionNFTConfig
-from vgrpo.flow import interpolate
 from vgrpo.losses import nft_loss
 from vgrpo.pairs import SharedPairs, draw_pairs
 from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
-from vgrpo.samplers import euler_ode_sample
 
 __all__ = ["DiffusionNFT", "nft_reward_weight"]
 
@@ -36,35 +36,16 @@ class DiffusionNFT(Algorithm):
         config: DiffusionNFTConfig,
         *,
         policy: nn.Module,
-        sigmas: Tensor,
-        group_size: int,
-        latent_shape: tuple[int, ...],
-        rollout_micro_batch: int,
-        train_micro_batch: int,
+        **kwargs: Any,
     ):
-        self.config = config
-        self.sigmas = sigmas
-        self.group_size = group_size
-        self.latent_shape = latent_shape
-        self.rollout_micro_batch = rollout_micro_batch
-        self.train_micro_batch = train_micro_batch
+        super().__init__(config, **kwargs)
         self.old = ParameterSnapshot(trainable_parameters(policy))
 
     def rollout(
         self, policy: nn.Module, cond: Conditioning, noise: Tensor, generator: torch.Generator, iteration: int
     ) -> Rollout:
         with self.old.swapped_in():
-            chunks = [
-                euler_ode_sample(policy, noise[pos], cond.index(mb), self.sigmas)
-                for mb, pos in micro_batches(torch.arange(noise.shape[0]), self.rollout_micro_batch)
-            ]
-        return Rollout(samples=torch.cat(chunks), nfe=self.sigmas.shape[0] - 1)
-
-    def _inputs(self, samples: Tensor, pairs: SharedPairs, j: int, mb: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        x0 = samples[mb.to(samples.device)]
-        t = pairs.timesteps(j, mb).to(x0.device)
-        eps = pairs.noise(j, mb).to(device=x0.device, dtype=x0.dtype)
-        return x0, t, eps, interpolate(x0, eps, t).to(x0.dtype)
+            return self.ode_rollout(policy, cond, noise)
 
     def prepare(
         self,
@@ -89,7 +70,7 @@ class DiffusionNFT(Algorithm):
         with torch.no_grad(), self.old.swapped_in():
             for j in range(pairs.n_mc):
                 for mb, pos in micro_batches(torch.arange(n), self.train_micro_batch):
-                    _, t, _, z = self._inputs(rollout.samples, pairs, j, mb)
+                    _, t, _, z = pairs.noised(j, mb, rollout.samples)
                     v_old[pos, j] = policy(z, t, cond.index(mb)).float().cpu()
         r = nft_reward_weight(advantages, self.config.adv_max)
         return PreparedBatch(
@@ -108,7 +89,7 @@ class DiffusionNFT(Algorithm):
         scale = 1.0 / (pairs.n_mc * idx.shape[0])
         for j in range(pairs.n_mc):
             for mb, _ in micro_batches(idx, self.train_micro_batch):
-                x0, t, eps, z = self._inputs(batch.samples, pairs, j, mb)
+                x0, t, eps, z = pairs.noised(j, mb, batch.samples)
                 v = policy(z, t, batch.cond.index(mb))
                 loss, metrics = nft_loss(
                     v_theta=v,

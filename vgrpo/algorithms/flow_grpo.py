@@ -10,6 +10,8 @@ MixGRPO is the same algorithm with SDE steps (and training) confined to a slidin
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -32,19 +34,9 @@ class FlowGRPO(Algorithm):
         config: FlowGRPOConfig,
         *,
         policy: nn.Module,
-        sigmas: Tensor,
-        group_size: int,
-        latent_shape: tuple[int, ...],
-        rollout_micro_batch: int,
-        train_micro_batch: int,
+        **kwargs: Any,
     ):
-        self.config = config
-        self.sigmas = sigmas
-        self.group_size = group_size
-        self.latent_shape = latent_shape
-        self.rollout_micro_batch = rollout_micro_batch
-        self.train_micro_batch = train_micro_batch
-        self.num_steps = sigmas.shape[0] - 1
+        super().__init__(config, **kwargs)
         # The reference policy is the weights at construction (for LoRA: the adapter at init = base model).
         self.reference = ParameterSnapshot(trainable_parameters(policy)) if config.kl_coef > 0 else None
 

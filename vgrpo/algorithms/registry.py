@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from torch import nn
 
@@ -35,7 +36,7 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
 def build_algorithm(config: TrainConfig, *, policy: nn.Module, latent_shape: tuple[int, ...]) -> Algorithm:
     """Instantiate ``config.algorithm`` with the plain values it needs from the rest of the config."""
     algo_config = config.algorithm
-    kwargs: dict[str, object] = {
+    kwargs: dict[str, Any] = {
         "sigmas": timestep_grid(config.rollout.num_steps, shift=config.rollout.shift),
         "group_size": config.rollout.group_size,
         "latent_shape": latent_shape,
@@ -45,5 +46,4 @@ def build_algorithm(config: TrainConfig, *, policy: nn.Module, latent_shape: tup
     if algo_config.name in _NEEDS_POLICY:
         kwargs["policy"] = policy
     cls = get_algorithm_class(algo_config.name)
-    algorithm = cls(algo_config, **kwargs)  # type: ignore[call-arg]
-    return algorithm
+    return cls(algo_config, **kwargs)

@@ -25,11 +25,9 @@ from torch import Tensor, nn
 
 from vgrpo.algorithms.base import Algorithm, PreparedBatch, Rollout, micro_batches
 from vgrpo.config import NaiveELBOConfig, VGRPOConfig
-from vgrpo.flow import interpolate
 from vgrpo.losses import clipped_policy_loss, vgrpo_loss, vgrpo_ratio, vgrpo_surrogate_coefficients
 from vgrpo.pairs import SharedPairs, draw_pairs
 from vgrpo.policy import Conditioning
-from vgrpo.samplers import euler_ode_sample
 from vgrpo.surrogate import SurrogateTerms, elbo_surrogate
 
 __all__ = ["VGRPO", "surrogate_cv"]
@@ -56,44 +54,20 @@ class VGRPO(Algorithm):
     """V-GRPO and, with its techniques switched off, the naive ELBO-GRPO baseline."""
 
     name = "vgrpo"
-
-    def __init__(
-        self,
-        config: VGRPOConfig | NaiveELBOConfig,
-        *,
-        sigmas: Tensor,
-        group_size: int,
-        latent_shape: tuple[int, ...],
-        rollout_micro_batch: int,
-        train_micro_batch: int,
-    ):
-        self.config = config
-        self.sigmas = sigmas
-        self.group_size = group_size
-        self.latent_shape = latent_shape
-        self.rollout_micro_batch = rollout_micro_batch
-        self.train_micro_batch = train_micro_batch
+    config: VGRPOConfig | NaiveELBOConfig
 
     # 1. rollout ------------------------------------------------------------------------------
     def rollout(
         self, policy: nn.Module, cond: Conditioning, noise: Tensor, generator: torch.Generator, iteration: int
     ) -> Rollout:
-        idx = torch.arange(noise.shape[0])
-        chunks = [
-            euler_ode_sample(policy, noise[pos], cond.index(mb), self.sigmas)
-            for mb, pos in micro_batches(idx, self.rollout_micro_batch)
-        ]
-        return Rollout(samples=torch.cat(chunks), nfe=self.sigmas.shape[0] - 1)
+        return self.ode_rollout(policy, cond, noise)
 
     # 2. pairs and old surrogates -------------------------------------------------------------
     def pair_terms(
         self, policy: nn.Module, samples: Tensor, cond: Conditioning, pairs: SharedPairs, j: int, idx: Tensor
     ) -> SurrogateTerms:
         """``s_ij`` for samples ``idx`` at pair ``j`` (with gradient if enabled)."""
-        x0 = samples[idx.to(samples.device)]
-        t = pairs.timesteps(j, idx).to(x0.device)
-        eps = pairs.noise(j, idx).to(device=x0.device, dtype=x0.dtype)
-        z = interpolate(x0, eps, t).to(x0.dtype)
+        x0, t, eps, z = pairs.noised(j, idx, samples)
         v = policy(z, t, cond.index(idx))
         return elbo_surrogate(
             v_pred=v,

@@ -1,0 +1,110 @@
+"""Seconds per training iteration of V-GRPO and each baseline on the tiny random SD3 transformer.
+
+    python benchmarks/step_time.py [--iterations 5] [--prompts 4] [--group 8] [--steps 10]
+
+Same batch, model and seed for every method; each method uses its params/algorithms preset on top of
+params/base.yaml. Prints the median seconds per iteration split into rollout / reward / prepare /
+update, and peak resident memory of a separate process per method (the update dominates it).
+Run nothing else alongside a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("vgrpo", "vgrpo_full_graph", "naive_elbo", "flow_grpo", "mixgrpo", "diffusion_nft")
+
+
+def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
+    import torch
+
+    from vgrpo.algorithms import build_algorithm
+    from vgrpo.config import load_config
+    from vgrpo.demo import toy_reward
+    from vgrpo.models import SD3Velocity, add_lora
+    from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
+    from vgrpo.train_step import build_optimizer, train_iteration
+
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(True)
+    preset = "vgrpo" if method == "vgrpo_full_graph" else method
+    algorithm_overrides: dict[str, object] = {"name": preset}
+    if method == "vgrpo_full_graph":  # the same objective with every pair's graph alive at once
+        algorithm_overrides["memory_bounded"] = False
+    if method == "mixgrpo":
+        algorithm_overrides["window_size"] = min(4, args.steps)
+    config = load_config(
+        [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{preset}.yaml"],
+        {
+            "rollout": {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps},
+            "algorithm": algorithm_overrides,
+            "lora": {"rank": 8, "alpha": 16},
+        },
+    )
+    transformer = tiny_sd3_transformer(num_layers=args.layers)
+    assert config.lora is not None
+    add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
+    policy = SD3Velocity(transformer)
+    algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
+    optimizer = build_optimizer(policy, config.optim)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [f"prompt {i}" for i in range(args.prompts)]
+    cond = tiny_conditioning(args.prompts)
+    rows = []
+    for it in range(args.iterations + 1):  # iteration 0 warms up
+        record = train_iteration(
+            policy=policy,
+            algorithm=algorithm,
+            optimizer=optimizer,
+            reward_fn=toy_reward,
+            prompts=prompts,
+            cond=cond,
+            config=config,
+            latent_shape=TINY_LATENT_SHAPE,
+            generator=generator,
+            iteration=it,
+        )
+        if it:
+            rows.append(record.metrics)
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}
+    out["gradient_steps"] = rows[0]["gradient_steps"]
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--method", choices=METHODS, help="run one method in this process (internal)")
+    args = parser.parse_args()
+    if args.method:
+        print(json.dumps(run_one(args.method, args)))
+        return
+    print(
+        f"batch {args.prompts} prompts x {args.group}, {args.steps} steps, tiny SD3 ({args.layers} layers), "
+        f"median of {args.iterations} iterations"
+    )
+    columns = ("total s", "rollout", "reward", "prepare", "update")
+    print(f"{'method':>16} " + " ".join(f"{c:>8}" for c in columns) + f" {'steps':>5} {'RSS MB':>7}")
+    for method in METHODS:
+        cmd = [sys.executable, __file__, "--method", method] + [
+            f"--{k}={getattr(args, k)}" for k in ("iterations", "prompts", "group", "steps", "layers")
+        ]
+        result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        times = " ".join(f"{result[f'time/{k}_s']:8.3f}" for k in ("total", "rollout", "reward", "prepare", "update"))
+        print(f"{method:>16} {times} {int(result['gradient_steps']):5d} {result['peak_rss_mb']:7.0f}")
+
+
+if __name__ == "__main__":
+    main()
