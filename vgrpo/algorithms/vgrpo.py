@@ -80,12 +80,19 @@ class VGRPO(Algorithm):
 
     @torch.no_grad()
     def current_surrogates(
-        self, policy: nn.Module, samples: Tensor, cond: Conditioning, pairs: SharedPairs, idx: Tensor
+        self,
+        policy: nn.Module,
+        samples: Tensor,
+        cond: Conditioning,
+        pairs: SharedPairs,
+        idx: Tensor,
+        *,
+        keep_x0_hat: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """``(len(idx), N_MC)`` surrogates without graph, and ``x0_hat`` ``(len(idx), N_MC, *S)`` if KL is on."""
+        """``(len(idx), N_MC)`` surrogates without graph, and ``x0_hat`` ``(len(idx), N_MC, *S)`` if asked."""
         n_mc = pairs.n_mc
         s = torch.empty(idx.shape[0], n_mc)
-        x0_hat = torch.empty(idx.shape[0], n_mc, *samples.shape[1:]) if self.config.kl_coef > 0 else None
+        x0_hat = torch.empty(idx.shape[0], n_mc, *samples.shape[1:]) if keep_x0_hat else None
         for j in range(n_mc):
             for mb, pos in micro_batches(idx, self.train_micro_batch):
                 terms = self.pair_terms(policy, samples, cond, pairs, j, mb)
@@ -115,7 +122,9 @@ class VGRPO(Algorithm):
             logit_normal_mean=self.config.logit_normal_mean,
             logit_normal_std=self.config.logit_normal_std,
         )
-        old_s, old_x0_hat = self.current_surrogates(policy, rollout.samples, cond, pairs, torch.arange(num_samples))
+        old_s, old_x0_hat = self.current_surrogates(
+            policy, rollout.samples, cond, pairs, torch.arange(num_samples), keep_x0_hat=self.config.kl_coef > 0
+        )
         return PreparedBatch(
             samples=rollout.samples,
             cond=cond,
