@@ -1,0 +1,228 @@
+"""Prompts, metadata and ground-truth scenes for the procedural world.
+
+Metadata follows GenEval (Ghosh et al. 2023) ``evaluation_metadata.jsonl`` exactly -- ``tag``, ``include``
+clauses with ``class`` / ``count`` / optional ``color`` / optional ``position = [relation, index]``,
+``exclude`` clauses, and ``prompt`` phrased as GenEval does ("a photo of three circles", "a photo of a circle
+left of a square"). Two extra tags mirror Flow-GRPO's other rewards: ``ocr`` (``text`` field, quoted in the
+prompt as in Flow-GRPO's ``ocr/test.txt``) and ``preference`` (free-form caption). :func:`make_splits` holds
+out colour-shape pairs so the test split measures compositional generalisation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vgrpo.world.detect import Detection, relative_position
+from vgrpo.world.render import FONT_CHARS, max_text_chars, pixel_box
+from vgrpo.world.scene import (
+    COLORS,
+    PLURALS,
+    SHAPES,
+    ObjectSpec,
+    Scene,
+    boxes_clear,
+    place_objects,
+    sample_object,
+)
+
+GENEVAL_TAGS: tuple[str, ...] = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+EXTRA_TAGS: tuple[str, ...] = ("ocr", "preference")
+RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
+NUMBERS: dict[int, str] = {2: "two", 3: "three", 4: "four"}
+OCR_WORDS: tuple[str, ...] = ("hi", "go", "yes", "no", "stop", "open", "sale", "cat", "dog", "sun", "2024", "42")
+OCR_TEMPLATES: tuple[str, ...] = (
+    'a sign that says "{t}"',
+    'a black poster with the word "{t}" in white letters',
+    'a screen displaying "{t}" under a row of shapes',
+)
+
+Pair = tuple[str, str]
+"""``(color, shape)``."""
+Record = tuple[dict[str, Any], Scene]
+
+
+def _a(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
+def _pick(rng: np.random.Generator, items: Iterable[str]) -> str:
+    seq = list(items)
+    return seq[int(rng.integers(len(seq)))]
+
+
+def _pick_pair(rng: np.random.Generator, allowed: list[Pair], shapes: Iterable[str] | None = None) -> Pair:
+    pool = [p for p in allowed if shapes is None or p[1] in set(shapes)]
+    return pool[int(rng.integers(len(pool)))]
+
+
+def sample_metadata(
+    rng: np.random.Generator, tag: str, allowed: list[Pair], require: list[Pair] | None = None
+) -> dict[str, Any]:
+    """One metadata dict for ``tag`` whose explicitly named colour-shape pairs come from ``allowed``; when
+    ``require`` is given, the ``colors`` / ``color_attr`` tags name one of those pairs."""
+    if tag == "single_object":
+        s = _pick(rng, SHAPES)
+        return {"tag": tag, "include": [{"class": s, "count": 1}], "prompt": f"a photo of {_a(s)}"}
+    if tag == "two_object":
+        s1, s2 = (str(v) for v in rng.choice(SHAPES, size=2, replace=False))
+        inc = [{"class": s1, "count": 1}, {"class": s2, "count": 1}]
+        return {"tag": tag, "include": inc, "prompt": f"a photo of {_a(s1)} and {_a(s2)}"}
+    if tag == "counting":
+        s, n = _pick(rng, SHAPES), int(rng.integers(2, 5))
+        return {
+            "tag": tag,
+            "include": [{"class": s, "count": n}],
+            "exclude": [{"class": s, "count": n + 1}],
+            "prompt": f"a photo of {NUMBERS[n]} {PLURALS[s]}",
+        }
+    if tag == "colors":
+        c, s = _pick_pair(rng, require) if require else _pick_pair(rng, allowed)
+        return {
+            "tag": tag,
+            "include": [{"class": s, "count": 1, "color": c}],
+            "prompt": f"a photo of {_a(c + ' ' + s)}",
+        }
+    if tag == "position":
+        s_ref, s_obj = (str(v) for v in rng.choice(SHAPES, size=2, replace=False))
+        rel = _pick(rng, RELATIONS)
+        inc = [{"class": s_ref, "count": 1}, {"class": s_obj, "count": 1, "position": [rel, 0]}]
+        return {"tag": tag, "include": inc, "prompt": f"a photo of {_a(s_obj)} {rel} {_a(s_ref)}"}
+    if tag == "color_attr":
+        c1, s1 = _pick_pair(rng, require) if require else _pick_pair(rng, allowed)
+        c2, s2 = _pick_pair(rng, allowed, [s for s in SHAPES if s != s1])
+        if rng.random() < 0.5 and not require:
+            (c1, s1), (c2, s2) = (c2, s2), (c1, s1)
+        inc = [{"class": s1, "count": 1, "color": c1}, {"class": s2, "count": 1, "color": c2}]
+        return {"tag": tag, "include": inc, "prompt": f"a photo of {_a(c1 + ' ' + s1)} and {_a(c2 + ' ' + s2)}"}
+    if tag == "ocr":
+        text = _pick(rng, OCR_WORDS)
+        return {"tag": tag, "text": text, "prompt": _pick(rng, OCR_TEMPLATES).format(t=text)}
+    if tag == "preference":
+        c1, s1 = _pick_pair(rng, allowed)
+        c2, s2 = _pick_pair(rng, allowed, [s for s in SHAPES if s != s1])
+        rel = _pick(rng, RELATIONS)
+        inc = [
+            {"class": s2, "count": 1, "color": c2},
+            {"class": s1, "count": 1, "color": c1, "position": [rel, 0]},
+        ]
+        caption = f"{_a(c1 + ' ' + s1)} {rel} {_a(c2 + ' ' + s2)} on a plain black background"
+        return {"tag": tag, "include": inc, "prompt": caption}
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def _as_detection(o: ObjectSpec, size: int) -> Detection:
+    x0, y0, side = pixel_box(o, size)
+    return Detection(shape=o.shape, color=o.color, box=(x0, y0, x0 + side, y0 + side))
+
+
+def _relation_holds(a: ObjectSpec, b: ObjectSpec, rel: str, size: int = 32) -> bool:
+    # A stricter dead zone than GenEval's 0.1 leaves a margin for rasterisation at other resolutions.
+    return rel in relative_position(_as_detection(a, size), _as_detection(b, size), threshold=0.2)
+
+
+def scene_for(metadata: dict[str, Any], rng: np.random.Generator, allowed: list[Pair] | None = None) -> Scene:
+    """A ground-truth scene satisfying ``metadata``: exactly ``count`` objects per include clause (hence
+    fewer than any exclude count), named colours, and positions by box centres. Unnamed colours are drawn
+    from ``allowed`` pairs (all pairs by default)."""
+    allowed = allowed if allowed is not None else [(c, s) for c in COLORS for s in SHAPES]
+    tag = metadata.get("tag")
+    text = metadata.get("text") if tag == "ocr" else None
+
+    def color_for(req: dict[str, Any]) -> str:
+        return str(req["color"]) if "color" in req else _pick_pair(rng, allowed, [req["class"]])[0]
+
+    if tag == "ocr":
+        n = int(rng.integers(0, 3))
+        kinds = [(s, c) for c, s in (_pick_pair(rng, allowed) for _ in range(n))]
+        return Scene(objects=place_objects(rng, kinds, has_text=True), text=text)
+    includes = metadata.get("include", [])
+    if any("position" in r for r in includes):
+        # Position prompts have one object per clause (as in GenEval); rejection-sample the layout.
+        for _ in range(5000):
+            objs: list[ObjectSpec] = []
+            for req in includes:
+                objs.append(sample_object(rng, req["class"], color_for(req)))
+            clear = all(boxes_clear(a, b) for i, a in enumerate(objs) for b in objs[:i])
+            rels_ok = all(
+                _relation_holds(o, objs[int(r["position"][1])], r["position"][0])
+                for o, r in zip(objs, includes, strict=True)
+                if "position" in r
+            )
+            if clear and rels_ok:
+                return Scene(objects=tuple(objs), text=None)
+        raise RuntimeError(f"could not satisfy {metadata['prompt']!r}")
+    kinds = [(req["class"], color_for(req)) for req in includes for _ in range(int(req["count"]))]
+    return Scene(objects=place_objects(rng, kinds), text=None)
+
+
+def make_splits(
+    seed: int,
+    n_train: int,
+    n_test: int,
+    held_out_pairs: Iterable[Pair] = (("red", "triangle"), ("blue", "circle")),
+    tags: tuple[str, ...] = GENEVAL_TAGS,
+) -> tuple[list[Record], list[Record]]:
+    """Seeded train / test lists of ``(metadata, scene)``, tags cycled in order.
+
+    No train prompt or ground-truth scene contains a held-out ``(color, shape)`` pair; every ``colors`` /
+    ``color_attr`` test prompt names one, and other test prompts draw colours from all pairs."""
+    held = [(str(c), str(s)) for c, s in held_out_pairs]
+    for c, s in held:
+        if c not in COLORS or s not in SHAPES:
+            raise ValueError(f"unknown held-out pair {(c, s)}")
+    every = [(c, s) for c in COLORS for s in SHAPES]
+    seen = [p for p in every if p not in held]
+    rng = np.random.default_rng(seed)
+    train: list[Record] = []
+    for i in range(n_train):
+        md = sample_metadata(rng, tags[i % len(tags)], seen)
+        train.append((md, scene_for(md, rng, seen)))
+    test: list[Record] = []
+    for i in range(n_test):
+        tag = tags[i % len(tags)]
+        md = sample_metadata(rng, tag, every, held if tag in ("colors", "color_attr") else None)
+        test.append((md, scene_for(md, rng, every)))
+    return train, test
+
+
+def scene_to_dict(scene: Scene) -> dict[str, Any]:
+    """JSON-ready form of a scene."""
+    return {"objects": [vars(o) for o in scene.objects], "text": scene.text}
+
+
+def scene_from_dict(d: dict[str, Any]) -> Scene:
+    """Inverse of :func:`scene_to_dict`."""
+    return Scene(objects=tuple(ObjectSpec(**o) for o in d["objects"]), text=d.get("text"))
+
+
+def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
+    """Write one JSON object per line atomically (temporary file in the same folder, then ``os.replace``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a JSONL file written by :func:`write_jsonl` (blank lines skipped)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def ocr_text_ok(text: str, size: int = 32) -> bool:
+    """Whether ``text`` renders losslessly on one line of a ``size`` canvas with the built-in font."""
+    return len(text) <= max_text_chars(size) and all(ch in FONT_CHARS for ch in text.lower())
