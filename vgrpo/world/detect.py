@@ -145,6 +145,13 @@ def _matching(req: dict[str, Any], detections: list[Detection]) -> list[Detectio
     return found
 
 
+def _position_holds(req: dict[str, Any], found: list[Detection], groups: list[list[Detection] | None]) -> bool:
+    """The clause's ``[relation, ref]`` holds between every found object and every object of clause ``ref``."""
+    rel, ref = req["position"]
+    target = groups[int(ref)] if int(ref) < len(groups) else None
+    return target is not None and all(rel in relative_position(o, t) for o in found for t in target)
+
+
 def geneval_strict(metadata: dict[str, Any], detections: list[Detection]) -> bool:
     """GenEval's binary correctness for one image.
 
@@ -160,9 +167,7 @@ def geneval_strict(metadata: dict[str, Any], detections: list[Detection]) -> boo
         matched = len(found) == n if counting else len(found) >= n
         found = found[:n]
         if matched and "position" in req:
-            rel, ref = req["position"]
-            target = groups[int(ref)] if int(ref) < len(groups) else None
-            matched = target is not None and all(rel in relative_position(o, t) for o in found for t in target)
+            matched = _position_holds(req, found, groups)
         groups.append(found if matched else None)
         ok = ok and matched
     for req in metadata.get("exclude", []):
@@ -190,11 +195,7 @@ def geneval_partial(metadata: dict[str, Any], detections: list[Detection]) -> fl
             scores.append(float(matched))
         found = found[:n]
         if "position" in req:
-            rel, ref = req["position"]
-            target = groups[int(ref)] if int(ref) < len(groups) else None
-            pos_ok = (
-                matched and target is not None and all(rel in relative_position(o, t) for o in found for t in target)
-            )
+            pos_ok = matched and _position_holds(req, found, groups)
             scores.append(float(pos_ok))
             matched = pos_ok
         groups.append(found if matched else None)
