@@ -133,21 +133,23 @@ def test_detector_recovers_every_object(splits) -> None:
         assert got == sorted((o.shape, o.color) for o in scene.objects)
 
 
+COUNT_THREE_RINGS = {
+    "tag": "counting",
+    "include": [{"class": "ring", "count": 3}],
+    "exclude": [{"class": "ring", "count": 4}],
+    "prompt": "a photo of three rings",
+}
+
+
 def _det(shape: str, color: str, x: int, y: int, side: int = 8) -> Detection:
     return Detection(shape=shape, color=color, box=(x, y, x + side, y + side))
 
 
 def test_strict_rules() -> None:
-    count3 = {
-        "tag": "counting",
-        "include": [{"class": "ring", "count": 3}],
-        "exclude": [{"class": "ring", "count": 4}],
-        "prompt": "a photo of three rings",
-    }
     rings = [_det("ring", "red", 10 * i, 0) for i in range(4)]
-    assert geneval_strict(count3, rings[:3])
-    assert not geneval_strict(count3, rings[:2])
-    assert not geneval_strict(count3, rings)
+    assert geneval_strict(COUNT_THREE_RINGS, rings[:3])
+    assert not geneval_strict(COUNT_THREE_RINGS, rings[:2])
+    assert not geneval_strict(COUNT_THREE_RINGS, rings)
     single = {"tag": "single_object", "include": [{"class": "ring", "count": 1}], "prompt": "a photo of a ring"}
     assert geneval_strict(single, rings)  # at least `count` outside the counting tag
     pos = {
@@ -161,19 +163,13 @@ def test_strict_rules() -> None:
 
 
 def test_partial_credit_golden_values() -> None:
-    count3 = {
-        "tag": "counting",
-        "include": [{"class": "ring", "count": 3}],
-        "exclude": [{"class": "ring", "count": 4}],
-        "prompt": "a photo of three rings",
-    }
     rings = [_det("ring", "red", 10 * i, 0) for i in range(6)]
     # count clause 1 - |3-2|/3 = 2/3, exclude clause 1 -> mean 5/6
-    assert geneval_partial(count3, rings[:2]) == pytest.approx((2 / 3 + 1) / 2)
-    assert geneval_partial(count3, rings[:3]) == pytest.approx(1.0)
-    assert geneval_partial(count3, rings[:5]) == pytest.approx((1 / 3 + 0) / 2)
-    assert geneval_partial(count3, rings[:6]) == pytest.approx(0.0)  # 1 - 3/3 = 0, exclude fails
-    assert geneval_partial(count3, []) == pytest.approx(0.5)  # count 0, exclude holds
+    assert geneval_partial(COUNT_THREE_RINGS, rings[:2]) == pytest.approx((2 / 3 + 1) / 2)
+    assert geneval_partial(COUNT_THREE_RINGS, rings[:3]) == pytest.approx(1.0)
+    assert geneval_partial(COUNT_THREE_RINGS, rings[:5]) == pytest.approx((1 / 3 + 0) / 2)
+    assert geneval_partial(COUNT_THREE_RINGS, rings[:6]) == pytest.approx(0.0)  # 1 - 3/3 = 0, exclude fails
+    assert geneval_partial(COUNT_THREE_RINGS, []) == pytest.approx(0.5)  # count 0, exclude holds
     attr = {
         "tag": "color_attr",
         "include": [{"class": "circle", "count": 1, "color": "red"}, {"class": "square", "count": 1, "color": "blue"}],
