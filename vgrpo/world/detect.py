@@ -28,8 +28,10 @@ COLOR_TOLERANCE = 60.0
 MIN_AREA = 16
 """Components with fewer pixels are ignored (noise specks, font strokes)."""
 MIN_SIDE = 5
-MIN_IOU = 0.85
-"""A component is an object only when its best template IoU reaches this."""
+MIN_IOU = 0.7
+"""A component is an object only when its best template IoU reaches this. Calibrated so that a correct image
+survives the base model's VAE: ground-truth renders sent through it and back pass 98% at 0.7 but only 94% at
+0.85 (edge pixels shift); exact renders score 1.0 and pure noise 0.0 at either threshold."""
 POSITION_THRESHOLD = 0.1
 """GenEval's dimension-scaled dead zone for relative positions."""
 

@@ -37,13 +37,15 @@ COLORS: tuple[str, ...] = tuple(PALETTE)
 BACKGROUND: tuple[int, int, int] = (0, 0, 0)
 TEXT_COLOR: tuple[int, int, int] = (255, 255, 255)
 
-MIN_SIZE = 0.22
-"""Smallest object side as a canvas fraction (7 px at 32x32, the smallest size whose ring keeps a hole)."""
-MAX_SIZE = 0.30
+MIN_SIZE = 0.28
+"""Smallest object side as a canvas fraction (9 px at 32x32): objects span about three 4-pixel transformer
+patches, so a small model can learn their outlines (at 7 px it drew blobs)."""
+MAX_SIZE = 0.36
 GAP = 0.07
 """Minimum empty margin between object boxes (about 2 px at 32x32) so components never touch."""
-TEXT_BAND = 0.22
-"""Bottom fraction of the canvas reserved for rendered text when a scene has any."""
+TEXT_BAND = 0.28
+"""Bottom fraction of the canvas reserved for rendered text when a scene has any (9 px at 32x32: a 7 px glyph
+row and a pixel above and below)."""
 
 
 @dataclass(frozen=True)
