@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -19,13 +19,16 @@ __all__ = [
     "AlgorithmConfig",
     "ConfigError",
     "DiffusionNFTConfig",
+    "EmbeddedModelConfig",
     "FlowGRPOConfig",
     "LoraConfig",
     "MixGRPOConfig",
     "NaiveELBOConfig",
     "OptimConfig",
+    "PretrainConfig",
     "RolloutConfig",
     "TrainConfig",
+    "VAETrainConfig",
     "VGRPOConfig",
     "load_config",
     "merge_overrides",
@@ -176,6 +179,94 @@ class TrainConfig(_Config):
         return self
 
 
+class EmbeddedModelConfig(_Config):
+    """Architecture of the embedded default pipeline (:mod:`vgrpo.models.embedded`)."""
+
+    resolution: int = Field(32, ge=8, description="Image side in pixels.")
+    vocab_size: int = Field(1000, ge=300, description="BPE vocabulary cap (the world needs about 430).")
+    max_text_tokens: int = Field(20, ge=4, description="CLIP context length (world prompts need <= 17).")
+    text_hidden_size: int = Field(64, ge=8)
+    text_layers: int = Field(2, ge=2, description="SD3 reads the penultimate layer, so at least 2.")
+    text_heads: int = Field(4, ge=1)
+    text_projection_dim: int = Field(32, ge=4)
+    vae_channels: tuple[int, ...] = Field(
+        (16, 32), min_length=1, description="Encoder widths; each block after the first halves the resolution."
+    )
+    vae_layers_per_block: int = Field(1, ge=1)
+    vae_norm_groups: int = Field(8, ge=1)
+    latent_channels: int = Field(4, ge=1)
+    patch_size: int = Field(
+        2, ge=1, description="Transformer patch on the 16 x 16 latents: 64 tokens of 2 x 2 x 4 = 16 values."
+    )
+    num_layers: int = Field(4, ge=1)
+    attention_head_dim: int = Field(32, ge=4)
+    num_attention_heads: int = Field(4, ge=1)
+    scheduler_shift: float = Field(1.0, gt=0, description="Static shift of the sampling schedule.")
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> EmbeddedModelConfig:
+        down = 2 ** (len(self.vae_channels) - 1)
+        if self.resolution % (down * self.patch_size):
+            raise ValueError(
+                f"resolution={self.resolution} must be divisible by the VAE downsampling ({down}) x patch_size "
+                f"({self.patch_size})"
+            )
+        if any(c % self.vae_norm_groups for c in self.vae_channels):
+            raise ValueError(f"vae_norm_groups={self.vae_norm_groups} must divide every vae_channels entry")
+        if self.text_hidden_size % self.text_heads:
+            raise ValueError(f"text_heads={self.text_heads} must divide text_hidden_size={self.text_hidden_size}")
+        return self
+
+
+class VAETrainConfig(_Config):
+    """Stage 1 of pretraining: the autoencoder, on rendered world images."""
+
+    steps: int = Field(800, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(4e-3, gt=0)
+    kl_weight: float = Field(1e-6, ge=0, description="Weight of the KL to N(0, I) (SD-VAE scale).")
+
+
+class PretrainConfig(_Config):
+    """Pretraining of the embedded base pipeline on freshly rendered world pairs."""
+
+    seed: int = 0
+    model: EmbeddedModelConfig = EmbeddedModelConfig()
+    vae: VAETrainConfig = VAETrainConfig()
+    steps: int = Field(1900, ge=1, description="Transformer optimizer steps.")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(200, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    ema_decay: float = Field(
+        0.99, ge=0, lt=1, description="EMA of the transformer weights that is saved (0.999 lags ~1000 steps)."
+    )
+    train_text_encoders: bool = Field(
+        True, description="Train the CLIP encoders with the transformer (False: random and frozen)."
+    )
+    logit_normal_mean: float = Field(0.0, description="SD3 timestep density: t = sigmoid(N(mean, std)).")
+    logit_normal_std: float = Field(1.0, gt=0)
+    tags: tuple[str, ...] = Field(
+        ("single_object", "two_object", "counting", "colors", "position", "color_attr", "ocr", "preference"),
+        min_length=1,
+        description="World prompt tags of the pretraining mix, drawn uniformly.",
+    )
+    held_out_pairs: tuple[tuple[str, str], ...] = (("red", "triangle"), ("blue", "circle"))
+    split_tags: tuple[str, ...] = Field(
+        ("single_object", "two_object", "counting", "colors", "position", "color_attr", "ocr"),
+        min_length=1,
+        description="Tags of the written train/test splits (the RL and evaluation prompts), cycled.",
+    )
+    train_prompts: int = Field(20000, ge=1, description="Size of the written train split.")
+    test_prompts: int = Field(480, ge=1, description="Size of the written test split (GenEval tags + ocr).")
+    eval_every: int = Field(500, ge=1)
+    eval_prompts: int = Field(48, ge=1, description="Prompts of the periodic evaluation (x eval_group).")
+    eval_group: int = Field(4, ge=1)
+    sample_steps: int = Field(20, ge=1, description="Euler steps when sampling for evaluation.")
+    checkpoint_every: int = Field(200, ge=1)
+
+
 def merge_overrides(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """Deep-merge ``override`` into ``base`` (mappings merge key by key; anything else replaces).
 
@@ -216,13 +307,37 @@ def _describe(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+@overload
 def load_config(
     paths: Sequence[str | Path] = (),
     overrides: Mapping[str, Any] | None = None,
     *,
     section: str | None = None,
-) -> TrainConfig:
-    """Load a :class:`TrainConfig` from YAML files merged in order, then ``overrides``.
+) -> TrainConfig: ...
+
+
+@overload
+def load_config(
+    paths: Sequence[str | Path] = (),
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    section: str | None = None,
+    schema: type[ConfigT],
+) -> ConfigT: ...
+
+
+def load_config(
+    paths: Sequence[str | Path] = (),
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    section: str | None = None,
+    schema: type[BaseModel] = TrainConfig,
+) -> BaseModel:
+    """Load a ``schema`` config (by default :class:`TrainConfig`) from YAML files merged in order, then
+    ``overrides``.
 
     Args:
         paths: params files; later files override earlier ones.
@@ -246,6 +361,6 @@ def load_config(
         merged = merge_overrides(merged, overrides)
         sources.append("overrides")
     try:
-        return TrainConfig.model_validate(merged)
+        return schema.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(f"invalid params in {', '.join(sources) or 'defaults'}:\n{_describe(exc)}") from exc

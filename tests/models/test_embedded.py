@@ -1,0 +1,137 @@
+"""The embedded default pipeline: tokenizer trained here, SD3-family components built offline, the pipeline
+saved and reloaded bit-exactly by the loader that loads a real SD3.5 directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vgrpo.config import EmbeddedModelConfig
+from vgrpo.models.embedded import BOS_TOKEN, EOS_TOKEN, build_pipeline, train_clip_tokenizer
+from vgrpo.models.pipeline import PipelineError, SD3Adapter, load_sd3_pipeline
+from vgrpo.world import make_splits
+
+TINY = EmbeddedModelConfig(
+    resolution=16, text_hidden_size=16, text_layers=2, text_heads=2, text_projection_dim=8,
+    vae_channels=(8, 16), vae_norm_groups=4, latent_channels=4, patch_size=2, num_layers=1,
+    attention_head_dim=8, num_attention_heads=2,
+)  # fmt: skip
+TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr", "ocr", "preference")
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    train, test = make_splits(0, 400, 80, tags=TAGS)
+    return [md["prompt"] for md, _ in train + test]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(prompts: list[str]):
+    return train_clip_tokenizer(prompts[:400], TINY)
+
+
+@pytest.fixture(scope="module")
+def saved_pipeline(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pipe = build_pipeline(TINY, tokenizer, seed=0)
+    path = tmp_path_factory.mktemp("pipe") / "pipeline"
+    pipe.save_pretrained(path)
+    return path
+
+
+def test_tokenizer_reads_every_world_prompt_as_whole_words(tokenizer, prompts: list[str]) -> None:
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    assert tokenizer.bos_token == BOS_TOKEN and tokenizer.eos_token_id == eos
+    for prompt in prompts:  # includes test prompts the tokenizer never saw
+        ids = tokenizer(prompt).input_ids
+        assert len(ids) <= TINY.max_text_tokens, prompt
+        assert ids[0] == tokenizer.bos_token_id and ids[-1] == eos
+        assert eos not in ids[1:-1], f"unknown token (mapped to EOS) in {prompt!r}"
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer("a photo of two red triangles").input_ids)
+    assert tokens[1:-1] == ["a</w>", "photo</w>", "of</w>", "two</w>", "red</w>", "triangles</w>"]
+    # CLIP's pre-tokenisation: digits one by one, quotes apart from the word.
+    quoted = tokenizer.convert_ids_to_tokens(tokenizer('a sign that says "42"').input_ids)
+    assert quoted[-5:-1] == ['"</w>', "4</w>", "2</w>", '"</w>']
+
+
+def test_tokenizer_round_trips_through_save_pretrained(tokenizer, prompts: list[str], tmp_path: Path) -> None:
+    from transformers import CLIPTokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    again = CLIPTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert again.model_max_length == TINY.max_text_tokens
+    for prompt in prompts[:50]:
+        assert again(prompt).input_ids == tokenizer(prompt).input_ids
+
+
+def test_components_have_the_sd3_layout(tokenizer) -> None:
+    from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection
+
+    pipe = build_pipeline(TINY, tokenizer, seed=0)
+    assert isinstance(pipe, StableDiffusion3Pipeline)
+    assert isinstance(pipe.transformer, SD3Transformer2DModel) and isinstance(pipe.vae, AutoencoderKL)
+    assert isinstance(pipe.text_encoder_2, CLIPTextModelWithProjection) and pipe.text_encoder_3 is None
+    assert pipe.vae_scale_factor == 2
+    # SD3 concatenates the two CLIP widths for the text stream and the two projections for the pooled vector.
+    assert pipe.transformer.config.joint_attention_dim == 2 * TINY.text_hidden_size
+    assert pipe.transformer.config.pooled_projection_dim == 2 * TINY.text_projection_dim
+    assert pipe.text_encoder.config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_pipeline_reloads_bit_exactly_and_generates_the_same_images(tokenizer, saved_pipeline: Path) -> None:
+    original = build_pipeline(TINY, tokenizer, seed=0)
+    loaded = load_sd3_pipeline(saved_pipeline)
+    for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
+        a, b = getattr(original, name).state_dict(), getattr(loaded, name).state_dict()
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"{name}.{key}"
+    kwargs = dict(num_inference_steps=3, height=16, width=16, guidance_scale=1.0, max_sequence_length=0)
+    outs = []
+    for pipe in (original, loaded):
+        pipe.set_progress_bar_config(disable=True)
+        g = torch.Generator().manual_seed(0)
+        outs.append(pipe(["a photo of a red circle"] * 2, generator=g, output_type="np", **kwargs).images)
+    assert outs[0].shape == (2, 16, 16, 3)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_adapter_caches_prompts_and_matches_encode_prompt(saved_pipeline: Path) -> None:
+    pipe = load_sd3_pipeline(saved_pipeline)
+    adapter = SD3Adapter(pipe)
+    assert adapter.max_sequence_length == 0 and adapter.latent_shape == (4, 8, 8) and adapter.resolution == 16
+    cond = adapter.encode_prompts(["a photo of a cross", "a photo of a ring", "a photo of a cross"])
+    assert cond.prompt_embeds.shape == (3, TINY.max_text_tokens, 2 * TINY.text_hidden_size)
+    assert cond.pooled_prompt_embeds is not None and cond.pooled_prompt_embeds.shape == (3, 16)
+    assert torch.equal(cond.prompt_embeds[0], cond.prompt_embeds[2])
+    direct, _, pooled, _ = pipe.encode_prompt("a photo of a ring", None, None, do_classifier_free_guidance=False,
+                                              max_sequence_length=0)  # fmt: skip
+    torch.testing.assert_close(cond.prompt_embeds[1], direct[0], rtol=0, atol=1e-6)  # batched vs single
+    torch.testing.assert_close(cond.pooled_prompt_embeds[1], pooled[0], rtol=0, atol=1e-6)
+    images = torch.rand(2, 3, 16, 16) * 2 - 1
+    latents = adapter.encode_images(images, generator=torch.Generator().manual_seed(0))
+    assert latents.shape == (2, 4, 8, 8)
+    assert adapter.decode(latents).shape == (2, 3, 16, 16)
+
+
+def test_loader_names_the_missing_piece(saved_pipeline: Path, tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match="pipeline directory not found"):
+        load_sd3_pipeline(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PipelineError, match=r"no model_index\.json"):
+        load_sd3_pipeline(tmp_path / "empty")
+    broken = tmp_path / "broken"
+    shutil.copytree(saved_pipeline, broken)
+    shutil.rmtree(broken / "vae")
+    with pytest.raises(PipelineError, match=r"component folder vae/ is missing"):
+        load_sd3_pipeline(broken)
+    index = json.loads((broken / "model_index.json").read_text())
+    index["_class_name"] = "FluxPipeline"
+    (broken / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(PipelineError, match="expected StableDiffusion3Pipeline"):
+        load_sd3_pipeline(broken)

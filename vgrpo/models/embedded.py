@@ -1,0 +1,179 @@
+"""The embedded default: a complete SD3-family diffusers pipeline small enough to pretrain on a CPU.
+
+Same classes as SD3.5 -- two CLIP text encoders with projection (SD3's CLIP-L and CLIP-G), CLIP
+tokenizers, an ``AutoencoderKL``, an ``SD3Transformer2DModel`` and ``FlowMatchEulerDiscreteScheduler`` --
+assembled into a ``StableDiffusion3Pipeline``, saved with ``save_pretrained`` and loaded by the same
+:func:`vgrpo.models.pipeline.load_sd3_pipeline` as a real SD3.5-M directory. The T5 encoder is left out
+(``text_encoder_3=None``, a configuration diffusers supports): T5 tokens would multiply the sequence
+length, which is what drives cost on a CPU.
+
+Everything here builds offline from :class:`~vgrpo.config.EmbeddedModelConfig`; training lives in
+:mod:`vgrpo.pretrain`.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from vgrpo.config import EmbeddedModelConfig
+
+__all__ = [
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "build_pipeline",
+    "build_text_encoder",
+    "build_transformer",
+    "build_vae",
+    "train_clip_tokenizer",
+]
+
+BOS_TOKEN, EOS_TOKEN = "<|startoftext|>", "<|endoftext|>"
+CLIP_SPLIT_PATTERN = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+"""CLIP's pre-tokenisation: letters as words, digits one by one, punctuation runs apart."""
+
+
+def train_clip_tokenizer(corpus: Iterable[str], config: EmbeddedModelConfig) -> Any:
+    """Train a CLIP-style byte-level BPE on ``corpus`` and return it as a ``transformers.CLIPTokenizer``.
+
+    CLIP's normaliser and a whitespace split before the byte-level step (without it the vocabulary is
+    learned on space-prefixed words that ``CLIPTokenizer`` never produces), ``</w>`` word ends, and
+    CLIP's special tokens; ``model_max_length`` is the pipeline's text length.
+    """
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import CLIPTokenizer
+
+    tok = Tokenizer(models.BPE(unk_token=EOS_TOKEN, end_of_word_suffix="</w>"))
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(CLIP_SPLIT_PATTERN), behavior="removed", invert=True),
+         pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        special_tokens=[BOS_TOKEN, EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        end_of_word_suffix="</w>",
+        show_progress=False,
+    )
+    # Every printable character as a word of its own, so that no ASCII prompt meets an unknown token
+    # (the unknown token is EOS, and the pooled embedding is read at the first EOS).
+    tok.train_from_iterator([*corpus, *string.printable.split()[0]], trainer=trainer)
+    vocab, merges = _canonical_bpe(tok)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+        (Path(tmp) / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+        return CLIPTokenizer.from_pretrained(tmp, model_max_length=config.max_text_tokens)
+
+
+def _canonical_bpe(tok: Any) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The trained vocabulary with ids in a fixed order: specials, then single symbols sorted, then merge
+    results in merge order. The trainer's merges are deterministic but it numbers single symbols in hash-map
+    order, which differs between processes, so the same corpus would give different token ids."""
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    merged = {a + b for a, b in merges}
+    specials = [BOS_TOKEN, EOS_TOKEN]
+    singles = sorted(t for t in model["vocab"] if t not in merged and t not in specials)
+    order = [*specials, *singles, *dict.fromkeys(a + b for a, b in merges)]
+    return {token: i for i, token in enumerate(order)}, [(a, b) for a, b in merges]
+
+
+def build_text_encoder(config: EmbeddedModelConfig, tokenizer: Any, seed: int) -> torch.nn.Module:
+    """A ``CLIPTextModelWithProjection`` sized by ``config`` whose special ids match ``tokenizer``
+    (the pooled output is read at the first EOS, so the ids must agree)."""
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    text_config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.text_hidden_size,
+        intermediate_size=4 * config.text_hidden_size,
+        num_hidden_layers=config.text_layers,
+        num_attention_heads=config.text_heads,
+        max_position_embeddings=config.max_text_tokens,
+        projection_dim=config.text_projection_dim,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        hidden_act="gelu",
+    )
+    torch.manual_seed(seed)
+    return CLIPTextModelWithProjection(text_config).eval()
+
+
+def build_vae(config: EmbeddedModelConfig, seed: int) -> torch.nn.Module:
+    """An ``AutoencoderKL`` downsampling by ``2 ** (len(vae_channels) - 1)``; ``scaling_factor`` and
+    ``shift_factor`` start at (1, 0) and are set from latent statistics after training, as SD3's were."""
+    from diffusers import AutoencoderKL
+
+    n = len(config.vae_channels)
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=tuple(config.vae_channels),
+        layers_per_block=config.vae_layers_per_block,
+        latent_channels=config.latent_channels,
+        norm_num_groups=config.vae_norm_groups,
+        sample_size=config.resolution,
+        scaling_factor=1.0,
+        shift_factor=0.0,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        mid_block_add_attention=False,
+    )
+    return cast(torch.nn.Module, vae)
+
+
+def latent_size(config: EmbeddedModelConfig) -> int:
+    return config.resolution // 2 ** (len(config.vae_channels) - 1)
+
+
+def build_transformer(config: EmbeddedModelConfig, seed: int) -> torch.nn.Module:
+    """An ``SD3Transformer2DModel`` over the VAE's latents; text width = the two CLIP widths concatenated,
+    pooled width = the two projections concatenated (SD3's layout)."""
+    from diffusers import SD3Transformer2DModel
+
+    size = latent_size(config)
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(
+        sample_size=size,
+        patch_size=config.patch_size,
+        in_channels=config.latent_channels,
+        out_channels=config.latent_channels,
+        num_layers=config.num_layers,
+        attention_head_dim=config.attention_head_dim,
+        num_attention_heads=config.num_attention_heads,
+        joint_attention_dim=2 * config.text_hidden_size,
+        caption_projection_dim=config.attention_head_dim * config.num_attention_heads,
+        pooled_projection_dim=2 * config.text_projection_dim,
+        pos_embed_max_size=size // config.patch_size,
+    )
+    return cast(torch.nn.Module, transformer)
+
+
+def build_pipeline(config: EmbeddedModelConfig, tokenizer: Any, seed: int = 0) -> Any:
+    """A randomly initialised ``StableDiffusion3Pipeline`` (both CLIP slots share ``tokenizer``)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    return StableDiffusion3Pipeline(
+        transformer=build_transformer(config, seed),
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=config.scheduler_shift),
+        vae=build_vae(config, seed + 1),
+        text_encoder=build_text_encoder(config, tokenizer, seed + 2),
+        tokenizer=tokenizer,
+        text_encoder_2=build_text_encoder(config, tokenizer, seed + 3),
+        tokenizer_2=tokenizer,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )

@@ -1,0 +1,341 @@
+"""Pretraining of the embedded default pipeline on freshly rendered world pairs.
+
+Three parts, in order, as for a real latent text-to-image model:
+
+1. a CLIP-style BPE tokenizer trained on the train prompts (:func:`vgrpo.models.embedded.train_clip_tokenizer`);
+2. the VAE, trained to reconstruct renders (L1 + L2 + a small KL), after which ``scaling_factor`` and
+   ``shift_factor`` are set from the latent statistics so that latents are roughly N(0, 1), as SD3's were;
+3. the SD3 transformer, by rectified-flow matching with SD3's logit-normal timestep density
+   (Esser et al. 2024, §3.1): ``t = sigmoid(u), u ~ N(m, s)``, ``x_t = (1 - t) x0 + t eps``, loss
+   ``||v_hat - (eps - x0)||^2``. With no pretrained text encoders to freeze (SD3 freezes its CLIPs and T5), the
+   two CLIP encoders are trained jointly by default (``train_text_encoders``); the saved transformer and
+   encoders are an EMA of the trained weights.
+
+Checkpoints go to ``<work_dir>/checkpoints/step-<n>/`` (written to a temporary folder, then renamed) and a run
+resumes from the newest complete one; the final pipeline is written atomically to ``pipeline_dir``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from vgrpo.config import PretrainConfig
+from vgrpo.flow import interpolate, timestep_grid, velocity_target
+from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
+from vgrpo.models.pipeline import SD3Adapter
+from vgrpo.models.sd3 import SD3Velocity
+from vgrpo.policy import Conditioning
+from vgrpo.samplers import euler_ode_sample
+from vgrpo.world.data import allowed_pairs, images_to_tensor, world_batch
+
+__all__ = [
+    "PretrainState",
+    "flow_matching_loss",
+    "logit_normal_timesteps",
+    "pretrain",
+    "sample_images",
+    "train_vae",
+]
+
+Log = Callable[[str], None]
+
+
+def logit_normal_timesteps(n: int, mean: float, std: float, generator: torch.Generator) -> Tensor:
+    """SD3's training density over ``t`` in (0, 1): ``sigmoid(N(mean, std))``, shape ``(n,)``."""
+    return torch.sigmoid(mean + std * torch.randn(n, generator=generator))
+
+
+def flow_matching_loss(velocity: nn.Module, x0: Tensor, cond: Any, t: Tensor, eps: Tensor) -> Tensor:
+    """Rectified-flow matching loss (algorithm.md §1): ``mean ||v_theta(x_t, t) - (eps - x0)||^2``."""
+    v_hat = velocity(interpolate(x0, eps, t), t, cond)
+    return (v_hat.float() - velocity_target(x0, eps)).pow(2).mean()
+
+
+def vae_loss(vae: Any, x: Tensor, kl_weight: float, generator: torch.Generator) -> Tensor:
+    """L1 + L2 reconstruction of a posterior sample plus ``kl_weight`` x KL to N(0, I)."""
+    dist = vae.encode(x).latent_dist
+    recon = vae.decode(dist.sample(generator=generator)).sample
+    return (recon - x).abs().mean() + (recon - x).pow(2).mean() + kl_weight * dist.kl().mean() / x[0].numel()
+
+
+def _progress(total: int, initial: int, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2.0)
+
+
+def _one_cycle(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up then cosine decay to 0, as a multiplier of the peak learning rate."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train_vae(vae: Any, config: PretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> float:
+    """Train ``vae`` in place on fresh renders; returns the final loss."""
+    cfg, allowed = config.vae, allowed_pairs(config.held_out_pairs)
+    opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, weight_decay=0.0)
+    warmup = max(1, cfg.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _one_cycle(s, cfg.steps, warmup))
+    vae.train()
+    loss = torch.tensor(float("nan"))
+    with _progress(cfg.steps, 0, "vae") as bar:
+        for _ in range(cfg.steps):
+            _, images = world_batch(rng, cfg.batch_size, config.tags, allowed, config.model.resolution)
+            loss = vae_loss(vae, images_to_tensor(images), cfg.kl_weight, generator)
+            loss.backward()
+            nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+            bar.update()
+    vae.eval()
+    return float(loss.item())
+
+
+@torch.no_grad()
+def set_latent_normalisation(vae: Any, images: Tensor) -> tuple[float, float]:
+    """Set the VAE's ``shift_factor`` (latent mean) and ``scaling_factor`` (1 / latent std) from ``images``."""
+    z = vae.encode(images).latent_dist.mode()
+    shift, scale = float(z.mean()), float(1.0 / z.std())
+    vae.register_to_config(shift_factor=shift, scaling_factor=scale)
+    return shift, scale
+
+
+@torch.no_grad()
+def sample_images(
+    adapter: SD3Adapter,
+    velocity: nn.Module,
+    prompts: list[str],
+    num_steps: int,
+    generator: torch.Generator,
+    *,
+    shift: float | None = None,
+    micro_batch: int = 64,
+) -> np.ndarray:
+    """Euler ODE samples for ``prompts`` decoded to uint8 ``(N, H, W, 3)``, with the same sampler as RL rollouts."""
+    from vgrpo.world.data import tensor_to_images
+
+    sigmas = timestep_grid(num_steps, shift=shift)
+    out = []
+    for i in range(0, len(prompts), micro_batch):
+        chunk = prompts[i : i + micro_batch]
+        cond = adapter.encode_prompts(chunk)
+        noise = torch.randn(len(chunk), *adapter.latent_shape, generator=generator)
+        latents = euler_ode_sample(velocity, noise, cond, sigmas)
+        out.append(tensor_to_images(adapter.decode(latents)))
+    return np.concatenate(out)
+
+
+@dataclass
+class PretrainState:
+    """What a checkpoint holds besides the pipeline: the step, optimiser, EMA and RNG states."""
+
+    step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def _atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
+    """Write a directory via ``write(tmp)`` then rename it over ``final`` (never half-written)."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _latest_checkpoint(ckpt_root: Path) -> Path | None:
+    done = [p for p in ckpt_root.glob("step-*") if (p / "state.pt").is_file()]
+    return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
+
+
+def pretrain(
+    config: PretrainConfig,
+    work_dir: str | Path,
+    pipeline_dir: str | Path | None = None,
+    *,
+    evaluate: Callable[[SD3Adapter, nn.Module, int], dict[str, float]] | None = None,
+    log: Log = print,
+) -> Path:
+    """Pretrain the embedded pipeline described by ``config``; returns the pipeline directory.
+
+    Args:
+        config: architecture, data and schedule.
+        work_dir: run folder for checkpoints; a run with a checkpoint there resumes from it.
+        pipeline_dir: where the final pipeline goes (default ``<work_dir>/pipeline``).
+        evaluate: called every ``config.eval_every`` steps and at the end with the adapter, the EMA velocity
+            model and the step; returns metrics to record.
+        log: line logger.
+    """
+    torch.set_flush_denormal(True)  # stack-notes: denormals slow CPU training ~5x after a few hundred steps
+    ckpt_root = Path(work_dir) / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    allowed = allowed_pairs(config.held_out_pairs)
+
+    latest = _latest_checkpoint(ckpt_root)
+    saved = torch.load(latest / "state.pt", weights_only=True) if latest is not None else None
+    if saved is not None and saved.get("config") != config.model_dump(mode="json"):
+        # A checkpoint of other params (DVC re-runs the stage after a params change) is not this run.
+        log(f"{latest} was written with other params: starting afresh")
+        for old in ckpt_root.glob("step-*"):
+            shutil.rmtree(old)
+        latest, saved = None, None
+    if latest is not None:
+        from vgrpo.models.pipeline import load_sd3_pipeline
+
+        log(f"resuming from {latest}")
+        pipe = load_sd3_pipeline(latest / "pipeline")
+    else:
+        log("training the tokenizer and the VAE")
+        tokenizer = train_clip_tokenizer(_prompt_corpus(config), config.model)
+        pipe = build_pipeline(config.model, tokenizer, seed=config.seed)
+        pipe.set_progress_bar_config(disable=True)
+        t0 = time.perf_counter()
+        vae_final = train_vae(pipe.vae, config, rng, generator)
+        _, images = world_batch(rng, 512, config.tags, allowed, config.model.resolution)
+        shift, scale = set_latent_normalisation(pipe.vae, images_to_tensor(images))
+        log(
+            f"vae: loss {vae_final:.4f} in {time.perf_counter() - t0:.0f} s; latent shift {shift:.3f} scale {scale:.3f}"
+        )
+    pipe.vae.requires_grad_(False).eval()
+    # The trained modules and their EMA, in pipeline slots: the transformer, and the two CLIP encoders when
+    # they are trained too (random frozen encoders give the transformer a code it must first learn to read).
+    slots = ("transformer", "text_encoder", "text_encoder_2") if config.train_text_encoders else ("transformer",)
+    if not config.train_text_encoders:
+        pipe.text_encoder.requires_grad_(False).eval()
+        pipe.text_encoder_2.requires_grad_(False).eval()
+    trained = nn.ModuleList([getattr(pipe, name) for name in slots]).train()
+    ema = copy.deepcopy(trained).eval().requires_grad_(False)  # on resume: the saved pipeline holds the EMA
+    opt = torch.optim.AdamW(trained.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _one_cycle(s, config.steps, config.warmup_steps))
+    state = PretrainState()
+    if saved is not None:
+        trained.load_state_dict(saved["trained"])
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        rng.bit_generator.state = saved["numpy_rng"]
+        generator.set_state(saved["torch_rng"])
+        state = PretrainState(step=saved["step"], history=saved["history"])
+    velocity = SD3Velocity(trained[0])
+    images_adapter = SD3Adapter(pipe, max_sequence_length=0)  # VAE encoding (and cached prompts if frozen)
+
+    def use(modules: nn.ModuleList) -> None:
+        for name, module in zip(slots, modules, strict=True):
+            setattr(pipe, name, module)
+
+    def condition(prompts: list[str]) -> Any:
+        if not config.train_text_encoders:
+            return images_adapter.encode_prompts(prompts)
+        embeds, _, pooled, _ = pipe.encode_prompt(
+            prompt=prompts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=False, max_sequence_length=0
+        )
+        return Conditioning(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
+
+    def save_checkpoint() -> None:
+        def write(tmp: Path) -> None:
+            use(ema)
+            pipe.save_pretrained(tmp / "pipeline")
+            use(trained)
+            state_dict = {
+                "trained": trained.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "numpy_rng": rng.bit_generator.state,
+                "torch_rng": generator.get_state(),
+                "step": state.step,
+                "history": state.history,
+                "config": config.model_dump(mode="json"),
+            }
+            torch.save(state_dict, tmp / "state.pt")
+
+        _atomic_dir(ckpt_root / f"step-{state.step}", write)
+        for old in ckpt_root.glob("step-*"):
+            if old.name != f"step-{state.step}":
+                shutil.rmtree(old, ignore_errors=True)
+
+    def run_evaluation() -> dict[str, float]:
+        assert evaluate is not None
+        use(ema)
+        try:  # a fresh adapter: its prompt cache must come from the EMA encoders
+            return evaluate(SD3Adapter(pipe, max_sequence_length=0), SD3Velocity(ema[0]), state.step)
+        finally:
+            use(trained)
+
+    t_start, losses = time.perf_counter(), []
+    with _progress(config.steps, state.step, "transformer") as bar:
+        while state.step < config.steps:
+            prompts, images = world_batch(rng, config.batch_size, config.tags, allowed, config.model.resolution)
+            with torch.no_grad():
+                x0 = images_adapter.encode_images(images_to_tensor(images), generator=generator)
+            t = logit_normal_timesteps(len(prompts), config.logit_normal_mean, config.logit_normal_std, generator)
+            eps = torch.randn(x0.shape, generator=generator)
+            loss = flow_matching_loss(velocity, x0, condition(prompts), t, eps)
+            loss.backward()
+            grad_norm = float(nn.utils.clip_grad_norm_(trained.parameters(), config.max_grad_norm))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            # EMA warm-up (1 + n) / (10 + n): early weights are forgotten quickly in a run this short.
+            _ema_update(ema, trained, min(config.ema_decay, (1 + state.step) / (10 + state.step)))
+            state.step += 1
+            losses.append(float(loss.item()))
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", gnorm=f"{grad_norm:.2f}", refresh=False)
+            bar.update()
+            last = state.step == config.steps
+            if evaluate is not None and (state.step % config.eval_every == 0 or last):
+                metrics = {"step": float(state.step), "loss": float(np.mean(losses[-config.eval_every :]))}
+                metrics |= run_evaluation()
+                metrics["elapsed_s"] = time.perf_counter() - t_start
+                state.history.append(metrics)
+                log(" ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+            if state.step % config.checkpoint_every == 0 or last:
+                save_checkpoint()
+
+    final = Path(pipeline_dir) if pipeline_dir is not None else Path(work_dir) / "pipeline"
+    use(ema)
+
+    def write_final(tmp: Path) -> None:
+        pipe.save_pretrained(tmp)
+        (tmp / "pretrain_history.json").write_text(json.dumps(state.history, indent=1))
+
+    _atomic_dir(final, write_final)
+    return final
+
+
+@torch.no_grad()
+def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
+    for e, p in zip(ema.parameters(), model.parameters(), strict=True):
+        e.lerp_(p.detach(), 1.0 - decay)
+
+
+def _prompt_corpus(config: PretrainConfig, n: int = 4000) -> list[str]:
+    from vgrpo.world.prompts import sample_metadata
+
+    rng = np.random.default_rng(config.seed + 1)
+    allowed = allowed_pairs(config.held_out_pairs)
+    return [sample_metadata(rng, config.tags[i % len(config.tags)], allowed)["prompt"] for i in range(n)]
