@@ -39,7 +39,8 @@ from vgrpo.models.pipeline import SD3Adapter
 from vgrpo.models.sd3 import SD3Velocity
 from vgrpo.policy import Conditioning
 from vgrpo.samplers import euler_ode_sample
-from vgrpo.world.data import allowed_pairs, images_to_tensor, world_batch
+from vgrpo.world.data import images_to_tensor, world_batch
+from vgrpo.world.prompts import allowed_pairs
 
 __all__ = [
     "PretrainState",

@@ -9,18 +9,8 @@ import torch
 
 from vgrpo.world.prompts import Pair, sample_metadata, scene_for
 from vgrpo.world.render import render
-from vgrpo.world.scene import COLORS, SHAPES
 
-__all__ = ["allowed_pairs", "images_to_tensor", "tensor_to_images", "world_batch"]
-
-
-def allowed_pairs(held_out: Sequence[tuple[str, str]]) -> list[Pair]:
-    """Every ``(color, shape)`` pair except ``held_out`` (validated against the vocabulary)."""
-    held = {(str(c), str(s)) for c, s in held_out}
-    for c, s in held:
-        if c not in COLORS or s not in SHAPES:
-            raise ValueError(f"unknown held-out pair {(c, s)}: colours are {COLORS}, shapes {SHAPES}")
-    return [(c, s) for c in COLORS for s in SHAPES if (c, s) not in held]
+__all__ = ["images_to_tensor", "tensor_to_images", "world_batch"]
 
 
 def world_batch(

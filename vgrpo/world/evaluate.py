@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vgrpo.rewards.ocr import RapidOCRReader, ocr_score
 from vgrpo.world.detect import detect, geneval_partial, geneval_strict
-from vgrpo.world.prompts import GENEVAL_TAGS
+from vgrpo.world.prompts import GENEVAL_TAGS, write_text_atomic
 
 __all__ = ["evaluate_world", "score_world_images", "summarise", "write_json_atomic"]
 
@@ -97,15 +95,5 @@ def evaluate_world(
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write ``data`` as indented JSON via a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` as indented JSON atomically (:func:`vgrpo.world.prompts.write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -162,6 +162,15 @@ def scene_for(metadata: dict[str, Any], rng: np.random.Generator, allowed: list[
     return Scene(objects=place_objects(rng, kinds), text=None)
 
 
+def allowed_pairs(held_out: Iterable[tuple[str, str]]) -> list[Pair]:
+    """Every ``(color, shape)`` pair except ``held_out`` (validated against the vocabulary)."""
+    held = {(str(c), str(s)) for c, s in held_out}
+    for c, s in held:
+        if c not in COLORS or s not in SHAPES:
+            raise ValueError(f"unknown held-out pair {(c, s)}: colours are {COLORS}, shapes {SHAPES}")
+    return [(c, s) for c in COLORS for s in SHAPES if (c, s) not in held]
+
+
 def make_splits(
     seed: int,
     n_train: int,
@@ -174,11 +183,8 @@ def make_splits(
     No train prompt or ground-truth scene contains a held-out ``(color, shape)`` pair; every ``colors`` /
     ``color_attr`` test prompt names one, and other test prompts draw colours from all pairs."""
     held = [(str(c), str(s)) for c, s in held_out_pairs]
-    for c, s in held:
-        if c not in COLORS or s not in SHAPES:
-            raise ValueError(f"unknown held-out pair {(c, s)}")
     every = [(c, s) for c in COLORS for s in SHAPES]
-    seen = [p for p in every if p not in held]
+    seen = allowed_pairs(held)
     rng = np.random.default_rng(seed)
     train: list[Record] = []
     for i in range(n_train):
@@ -202,19 +208,23 @@ def scene_from_dict(d: dict[str, Any]) -> Scene:
     return Scene(objects=tuple(ObjectSpec(**o) for o in d["objects"]), text=d.get("text"))
 
 
-def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
-    """Write one JSON object per line atomically (temporary file in the same folder, then ``os.replace``)."""
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` via a temporary file in the same folder and ``os.replace``: never half-written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
+    """Write one JSON object per line atomically (:func:`write_text_atomic`)."""
+    write_text_atomic(path, "".join(json.dumps(rec) + "\n" for rec in records))
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
