@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RapidOCRReader", "levenshtein", "ocr_score", "ocr_target"]
+from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+
+__all__ = ["OCRReward", "PaddleOCRReader", "RapidOCRReader", "levenshtein", "ocr_score", "ocr_target"]
 
 
 def ocr_target(prompt: str) -> str:
@@ -81,4 +83,58 @@ class RapidOCRReader:
             # RapidOCR takes OpenCV's BGR order.
             result, _ = self.engine(np.ascontiguousarray(self._prepare(np.asarray(image))[..., ::-1]))
             out.append("".join(str(line[1]) for line in result) if result else "")
+        return out
+
+
+class OCRReward(Reward):
+    """Flow-GRPO's OCR reward (:func:`ocr_score`) with a PP-OCR engine: ``rapidocr`` (the default, ONNX models
+    inside the wheel) or ``paddleocr`` when installed. The target is the prompt's quoted text; ``sub_scores``
+    has ``exact`` (the whole target read: score 1).
+
+    Args:
+        engine: ``"rapidocr"`` or ``"paddleocr"``, or any object with ``read(images) -> list[str]``.
+        min_side: images are upscaled (bicubic) to at least this side before reading (see :class:`RapidOCRReader`).
+    """
+
+    name = "ocr"
+
+    def __init__(self, engine: Any = "rapidocr", min_side: int = 128):
+        if engine == "rapidocr":
+            self.reader: Any = RapidOCRReader(min_side=min_side)
+        elif engine == "paddleocr":
+            self.reader = PaddleOCRReader(min_side=min_side)
+        elif isinstance(engine, str):
+            raise ValueError(f"OCR engine must be 'rapidocr' or 'paddleocr', got {engine!r}")
+        else:
+            self.reader = engine
+
+    def applies_to(self, prompt: str, metadata: Metadata | None) -> bool:
+        return prompt.count('"') >= 2
+
+    def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
+        targets = [ocr_target(p) for p in prompts]
+        texts = self.reader.read(images)
+        scores = np.array([ocr_score(text, target) for text, target in zip(texts, targets, strict=True)])
+        return RewardOutput(scores=scores, sub_scores={"exact": (scores == 1.0).astype(np.float64)})
+
+
+class PaddleOCRReader(RapidOCRReader):
+    """PaddleOCR 3 (what Flow-GRPO uses), when ``paddleocr`` and ``paddlepaddle`` are installed and its models
+    are available locally (``engine_kwargs`` such as ``text_recognition_model_dir``). Not installable offline on
+    the development machines (it fetches models from a hub), so untested here; the default is RapidOCR."""
+
+    def __init__(self, min_side: int = 128, **engine_kwargs: Any):  # pragma: no cover - optional engine
+        try:
+            from paddleocr import PaddleOCR
+        except ImportError as exc:
+            raise ImportError("the paddleocr engine needs `pip install paddleocr paddlepaddle`") from exc
+        opts = {"use_doc_orientation_classify": False, "use_doc_unwarping": False, "use_textline_orientation": False}
+        self.engine = PaddleOCR(**(opts | engine_kwargs))
+        self.min_side = min_side
+
+    def read(self, images: Sequence[np.ndarray] | np.ndarray) -> list[str]:  # pragma: no cover - optional engine
+        out = []
+        for image in images:
+            results = self.engine.predict(np.ascontiguousarray(self._prepare(np.asarray(image))[..., ::-1]))
+            out.append("".join(str(t) for res in results for t in res["rec_texts"]))
         return out

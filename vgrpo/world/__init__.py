@@ -2,9 +2,9 @@
 
 See :mod:`vgrpo.world.scene` (vocabulary), :mod:`vgrpo.world.render` (rasteriser and bitmap font),
 :mod:`vgrpo.world.prompts` (GenEval / OCR / preference prompts and splits) and :mod:`vgrpo.world.detect`
-(exact detector, GenEval strict score and Flow-GRPO partial credit)."""
+(exact detector; its detections are scored by :mod:`vgrpo.rewards.geneval`)."""
 
-from vgrpo.world.detect import Detection, detect, geneval_partial, geneval_strict, relative_position
+from vgrpo.world.detect import detect
 from vgrpo.world.prompts import (
     EXTRA_TAGS,
     GENEVAL_TAGS,
@@ -25,15 +25,11 @@ __all__ = [
     "GENEVAL_TAGS",
     "PALETTE",
     "SHAPES",
-    "Detection",
     "ObjectSpec",
     "Scene",
     "detect",
-    "geneval_partial",
-    "geneval_strict",
     "make_splits",
     "read_jsonl",
-    "relative_position",
     "render",
     "sample_metadata",
     "scene_for",

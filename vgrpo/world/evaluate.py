@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from vgrpo.rewards.geneval import GENEVAL_TAGS, score_detections
 from vgrpo.rewards.ocr import RapidOCRReader, ocr_score
-from vgrpo.world.detect import detect, geneval_partial, geneval_strict
-from vgrpo.world.prompts import GENEVAL_TAGS, write_text_atomic
+from vgrpo.world.detect import detect
+from vgrpo.world.prompts import write_text_atomic
 
 __all__ = ["evaluate_world", "score_world_images", "summarise", "write_json_atomic"]
 
@@ -38,10 +39,8 @@ def score_world_images(
             if ocr is not None:
                 rows.append({"tag": "ocr", "ocr": ocr_score(texts[i], md["text"]), "text": texts[i]})
             continue
-        found = detect(image)
-        rows.append(
-            {"tag": md["tag"], "strict": float(geneval_strict(md, found)), "partial": geneval_partial(md, found)}
-        )
+        verdict = score_detections(md, detect(image))
+        rows.append({"tag": md["tag"], "strict": float(verdict.correct), "partial": verdict.reward})
     return rows
 
 

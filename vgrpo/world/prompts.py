@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from vgrpo.world.detect import Detection, relative_position
+from vgrpo.rewards.geneval import GENEVAL_TAGS, Detection, relative_position
 from vgrpo.world.render import FONT_CHARS, max_text_chars, pixel_box
 from vgrpo.world.scene import (
     COLORS,
@@ -32,7 +32,6 @@ from vgrpo.world.scene import (
     sample_object,
 )
 
-GENEVAL_TAGS: tuple[str, ...] = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 EXTRA_TAGS: tuple[str, ...] = ("ocr", "preference")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
 NUMBERS: dict[int, str] = {2: "two", 3: "three", 4: "four"}
@@ -119,7 +118,7 @@ def sample_metadata(
 
 def _as_detection(o: ObjectSpec, size: int) -> Detection:
     x0, y0, side = pixel_box(o, size)
-    return Detection(shape=o.shape, color=o.color, box=(x0, y0, x0 + side, y0 + side))
+    return Detection(label=o.shape, color=o.color, box=(x0, y0, x0 + side, y0 + side))
 
 
 def _relation_holds(a: ObjectSpec, b: ObjectSpec, rel: str, size: int = 32) -> bool:

@@ -1,0 +1,307 @@
+"""GenEval: detections -> clause checks -> the strict score and Flow-GRPO's partial-credit training reward.
+
+One scoring module for every detector (:mod:`vgrpo.rewards.detectors`: the embedded world's exact detector,
+Mask2Former + CLIP colour for real images, recorded detections). It follows two public references exactly:
+
+* GenEval (Ghosh et al. 2023, ``evaluation/evaluate_images.py``): per class, detections above a confidence
+  threshold (0.3; 0.9 for the ``counting`` tag) sorted by confidence, at most 16; an include clause needs the
+  ``count`` most confident objects of its class, all of the requested colour, each in the requested relation
+  (box centres, a dead zone of 0.1 x the summed box sides) to every object of the referenced clause; an
+  exclude clause needs fewer than ``count`` objects of its class. :func:`geneval_correct`.
+* The Flow-GRPO reward server (Liu et al. 2025, ``reward_server/gen_eval.py``, ``evaluate_reward``): per
+  include clause ``1 - |count - found| / count`` over every detection of the class (not clamped: too many
+  objects can score below 0); when ``found != count`` a clause with a colour or position adds one 0; else a
+  colour adds ``1 - |count - n_colour| / count`` and a position adds 0 on the first failing pair followed by
+  the server's unconditional 1 (so a failed relation averages 0.5 over its two entries; reproduced as the
+  server computes it, since that is the reward Flow-GRPO, DiffusionNFT and V-GRPO trained on). Exclude
+  clauses do not enter the reward. The reward is the mean of the entries; its ``strict_correct`` (every
+  count exact, every colour and relation right) is :attr:`GenEvalScore.exact`. :func:`flow_grpo_reward`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+
+__all__ = [
+    "GENEVAL_TAGS",
+    "Detection",
+    "GenEvalReward",
+    "GenEvalScore",
+    "GenEvalThresholds",
+    "flow_grpo_reward",
+    "geneval_correct",
+    "relative_position",
+    "score_detections",
+    "select_objects",
+]
+
+GENEVAL_TAGS: tuple[str, ...] = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+
+Box = tuple[float, float, float, float]
+Objects = dict[str, list["Detection"]]
+"""Class name -> the kept detections of that class, most confident first (GenEval's ``detected``)."""
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One detected object.
+
+    Attributes:
+        label: class name (GenEval's ``object_names.txt`` for real images; the world's shapes).
+        box: ``(x0, y0, x1, y1)`` in pixels.
+        score: detector confidence in [0, 1].
+        color: colour name when known (the world detector reads it exactly; the Mask2Former detector fills it
+            with CLIP zero-shot colour on the masked crop for classes a colour clause asks about), else None.
+    """
+
+    label: str
+    box: Box
+    score: float = 1.0
+    color: str | None = None
+
+    @property
+    def center(self) -> tuple[float, float]:
+        x0, y0, x1, y1 = self.box
+        return ((x0 + x1) / 2, (y0 + y1) / 2)
+
+
+@dataclass(frozen=True)
+class GenEvalThresholds:
+    """GenEval's detection filter (``evaluate_images.py`` defaults, also the reward server's)."""
+
+    confidence: float = 0.3
+    counting_confidence: float = 0.9
+    max_objects: int = 16
+    nms_iou: float = 1.0
+    """Greedy per-class NMS threshold; 1.0 (GenEval's default) keeps overlapping boxes."""
+    position: float = 0.1
+    """Dead zone of :func:`relative_position` as a fraction of the summed box sides."""
+
+
+@dataclass(frozen=True)
+class GenEvalScore:
+    """GenEval's verdicts for one image.
+
+    Attributes:
+        correct: GenEval's strict correctness (:func:`geneval_correct`): what the benchmark reports.
+        exact: the reward server's ``strict_correct`` (every include count exact, colours and relations right).
+        reward: the server's partial credit (:func:`flow_grpo_reward`), the training reward.
+        reasons: why ``correct`` is False (GenEval's wording), empty when it holds.
+    """
+
+    correct: bool
+    exact: bool
+    reward: float
+    reasons: tuple[str, ...] = ()
+
+
+def _iou(a: Box, b: Box) -> float:
+    # GenEval's compute_iou: inclusive pixel boxes.
+    def area(box: Sequence[float]) -> float:
+        return max(box[2] - box[0] + 1, 0) * max(box[3] - box[1] + 1, 0)
+
+    inter = area([max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])])
+    union = area(a) + area(b) - inter
+    return inter / union if union else 0.0
+
+
+def select_objects(
+    detections: Sequence[Detection], tag: str, thresholds: GenEvalThresholds = GenEvalThresholds()
+) -> Objects:
+    """GenEval's filter: per class, confidence above the tag's threshold, most confident first, at most
+    ``max_objects``, then greedy NMS (a no-op at ``nms_iou = 1``)."""
+    cutoff = thresholds.counting_confidence if tag == "counting" else thresholds.confidence
+    by_class: dict[str, list[Detection]] = {}
+    for det in sorted(detections, key=lambda d: -d.score):  # stable: ties keep the detector's order
+        if det.score > cutoff:
+            by_class.setdefault(det.label, []).append(det)
+    objects: Objects = {}
+    for label, dets in by_class.items():
+        ordering, kept = dets[: thresholds.max_objects], []
+        while ordering:
+            best = ordering.pop(0)
+            kept.append(best)
+            if thresholds.nms_iou < 1:
+                ordering = [d for d in ordering if _iou(best.box, d.box) < thresholds.nms_iou]
+        objects[label] = kept
+    return objects
+
+
+def relative_position(a: Detection, b: Detection, threshold: float = 0.1) -> set[str]:
+    """GenEval's ``relative_position``: relations of ``a`` to ``b`` from box centres, the offset shrunk by
+    ``threshold * (dim_a + dim_b)`` per axis; a relation holds when its normalised component exceeds 0.5."""
+    boxes = np.array([a.box, b.box], dtype=np.float64).reshape(2, 2, 2)
+    center_a, center_b = boxes.mean(axis=-2)
+    dim_a, dim_b = np.abs(np.diff(boxes, axis=-2))[..., 0, :]
+    offset = center_a - center_b
+    revised = np.maximum(np.abs(offset) - threshold * (dim_a + dim_b), 0) * np.sign(offset)
+    if np.all(np.abs(revised) < 1e-3):
+        return set()
+    dx, dy = revised / np.linalg.norm(offset)
+    rels: set[str] = set()
+    if dx < -0.5:
+        rels.add("left of")
+    if dx > 0.5:
+        rels.add("right of")
+    if dy < -0.5:
+        rels.add("above")
+    if dy > 0.5:
+        rels.add("below")
+    return rels
+
+
+def _colors(found: Sequence[Detection], req: Mapping[str, Any]) -> list[str]:
+    missing = [d for d in found if d.color is None]
+    if missing:
+        raise ValueError(
+            f"a colour clause ({req['color']} {req['class']}) needs detections with colours; the detector left "
+            f"{len(missing)} of class {req['class']!r} without one"
+        )
+    return [str(d.color) for d in found]
+
+
+def _relation_fails(
+    found: Sequence[Detection], targets: Sequence[Detection], rel: str, threshold: float
+) -> tuple[str, ...] | None:
+    """The relations actually found for the first pair that violates ``rel``, or None when all hold."""
+    for obj in found:
+        for target in targets:
+            rels = relative_position(obj, target, threshold)
+            if rel not in rels:
+                return tuple(sorted(rels))
+    return None
+
+
+def geneval_correct(metadata: Metadata, objects: Objects, *, position_threshold: float = 0.1) -> tuple[bool, list[str]]:
+    """GenEval's strict correctness of one image (``evaluate`` in ``evaluate_images.py``) and its reasons."""
+    correct, reasons = True, []
+    groups: list[list[Detection] | None] = []
+    for req in metadata.get("include", []):
+        cls, count = req["class"], int(req["count"])
+        found = objects.get(cls, [])[:count]
+        matched = len(found) >= count
+        if not matched:
+            reasons.append(f"expected {cls}>={count}, found {len(found)}")
+        else:
+            if "color" in req:
+                colors = _colors(found, req)
+                if colors.count(req["color"]) < count:
+                    matched = False
+                    reasons.append(f"expected {req['color']} {cls}>={count}, found {colors.count(req['color'])}")
+            if "position" in req and matched:
+                rel, ref = req["position"][0], int(req["position"][1])
+                targets = groups[ref] if ref < len(groups) else None
+                if targets is None:
+                    matched = False
+                    reasons.append(f"no target for {cls} to be {rel}")
+                else:
+                    failed = _relation_fails(found, targets, rel, position_threshold)
+                    if failed is not None:
+                        matched = False
+                        reasons.append(f"expected {cls} {rel} target, found {' and '.join(failed)} target")
+        correct = correct and matched
+        groups.append(found if matched else None)
+    for req in metadata.get("exclude", []):
+        n = len(objects.get(req["class"], []))
+        if n >= int(req["count"]):
+            correct = False
+            reasons.append(f"expected {req['class']}<{req['count']}, found {n}")
+    return correct, reasons
+
+
+def flow_grpo_reward(metadata: Metadata, objects: Objects, *, position_threshold: float = 0.1) -> tuple[bool, float]:
+    """The Flow-GRPO reward server's ``(strict_correct, reward)`` for one image (module docstring)."""
+    exact, entries = True, []
+    groups: list[list[Detection] | None] = []
+    for req in metadata.get("include", []):
+        count = int(req["count"])
+        found = objects.get(req["class"], [])
+        entries.append(1 - abs(count - len(found)) / count)
+        matched = len(found) == count
+        if not matched:
+            if "color" in req or "position" in req:
+                entries.append(0.0)
+        else:
+            if "color" in req:
+                n_color = _colors(found, req).count(req["color"])
+                entries.append(1 - abs(count - n_color) / count)
+                matched = n_color == count
+            if "position" in req and matched:
+                ref = int(req["position"][1])
+                targets = groups[ref] if ref < len(groups) else None
+                if targets is None:
+                    matched = False
+                    entries.append(0.0)
+                else:
+                    if _relation_fails(found, targets, req["position"][0], position_threshold) is not None:
+                        matched = False
+                        entries.append(0.0)
+                    entries.append(1.0)  # the server appends 1.0 after its loop whatever the loop found
+        exact = exact and matched
+        groups.append(list(found) if matched else None)
+    return exact, float(sum(entries) / len(entries)) if entries else 0.0
+
+
+def score_detections(
+    metadata: Metadata, detections: Sequence[Detection], thresholds: GenEvalThresholds = GenEvalThresholds()
+) -> GenEvalScore:
+    """All GenEval verdicts of one image from its raw detections."""
+    objects = select_objects(detections, str(metadata.get("tag", "")), thresholds)
+    correct, reasons = geneval_correct(metadata, objects, position_threshold=thresholds.position)
+    exact, reward = flow_grpo_reward(metadata, objects, position_threshold=thresholds.position)
+    return GenEvalScore(correct=correct, exact=exact, reward=reward, reasons=tuple(reasons))
+
+
+class GenEvalReward(Reward):
+    """GenEval as a reward: ``sub_scores`` are ``strict`` (GenEval's correctness, what the benchmark reports),
+    ``exact`` (the reward server's ``strict_correct``) and ``partial`` (its partial credit); ``scores`` is the one
+    that ``reward`` names (Flow-GRPO trains on ``partial``).
+
+    Args:
+        detector: ``"world"``, ``"mask2former"``, ``"recorded"`` (:func:`vgrpo.rewards.detectors.build_detector`)
+            or a detector object.
+        detector_options: keyword options of the named detector (local weight paths, device).
+        reward: ``"partial"``, ``"strict"`` or ``"exact"``.
+        thresholds: overrides of :class:`GenEvalThresholds` fields.
+    """
+
+    name = "geneval"
+    needs_metadata = True
+
+    def __init__(
+        self,
+        detector: Any = "world",
+        detector_options: Mapping[str, Any] | None = None,
+        reward: Literal["partial", "strict", "exact"] = "partial",
+        thresholds: Mapping[str, Any] | None = None,
+    ):
+        from vgrpo.rewards.detectors import build_detector
+
+        self.detector = build_detector(detector, detector_options) if isinstance(detector, str) else detector
+        if reward not in ("partial", "strict", "exact"):
+            raise ValueError(f"reward {self.name!r}: reward must be 'partial', 'strict' or 'exact', got {reward!r}")
+        self.reward = reward
+        self.thresholds = GenEvalThresholds(**dict(thresholds or {}))
+
+    def applies_to(self, prompt: str, metadata: Metadata | None) -> bool:
+        return metadata is not None and metadata.get("tag") in GENEVAL_TAGS
+
+    def verdicts(self, images: np.ndarray, metadata: Sequence[Metadata]) -> list[GenEvalScore]:
+        """:class:`GenEvalScore` of each image, with GenEval's reasons for failures."""
+        detections = self.detector.detect(images, metadata)
+        return [score_detections(md, dets, self.thresholds) for md, dets in zip(metadata, detections, strict=True)]
+
+    def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
+        assert metadata is not None  # checked by Reward.__call__
+        verdicts = self.verdicts(images, metadata)
+        strict = np.array([float(v.correct) for v in verdicts])
+        partial = np.array([v.reward for v in verdicts])
+        exact = np.array([float(v.exact) for v in verdicts])
+        subs = {"strict": strict, "exact": exact, "partial": partial}
+        return RewardOutput(scores=subs[self.reward], sub_scores=subs)
