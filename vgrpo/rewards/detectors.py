@@ -23,6 +23,7 @@ import numpy as np
 
 from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.geneval import Detection
+from vgrpo.rewards.preference import pooled_features
 
 __all__ = [
     "GENEVAL_COLORS",
@@ -166,11 +167,6 @@ def parse_mmdet_result(result: Any, classnames: Sequence[str]) -> list[tuple[Det
     return out
 
 
-def _pooled(features: Any) -> Any:
-    """The projected embedding of a CLIP ``get_*_features`` call (transformers 5 returns it as ``pooler_output``)."""
-    return getattr(features, "pooler_output", features)
-
-
 class ClipColorClassifier:
     """GenEval's colour check: CLIP zero-shot over :data:`GENEVAL_COLORS` on the object's box crop after the
     pixels outside its mask are replaced by grey; class embeddings are the normalised mean of the three
@@ -200,7 +196,7 @@ class ClipColorClassifier:
                 texts = [t.format(c=color, cls=classname) for t in COLOR_TEMPLATES]
                 tok = self.processor.tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
                 with torch.no_grad():
-                    emb = _pooled(self.model.get_text_features(**tok.to(self.device)))
+                    emb = pooled_features(self.model.get_text_features(**tok.to(self.device)))
                 emb = torch.nn.functional.normalize(emb, dim=-1).mean(0)
                 weights.append(emb / emb.norm())
             self._classifiers[classname] = torch.stack(weights, dim=1)  # (D, colours)
@@ -223,7 +219,9 @@ class ClipColorClassifier:
         pixels = self.processor.image_processor(images=crops, return_tensors="pt")["pixel_values"].to(self.device)
         colors = []
         with torch.no_grad():
-            feats = torch.nn.functional.normalize(_pooled(self.model.get_image_features(pixel_values=pixels)), dim=-1)
+            feats = torch.nn.functional.normalize(
+                pooled_features(self.model.get_image_features(pixel_values=pixels)), dim=-1
+            )
         for (det, _), feat in zip(objects, feats, strict=True):
             logits = 100.0 * feat @ self._classifier(det.label)
             colors.append(GENEVAL_COLORS[int(logits.argmax())])
