@@ -17,11 +17,13 @@ from vgrpo.flow import expand_like
 from vgrpo.policy import Conditioning, VelocityModel
 
 __all__ = [
+    "ClassifierFreeGuidance",
     "SDEStep",
     "SDETrajectory",
     "euler_ode_sample",
     "flow_grpo_sde_std",
     "gaussian_log_prob",
+    "hybrid_euler_sample",
     "mixgrpo_window_start",
     "sde_sample",
     "sde_step",
@@ -53,6 +55,50 @@ def euler_ode_sample(velocity: VelocityModel, noise: Tensor, cond: Conditioning,
         v = velocity(x, _timesteps(t, n, x), cond)
         x = x + v.to(x.dtype) * (t_next - t).item()
     return x
+
+
+@torch.no_grad()
+def hybrid_euler_sample(
+    policy: VelocityModel, base: VelocityModel, noise: Tensor, cond: Conditioning, sigmas: Tensor, p_mix: float
+) -> Tensor:
+    """MixGRPO's hybrid sampling (used by V-GRPO's FLUX evaluation, algorithm.md §4): the trained ``policy``
+    runs the first ``round(p_mix * T)`` Euler steps and the ``base`` model the rest.
+
+    ``p_mix = 1`` is the policy alone and ``p_mix = 0`` the base alone."""
+    if not 0.0 <= p_mix <= 1.0:
+        raise ValueError(f"p_mix must be in [0, 1], got {p_mix}")
+    switch = round(p_mix * (sigmas.shape[0] - 1))
+    x = euler_ode_sample(policy, noise, cond, sigmas[: switch + 1]) if switch > 0 else noise
+    return euler_ode_sample(base, x, cond, sigmas[switch:]) if switch < sigmas.shape[0] - 1 else x
+
+
+class ClassifierFreeGuidance(torch.nn.Module):
+    """Classifier-free guidance (Ho & Salimans 2022) as diffusers' SD3 pipeline applies it:
+    ``v = v_uncond + scale * (v_cond - v_uncond)``, both halves in one batched call.
+
+    Args:
+        velocity: the conditional model.
+        uncond: conditioning of the negative (empty) prompt with one row, broadcast to the batch.
+        scale: guidance scale (SD3.5-M default 4.5 in the V-GRPO evaluation with CFG; 1 = no guidance).
+    """
+
+    def __init__(self, velocity: VelocityModel, uncond: Conditioning, scale: float):
+        super().__init__()
+        if len(uncond) != 1:
+            raise ValueError(f"uncond must have one row, got {len(uncond)}")
+        self.velocity, self.uncond, self.scale = velocity, uncond, scale
+
+    def forward(self, latents: Tensor, t: Tensor, cond: Conditioning) -> Tensor:
+        n = latents.shape[0]
+        uncond = self.uncond.index(torch.zeros(n, dtype=torch.long)).to(latents.device)
+        pooled = None
+        if cond.pooled_prompt_embeds is not None and uncond.pooled_prompt_embeds is not None:
+            pooled = torch.cat([uncond.pooled_prompt_embeds, cond.pooled_prompt_embeds])
+        both = Conditioning(
+            prompt_embeds=torch.cat([uncond.prompt_embeds, cond.prompt_embeds]), pooled_prompt_embeds=pooled
+        )
+        v_uncond, v_cond = self.velocity(torch.cat([latents, latents]), torch.cat([t, t]), both).chunk(2)
+        return v_uncond + self.scale * (v_cond - v_uncond)
 
 
 def flow_grpo_sde_std(t: Tensor, *, noise_level: float, t_cap: float) -> Tensor:

@@ -1,0 +1,143 @@
+"""The evaluation routine: per-sample seeds, hybrid sampling and CFG as compositions of the plain sampler, the
+table's per-tag GenEval and per-reward means, and a run on a tiny embedded pipeline with the world's rewards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vgrpo.evaluation import evaluate, flat_metrics, generate, sample_noise, summarise, write_grid
+from vgrpo.flow import timestep_grid
+from vgrpo.models.sd3 import SD3Velocity
+from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_sd3_transformer
+from vgrpo.policy import Conditioning
+from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
+from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
+
+
+def encode(prompts: list[str]) -> Conditioning:
+    rows = []
+    for p in prompts:
+        g = torch.Generator().manual_seed(int(hashlib.sha256(p.encode()).hexdigest()[:8], 16))
+        rows.append((torch.randn(6, 16, generator=g), torch.randn(16, generator=g)))
+    return Conditioning(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]))
+
+
+def decode(latents: torch.Tensor) -> np.ndarray:
+    x = latents[:, :3].clamp(-1, 1).add(1).mul(127.5).round()
+    return x.permute(0, 2, 3, 1).to(torch.uint8).numpy()
+
+
+@pytest.fixture(scope="module")
+def policy() -> SD3Velocity:
+    return SD3Velocity(tiny_sd3_transformer(0)).eval()
+
+
+@pytest.fixture(scope="module")
+def base() -> SD3Velocity:
+    return SD3Velocity(tiny_sd3_transformer(1)).eval()
+
+
+def test_sample_noise_depends_only_on_seed_and_index() -> None:
+    a = sample_noise(3, [0, 1, 2, 3], (2, 2))
+    np.testing.assert_array_equal(sample_noise(3, [2], (2, 2))[0], a[2])
+    assert not torch.equal(sample_noise(4, [2], (2, 2))[0], a[2]) and not torch.equal(a[0], a[1])
+
+
+def test_generate_does_not_depend_on_micro_batch(policy: SD3Velocity) -> None:
+    prompts = [f"prompt {i}" for i in range(5)]
+    kw = {"encode": encode, "decode": decode, "policy": policy, "latent_shape": TINY_LATENT_SHAPE, "num_steps": 3}
+    one, _ = generate(prompts=prompts, seed=0, micro_batch=1, **kw)  # type: ignore[arg-type]
+    all_, _ = generate(prompts=prompts, seed=0, micro_batch=8, **kw)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(one, all_)
+    sub, _ = generate(prompts=prompts[3:], seed=0, **kw)  # type: ignore[arg-type]
+    assert not np.array_equal(sub[0], all_[3])  # sample index 0 of another list: other noise, by design
+
+
+def test_hybrid_sampling_switches_models_at_p_mix(policy: SD3Velocity, base: SD3Velocity) -> None:
+    noise, cond, sigmas = sample_noise(0, range(3), TINY_LATENT_SHAPE), encode(["a", "b", "c"]), timestep_grid(10)
+    only_policy = euler_ode_sample(policy, noise, cond, sigmas)
+    torch.testing.assert_close(hybrid_euler_sample(policy, base, noise, cond, sigmas, 1.0), only_policy)
+    torch.testing.assert_close(
+        hybrid_euler_sample(policy, base, noise, cond, sigmas, 0.0), euler_ode_sample(base, noise, cond, sigmas)
+    )
+    mid = euler_ode_sample(base, euler_ode_sample(policy, noise, cond, sigmas[:9]), cond, sigmas[8:])
+    torch.testing.assert_close(hybrid_euler_sample(policy, base, noise, cond, sigmas, 0.8), mid)  # 8 of 10 steps
+    with pytest.raises(ValueError, match="p_mix"):
+        hybrid_euler_sample(policy, base, noise, cond, sigmas, 1.5)
+
+
+def test_cfg_is_the_guided_combination(policy: SD3Velocity) -> None:
+    x, t, cond, uncond = torch.randn(3, *TINY_LATENT_SHAPE), torch.rand(3), encode(["a", "b", "c"]), encode([""])
+    v_c, v_u = policy(x, t, cond), policy(x, t, uncond.index(torch.zeros(3, dtype=torch.long)))
+    with torch.no_grad():
+        guided = ClassifierFreeGuidance(policy, uncond, 4.5)(x, t, cond)
+        torch.testing.assert_close(guided, v_u + 4.5 * (v_c - v_u), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ClassifierFreeGuidance(policy, uncond, 1.0)(x, t, cond), v_c, atol=1e-5, rtol=1e-4)
+
+
+def test_summarise_per_tag_and_per_reward_means() -> None:
+    metadata = (
+        [{"tag": "counting", "prompt": "p"}] * 2
+        + [{"tag": "colors", "prompt": "q"}] * 2
+        + [{"tag": "ocr", "prompt": 'say "hi"'}] * 2
+    )
+    rewards = MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr", "options": {"engine": object()}}])
+    nan = np.nan
+    scored = MultiRewardOutput(
+        scores={},
+        raw={"geneval": np.array([1, 0.5, 0, 0, nan, nan]), "ocr": np.array([nan, nan, nan, nan, 1, 1])},
+        sub_scores={
+            "geneval/strict": np.array([1, 0, 0, 0, nan, nan]),
+            "geneval/partial": np.array([1, 0.5, 0, 0, nan, nan]),
+            "ocr/exact": np.array([nan, nan, nan, nan, 1, 1]),
+        },
+    )
+    table = summarise(scored, [m["prompt"] for m in metadata], metadata, rewards, group_size=2)
+    g = table["rewards"]["geneval"]
+    assert g["per_tag"] == {"counting": {"strict": 0.5, "partial": 0.75, "images": 2},
+                            "colors": {"strict": 0.0, "partial": 0.0, "images": 2}}  # fmt: skip
+    assert g["geneval_strict"] == 0.25 and g["images"] == 4 and g["varied_group_frac"] == 0.5  # mean of per-tag
+    o = table["rewards"]["ocr"]
+    assert o["mean"] == 1.0 and o["exact"] == 1.0 and o["images"] == 2 and o["varied_group_frac"] == 0.0
+    flat = flat_metrics(table)
+    assert flat["eval/geneval_geneval_strict"] == 0.25 and flat["eval/ocr"] == 1.0
+    assert flat["eval/geneval_counting_strict"] == 0.5
+    with pytest.raises(ValueError, match="whole groups"):
+        summarise(scored, ["p"] * 5, metadata[:5], rewards, group_size=2)
+
+
+def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
+    from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
+    from vgrpo.models.pipeline import SD3Adapter
+    from vgrpo.world import GENEVAL_TAGS, make_splits
+
+    from .models.test_embedded import TINY
+
+    _, test = make_splits(0, 1, 7, tags=(*GENEVAL_TAGS, "ocr"))
+    metadata = [md for md, _ in test]
+    pipe = build_pipeline(TINY, train_clip_tokenizer([m["prompt"] for m in metadata] + [""], TINY), seed=0)
+    adapter, velocity = SD3Adapter(pipe), SD3Velocity(pipe.transformer.eval())
+    with MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr"}]) as rewards:
+        kw = {"adapter": adapter, "policy": velocity, "metadata": metadata, "rewards": rewards, "group_size": 2,
+              "num_steps": 2, "seed": 0, "micro_batch": 4}  # fmt: skip
+        table, images = evaluate(overlap=True, **kw)  # type: ignore[arg-type]
+        again, images2 = evaluate(overlap=False, guidance_scale=None, **kw)  # type: ignore[arg-type]
+        cfg, _ = evaluate(guidance_scale=3.0, base=velocity, p_mix=0.5, **kw)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(images, images2)
+    assert images.shape == (14, 16, 16, 3)
+    assert table["rewards"] == again["rewards"]
+    assert table["rewards"]["geneval"]["images"] == 12 and table["rewards"]["ocr"]["images"] == 2
+    assert set(table["rewards"]["geneval"]["per_tag"]) == {"single_object", "two_object", "counting", "colors",
+                                                            "position", "color_attr"}  # fmt: skip
+    assert cfg["sampling"]["guidance_scale"] == 3.0 and cfg["sampling"]["p_mix"] == 0.5
+    json.dumps(table)  # the table is JSON as it is
+    write_grid(tmp_path / "grid.png", images, cols=2)
+    from PIL import Image
+
+    assert Image.open(tmp_path / "grid.png").size == (2 * 18 * 4, 7 * 18 * 4)

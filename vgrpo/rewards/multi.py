@@ -1,0 +1,191 @@
+"""Several rewards as one: per-reward weights and normalisation, every sub-score kept, scoring in the background.
+
+A stage of the curriculum trains on a weighted set of rewards (SD3.5 stages 1 and 3: HPSv2.1 + PickScore +
+CLIPScore; FLUX: HPSv2.1, PickScore, ImageReward, UnifiedReward). :class:`MultiReward` scores a batch with each
+of them and returns, per reward, the score normalised as ``(score - offset) / scale`` -- MixGRPO brings
+PickScore to the scale of the others this way before its per-reward advantages are summed -- which
+:func:`vgrpo.advantages.compute_advantages` then normalises per group and sums with :attr:`MultiReward.weights`
+(algorithm.md §2). Raw scores and every sub-score come back for logging.
+
+Throughput: :meth:`MultiReward.submit` scores on a background thread, so a rollout can decode and score chunk
+``k`` while it samples chunk ``k + 1`` (PP-OCR's ONNX runtime and torch release the GIL while they compute).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vgrpo.rewards.base import Metadata, Reward
+from vgrpo.rewards.registry import build_reward
+
+__all__ = ["MultiReward", "MultiRewardOutput", "RewardTerm"]
+
+
+def _nanmean(values: np.ndarray) -> float:
+    """Mean over the finite entries (NaN marks images a reward does not apply to); NaN when there are none."""
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else float("nan")
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One reward of a set: the reward, its weight in the advantage sum and its affine normalisation."""
+
+    reward: Reward
+    weight: float = 1.0
+    offset: float = 0.0
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.scale <= 0:
+            raise ValueError(f"reward {self.reward.name!r}: scale must be > 0, got {self.scale}")
+
+
+@dataclass(frozen=True)
+class MultiRewardOutput:
+    """Scores of ``N`` images under every reward of a :class:`MultiReward`.
+
+    Attributes:
+        scores: key -> ``(N,)`` normalised scores, what advantages are computed from.
+        raw: key -> ``(N,)`` scores as the reward returned them (what evaluation tables report).
+        sub_scores: ``"key/sub"`` -> ``(N,)``.
+        seconds: key -> wall seconds the reward took on this batch.
+    """
+
+    scores: dict[str, np.ndarray]
+    raw: dict[str, np.ndarray]
+    sub_scores: dict[str, np.ndarray] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def score_tensors(self) -> dict[str, Any]:
+        """:attr:`scores` as float32 torch tensors, what :func:`vgrpo.advantages.compute_advantages` takes."""
+        import torch
+
+        return {key: torch.as_tensor(values, dtype=torch.float32) for key, values in self.scores.items()}
+
+    def metrics(self, prefix: str = "reward/") -> dict[str, float]:
+        """Flat means for logging: raw score, normalised score, every sub-score and the time of each reward."""
+        out: dict[str, float] = {}
+        for key, raw in self.raw.items():
+            out[f"{prefix}{key}_raw_mean"] = _nanmean(raw)
+            out[f"{prefix}{key}_mean"] = _nanmean(self.scores[key])
+        for key, sub in self.sub_scores.items():
+            out[f"{prefix}{key}_mean"] = _nanmean(sub)
+        for key, sec in self.seconds.items():
+            out[f"time/reward_{key}_s"] = sec
+        return out
+
+    @staticmethod
+    def concatenate(parts: Sequence[MultiRewardOutput]) -> MultiRewardOutput:
+        """Chunks scored separately, joined in order (times added)."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+
+        def cat(name: str) -> dict[str, np.ndarray]:
+            # A chunk where a reward applied to no image has none of its sub-scores: NaN there.
+            keys = dict.fromkeys(k for p in parts for k in getattr(p, name))
+            return {
+                k: np.concatenate(
+                    [getattr(p, name).get(k, np.full(len(next(iter(p.raw.values()))), np.nan)) for p in parts]
+                )
+                for k in keys
+            }
+
+        seconds = {k: float(sum(p.seconds.get(k, 0.0) for p in parts)) for k in parts[0].seconds}
+        return MultiRewardOutput(scores=cat("scores"), raw=cat("raw"), sub_scores=cat("sub_scores"), seconds=seconds)
+
+
+class MultiReward:
+    """A weighted set of rewards under names (``keys``) of the caller's choosing.
+
+    Args:
+        terms: key -> :class:`RewardTerm`. Keys name the rewards in logs and in ``advantage.weights``.
+    """
+
+    def __init__(self, terms: Mapping[str, RewardTerm]):
+        if not terms:
+            raise ValueError("a reward set needs at least one reward")
+        self.terms = dict(terms)
+        self._executor: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[Mapping[str, Any]]) -> MultiReward:
+        """Built from params entries ``{name, key?, weight?, offset?, scale?, options?}`` (registry names)."""
+        terms: dict[str, RewardTerm] = {}
+        for spec in specs:
+            key = str(spec.get("key") or spec["name"])
+            if key in terms:
+                raise ValueError(f"reward key {key!r} is used twice; give one of them another `key`")
+            terms[key] = RewardTerm(
+                reward=build_reward(str(spec["name"]), spec.get("options")),
+                weight=float(spec.get("weight", 1.0)),
+                offset=float(spec.get("offset", 0.0)),
+                scale=float(spec.get("scale", 1.0)),
+            )
+        return cls(terms)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """key -> weight, as :func:`vgrpo.advantages.compute_advantages` takes them."""
+        return {key: term.weight for key, term in self.terms.items()}
+
+    @property
+    def needs_metadata(self) -> bool:
+        return any(term.reward.needs_metadata for term in self.terms.values())
+
+    def __call__(
+        self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None
+    ) -> MultiRewardOutput:
+        """Every reward on the images it applies to (:meth:`vgrpo.rewards.base.Reward.applies_to`); the others
+        get NaN, which training rejects by the reward's name and evaluation leaves out of its means."""
+        scores, raw, subs, seconds = {}, {}, {}, {}
+        n = len(prompts)
+        for key, term in self.terms.items():
+            t0 = time.perf_counter()
+            mask = np.array([term.reward.applies_to(p, None if metadata is None else metadata[i])
+                             for i, p in enumerate(prompts)], dtype=bool)  # fmt: skip
+            values = np.full(n, np.nan)
+            sub_values: dict[str, np.ndarray] = {}
+            if mask.all():
+                out = term.reward(images, prompts, metadata)
+                values, sub_values = out.scores, out.sub_scores
+            elif mask.any():
+                idx = [int(i) for i in np.flatnonzero(mask)]
+                out = term.reward(
+                    images[idx], [prompts[i] for i in idx], None if metadata is None else [metadata[i] for i in idx]
+                )
+                values[idx] = out.scores
+                for sub, v in out.sub_scores.items():
+                    sub_values[sub] = np.full(n, np.nan)
+                    sub_values[sub][idx] = v
+            seconds[key] = time.perf_counter() - t0
+            raw[key] = values
+            scores[key] = (values - term.offset) / term.scale
+            subs.update({f"{key}/{sub}": v for sub, v in sub_values.items()})
+        return MultiRewardOutput(scores=scores, raw=raw, sub_scores=subs, seconds=seconds)
+
+    def submit(
+        self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None
+    ) -> Future[MultiRewardOutput]:
+        """Score on the background thread; ``images`` must not be modified until the future is done."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewards")
+        return self._executor.submit(self, images, list(prompts), None if metadata is None else list(metadata))
+
+    def close(self) -> None:
+        """Stop the background thread (waits for work already submitted)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def __enter__(self) -> MultiReward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
