@@ -260,3 +260,40 @@ def test_clip_colour_classifier_matches_a_direct_computation(tmp_path: Path) -> 
     assert clf.classify(image, objects) == got
     with pytest.raises(FileNotFoundError, match="no model directory"):
         ClipColorClassifier(tmp_path / "missing")
+
+
+PROMPTS_DIR = Path(__file__).parents[2] / "prompts"
+OFFSETS = {"left of": (-60, 0), "right of": (60, 0), "above": (0, -60), "below": (0, 60)}
+
+
+def _satisfying_detections(metadata: dict[str, Any]) -> list[Detection]:
+    """Detections that meet every include clause exactly: ``count`` objects, the colour, the relation."""
+    out: list[Detection] = []
+    anchors: list[tuple[float, float]] = []
+    for k, req in enumerate(metadata["include"]):
+        x, y = 200.0 + 300 * k, 200.0
+        if "position" in req:
+            rel, ref = req["position"]
+            dx, dy = OFFSETS[rel]
+            x, y = anchors[ref][0] + dx, anchors[ref][1] + dy
+        anchors.append((x, y))
+        for j in range(int(req["count"])):
+            out.append(det(req["class"], x + 2 * j, y, score=0.95, color=req.get("color", "white"), side=10))
+    return out
+
+
+@pytest.mark.parametrize("path", ["geneval/evaluation_metadata.jsonl", "flow_grpo/geneval/test_metadata.jsonl"])
+def test_every_shipped_geneval_prompt_scores_one_when_satisfied_and_fails_without_its_objects(path: str) -> None:
+    import json
+
+    names = set(geneval_classnames())
+    lines = (PROMPTS_DIR / path).read_text().splitlines()
+    assert len(lines) >= 553
+    for line in lines:
+        md = json.loads(line)
+        assert md["tag"] in {"single_object", "two_object", "counting", "colors", "position", "color_attr"}
+        assert {r["class"] for r in md["include"] + md.get("exclude", [])} <= names, md
+        good = score_detections(md, _satisfying_detections(md))
+        assert (good.correct, good.exact, good.reward) == (True, True, 1.0), (md, good.reasons)
+        bad = score_detections(md, _satisfying_detections(md)[1:])
+        assert not bad.correct and not bad.exact and bad.reward < 1.0, md
