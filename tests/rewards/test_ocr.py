@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vgrpo.rewards.ocr import RapidOCRReader, levenshtein, ocr_score, ocr_target
+from vgrpo.rewards import build_reward
+from vgrpo.rewards.ocr import OCRReward, levenshtein, ocr_score, ocr_target
 from vgrpo.world import make_splits, render
 
 
@@ -37,11 +38,25 @@ def test_levenshtein_and_target_extraction() -> None:
         ocr_score("abc", " ")
 
 
-def test_rapidocr_reads_ground_truth_renders() -> None:
+def test_ocr_reward_on_ground_truth_renders_is_at_least_09() -> None:
     _, test = make_splits(3, 1, 24, tags=("ocr",))
-    reader = RapidOCRReader()
-    texts = reader.read(np.stack([render(scene) for _, scene in test]))
-    scores = [ocr_score(text, md["text"]) for (md, _), text in zip(test, texts, strict=True)]
-    assert np.mean(scores) >= 0.9, list(zip([md["text"] for md, _ in test], texts, strict=True))
-    blank = reader.read(np.zeros((2, 32, 32, 3), dtype=np.uint8))
-    assert [ocr_score(t, "stop") for t in blank] == [0.0, 0.0]
+    reward = build_reward("ocr")
+    out = reward(np.stack([render(scene) for _, scene in test]), [md["prompt"] for md, _ in test])
+    assert out.scores.mean() >= 0.9, out.scores
+    assert out.sub_scores["exact"].mean() >= 0.8
+    blank = reward(np.zeros((2, 32, 32, 3), dtype=np.uint8), ['a sign that says "stop"'] * 2)
+    assert blank.scores.tolist() == [0.0, 0.0]
+    assert reward.applies_to('a sign that says "stop"', None) and not reward.applies_to("a photo of a ring", None)
+
+
+def test_ocr_reward_takes_any_reader() -> None:
+    class Fixed:
+        def read(self, images: np.ndarray) -> list[str]:
+            return ["STOP", "stap"][: len(images)]
+
+    out = OCRReward(engine=Fixed())(np.zeros((2, 8, 8, 3), np.uint8), ['say "stop"', 'say "stop"'])
+    assert out.scores.tolist() == [1.0, 0.75] and out.sub_scores["exact"].tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="no double-quoted"):
+        OCRReward(engine=Fixed())(np.zeros((1, 8, 8, 3), np.uint8), ["say stop"])
+    with pytest.raises(ValueError, match="'rapidocr' or 'paddleocr'"):
+        OCRReward(engine="tesseract")
