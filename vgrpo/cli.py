@@ -3,6 +3,8 @@
     python -m vgrpo.cli world-splits --params params/embedded/pretrain.yaml --out data/world
     python -m vgrpo.cli pretrain --params params/embedded/pretrain.yaml --splits data/world --out models/embedded-base
     python -m vgrpo.cli evaluate models/embedded-base --prompts data/world/test.jsonl --out metrics/base_eval.json
+    python -m vgrpo.cli train-world-clip --params params/embedded/rewards.yaml --splits data/world --out DIR
+    python -m vgrpo.cli train-world-preference --params params/embedded/rewards.yaml --clip DIR --out DIR2
 
 ``--set key.sub=value`` overrides an entry of the params section (``steps=20``, ``vae.steps=10``; the value is
 parsed as YAML). Errors in params, prompt files or pipeline directories exit with status 2 and one message
@@ -147,6 +149,97 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     _print_table(summary)
 
 
+def _dir_size_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def cmd_train_world_clip(args: argparse.Namespace) -> None:
+    import torch
+
+    from vgrpo.config import WorldCLIPConfig
+    from vgrpo.rewards.world_eval import evaluate_clip, preference_records
+    from vgrpo.rewards.world_models import final_metrics, save_reward_model, train_world_clip
+    from vgrpo.world.evaluate import write_json_atomic
+    from vgrpo.world.prompts import scene_from_dict
+
+    cfg = load_config(args.params, _overrides(args.set), section="world_clip", schema=WorldCLIPConfig)
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    test_path = Path(args.splits) / "test.jsonl"
+    metadata = _read_metadata(test_path)
+    for i, md in enumerate(metadata, 1):
+        if "scene" not in md:
+            raise ConfigError(f"{test_path}:{i}: a test record needs its ground-truth 'scene'")
+    records = [(md, scene_from_dict(md["scene"])) for md in metadata]
+    records += preference_records(cfg.eval_seed, cfg.eval_preference_prompts)
+    t0 = time.perf_counter()
+    trained = train_world_clip(cfg, log=print)
+    train_s = time.perf_counter() - t0
+    metrics = evaluate_clip(
+        trained.model,
+        trained.tokenizer,
+        records,
+        mean=cfg.image_mean,
+        std=cfg.image_std,
+        size=cfg.image_size,
+        seed=cfg.eval_seed,
+        negatives=cfg.eval_negatives,
+        batch=cfg.eval_batch,
+    )
+    metrics |= {"train_s": train_s, "final_train": final_metrics(trained.history), "eval_prompts": str(test_path)}
+    metrics["parameters"] = sum(p.numel() for p in trained.model.parameters())
+    out = save_reward_model(args.out, trained, {"config": cfg.model_dump(mode="json"), "metrics": metrics})
+    metrics["dir_mb"] = _dir_size_mb(out)
+    print(
+        f"world CLIP written to {out} ({metrics['dir_mb']:.2f} MB) in {train_s:.0f} s: retrieval "
+        f"{metrics['retrieval_acc']:.3f} (chance {metrics['retrieval_chance']:.3f}), in-batch i2t "
+        f"{metrics['in_batch_i2t_top1']:.3f}"
+    )
+    if args.metrics:
+        write_json_atomic(args.metrics, metrics)
+
+
+def cmd_train_world_preference(args: argparse.Namespace) -> None:
+    import torch
+
+    from vgrpo.config import WorldPreferenceConfig
+    from vgrpo.rewards.world_eval import evaluate_preference
+    from vgrpo.rewards.world_models import final_metrics, save_reward_model
+    from vgrpo.rewards.world_preference import evaluation_pairs, train_world_preference
+    from vgrpo.world.evaluate import write_json_atomic
+
+    cfg = load_config(args.params, _overrides(args.set), section="world_pickscore", schema=WorldPreferenceConfig)
+    clip_dir = Path(args.clip)
+    for name in ("config.json", "model.safetensors", "vocab.json", "preprocessor_config.json"):
+        if not (clip_dir / name).is_file():
+            raise ConfigError(f"{clip_dir}: not a world CLIP directory ({name} missing; run train-world-clip)")
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    t0 = time.perf_counter()
+    trained = train_world_preference(cfg, clip_dir, log=print)
+    train_s = time.perf_counter() - t0
+    pairs = evaluation_pairs(cfg, int(trained.processor.crop_size["height"]))
+    stats = {"mean": tuple(trained.processor.image_mean), "std": tuple(trained.processor.image_std)}
+    metrics = evaluate_preference(trained.model, trained.tokenizer, pairs, **stats)
+    from transformers import CLIPModel
+
+    init = evaluate_preference(CLIPModel.from_pretrained(clip_dir).eval(), trained.tokenizer, pairs, **stats)
+    metrics |= {
+        "init_clip": init,
+        "train_s": train_s,
+        "final_train": final_metrics(trained.history),
+        "clip": str(clip_dir),
+    }
+    out = save_reward_model(args.out, trained, {"config": cfg.model_dump(mode="json"), "metrics": metrics})
+    metrics["dir_mb"] = _dir_size_mb(out)
+    print(
+        f"world PickScore written to {out} ({metrics['dir_mb']:.2f} MB) in {train_s:.0f} s: pair accuracy "
+        f"{metrics['pair_acc']:.3f} (world CLIP before fine-tuning: {init['pair_acc']:.3f})"
+    )
+    if args.metrics:
+        write_json_atomic(args.metrics, metrics)
+
+
 def _write_grid(path: str | Path, images: np.ndarray, cols: int) -> None:
     from PIL import Image
 
@@ -216,6 +309,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("train-world-clip", help="train the world CLIP (the embedded CLIPScore model)")
+    p.add_argument("--params", nargs="+", default=["params/embedded/rewards.yaml"], help="params files")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a world_clip entry")
+    p.add_argument("--splits", required=True, help="folder with test.jsonl (held-out evaluation prompts)")
+    p.add_argument("--out", required=True, help="the model directory (CLIPModel, tokenizer, image processor)")
+    p.add_argument("--metrics", help="write held-out accuracies, training time and size here (JSON)")
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=cmd_train_world_clip)
+
+    p = sub.add_parser("train-world-preference", help="fine-tune the world CLIP into the world PickScore model")
+    p.add_argument("--params", nargs="+", default=["params/embedded/rewards.yaml"], help="params files")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a world_pickscore entry")
+    p.add_argument("--clip", required=True, help="the world CLIP directory it starts from")
+    p.add_argument("--out", required=True, help="the model directory (CLIPModel, tokenizer, image processor)")
+    p.add_argument("--metrics", help="write held-out pair accuracies, training time and size here (JSON)")
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=cmd_train_world_preference)
 
     args = parser.parse_args(argv)
     _quiet_libraries()
