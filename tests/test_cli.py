@@ -15,6 +15,8 @@ from vgrpo.world import GENEVAL_TAGS, read_jsonl
 from .models.test_embedded import TINY
 
 PARAMS = Path(__file__).parents[1] / "params" / "embedded" / "pretrain.yaml"
+EVAL_PARAMS = PARAMS.with_name("evaluate.yaml")
+WORLD_CLIP = Path(__file__).parents[1] / "models" / "world-clip"
 
 
 def test_world_splits_are_seeded_and_hold_out_pairs(tmp_path: Path) -> None:
@@ -39,12 +41,15 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
     prompts_file = str(tmp_path / "world" / "test.jsonl")
     grid = str(tmp_path / "grid.png")
     code = main(["evaluate", str(tmp_path / "pipe"), "--prompts", prompts_file, "--out", str(out), "--grid", grid,
-                 "--group-size", "2", "--steps", "2"])  # fmt: skip
+                 "--params", str(EVAL_PARAMS), "--set", "group_size=2", "num_steps=2", "rewards=[{name: geneval},"
+                 "{name: ocr}, {name: clipscore, options: {path: " + str(WORLD_CLIP) + "}}]"])  # fmt: skip
     assert code == 0
     result = json.loads(out.read_text())
-    assert set(result["per_tag"]) == set(GENEVAL_TAGS)
-    assert result["prompts"] == 14 and result["group_size"] == 2 and result["ocr_images"] == 4
-    assert 0 <= result["geneval_strict"] <= result["geneval_partial"] <= 1 and 0 <= result["ocr"] <= 1
+    geneval, ocr = result["rewards"]["geneval"], result["rewards"]["ocr"]
+    assert set(geneval["per_tag"]) == set(GENEVAL_TAGS)
+    assert result["prompts"] == 14 and result["group_size"] == 2 and ocr["images"] == 4
+    assert 0 <= geneval["geneval_strict"] <= 1 and 0 <= ocr["mean"] <= 1
+    assert result["rewards"]["clipscore"]["images"] == 28
     assert (tmp_path / "grid.png").stat().st_size > 0
     assert "overall" in capsys.readouterr().out
 
@@ -67,3 +72,27 @@ def test_bad_inputs_exit_2_naming_the_culprit(tmp_path: Path, capsys: pytest.Cap
     )
     assert main(["evaluate", str(tmp_path / "none"), "--prompts", str(good), "--out", str(tmp_path / "x.json")]) == 2
     assert "pipeline directory not found" in capsys.readouterr().err
+
+
+def test_bad_evaluation_params_and_prompt_lines_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"tag": "single_object", "include": [{"class": "ring", "count": 1}], "prompt": "a ring"}\n')
+    base = ["evaluate", str(tmp_path), "--params", str(EVAL_PARAMS), "--out", str(tmp_path / "x.json")]
+    cases = [
+        (["--prompts", str(good), "--set", "rewards=[{name: hps}]"], "unknown reward 'hps'"),
+        (["--prompts", str(good), "--set", "p_mix=0.8"], "needs both p_mix and base_pipeline"),
+        (["--prompts", str(good), "--set", "rewards=[{name: ocr}, {name: ocr}]"], "used twice"),
+        (["--prompts", str(good), "--set", "group_size=0"], "group_size"),
+    ]
+    for extra, message in cases:
+        assert main([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and str(EVAL_PARAMS) in err, err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "a ring"}\n{"prompt": \n')
+    assert main([*base, "--prompts", str(broken)]) == 2
+    assert f"{broken}:2: not valid JSON" in capsys.readouterr().err
+    no_prompt = tmp_path / "no_prompt.jsonl"
+    no_prompt.write_text('{"tag": "ocr"}\n')
+    assert main([*base, "--prompts", str(no_prompt)]) == 2
+    assert f"{no_prompt}:1: expected a JSON object with a non-empty string 'prompt'" in capsys.readouterr().err

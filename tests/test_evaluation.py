@@ -141,3 +141,22 @@ def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
     from PIL import Image
 
     assert Image.open(tmp_path / "grid.png").size == (2 * 18 * 4, 7 * 18 * 4)
+
+
+def _world_table(images: np.ndarray, metadata: list[dict], group_size: int) -> dict:
+    rewards = MultiReward.from_specs([{"name": "geneval"}])
+    prompts = [md["prompt"] for md in metadata]
+    return summarise(rewards(images, prompts, metadata), prompts, metadata, rewards, group_size=group_size)
+
+
+def test_world_ground_truth_renders_score_one_on_every_tag_and_noise_near_zero() -> None:
+    from vgrpo.world import GENEVAL_TAGS, make_splits, render
+
+    _, test = make_splits(5, 1, 42, tags=GENEVAL_TAGS)
+    metadata = [md for md, _ in test for _ in range(2)]
+    table = _world_table(np.stack([render(scene) for _, scene in test for _ in range(2)]), metadata, 2)
+    g = table["rewards"]["geneval"]
+    assert set(g["per_tag"]) == set(GENEVAL_TAGS) and g["geneval_strict"] == 1.0 and g["geneval_partial"] == 1.0
+    assert g["varied_group_frac"] == 0.0  # identical samples in each group give GRPO no signal
+    noise = np.random.default_rng(0).integers(0, 256, (84, 32, 32, 3), dtype=np.uint8)
+    assert _world_table(noise, metadata, 2)["rewards"]["geneval"]["geneval_strict"] <= 0.05

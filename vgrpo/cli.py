@@ -2,7 +2,8 @@
 
     python -m vgrpo.cli world-splits --params params/embedded/pretrain.yaml --out data/world
     python -m vgrpo.cli pretrain --params params/embedded/pretrain.yaml --splits data/world --out models/embedded-base
-    python -m vgrpo.cli evaluate models/embedded-base --prompts data/world/test.jsonl --out metrics/base_eval.json
+    python -m vgrpo.cli evaluate models/embedded-base --prompts data/world/test.jsonl --out metrics/base_eval.json \
+        --params params/embedded/evaluate.yaml --set num_steps=20
     python -m vgrpo.cli train-world-clip --params params/embedded/rewards.yaml --splits data/world --out DIR
     python -m vgrpo.cli train-world-preference --params params/embedded/rewards.yaml --clip DIR --out DIR2
 
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from vgrpo.config import ConfigError, PretrainConfig, load_config
@@ -61,48 +61,33 @@ def cmd_world_splits(args: argparse.Namespace) -> None:
 
 
 def _read_metadata(path: str | Path) -> list[dict[str, Any]]:
-    from vgrpo.world.prompts import read_jsonl
+    from vgrpo.prompts import load_prompts
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: prompt file not found")
-    records = read_jsonl(p)
-    if not records:
-        raise ConfigError(f"{p}: prompt file is empty")
-    for i, rec in enumerate(records, 1):
-        if "prompt" not in rec or "tag" not in rec:
-            raise ConfigError(f"{p}:{i}: a metadata line needs 'tag' and 'prompt'")
-    return records
-
-
-def _sampler(adapter: Any, velocity: Any, num_steps: int, seed: int, shift: float | None) -> Any:
-    import torch
-
-    from vgrpo.pretrain import sample_images
-
-    def sample(prompts: list[str]) -> np.ndarray:
-        return sample_images(adapter, velocity, prompts, num_steps, torch.Generator().manual_seed(seed), shift=shift)
-
-    return sample
+    return load_prompts(path)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
     import torch
 
+    from vgrpo.evaluation import evaluate as evaluate_pipeline
+    from vgrpo.evaluation import write_json_atomic
     from vgrpo.pretrain import pretrain
-    from vgrpo.rewards.ocr import RapidOCRReader
-    from vgrpo.world.evaluate import evaluate_world, write_json_atomic
+    from vgrpo.rewards.multi import MultiReward
 
     cfg = _pretrain_config(args)
     torch.set_num_threads(args.threads)
     eval_md = _read_metadata(Path(args.splits) / "test.jsonl")[: cfg.eval_prompts]
-    ocr = RapidOCRReader() if any(md["tag"] == "ocr" for md in eval_md) else None
+    rewards = MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr"}])
 
     def evaluate(adapter: Any, velocity: Any, step: int) -> dict[str, float]:
-        sample = _sampler(adapter, velocity, cfg.sample_steps, cfg.seed, cfg.model.scheduler_shift)
-        summary, _ = evaluate_world(sample, eval_md, group_size=cfg.eval_group, ocr=ocr)
-        keys = ("geneval_strict", "geneval_partial", "varied_group_frac", "ocr")
-        return {k: float(summary[k]) for k in keys if k in summary}
+        table, _ = evaluate_pipeline(
+            adapter=adapter, policy=velocity, metadata=eval_md, rewards=rewards, group_size=cfg.eval_group,
+            num_steps=cfg.sample_steps, seed=cfg.seed, shift=cfg.model.scheduler_shift,
+        )  # fmt: skip
+        geneval, ocr = table["rewards"]["geneval"], table["rewards"]["ocr"]
+        out = {k: geneval.get(k) for k in ("geneval_strict", "geneval_partial", "varied_group_frac")}
+        out["ocr"] = ocr["mean"]
+        return {k: float(v) for k, v in out.items() if v is not None}
 
     t0 = time.perf_counter()
     final = pretrain(cfg, args.work, args.out, evaluate=evaluate)
@@ -124,29 +109,32 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     import torch
 
+    from vgrpo.config import EvaluationConfig
+    from vgrpo.evaluation import evaluate, write_grid, write_json_atomic
     from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
     from vgrpo.models.sd3 import SD3Velocity
-    from vgrpo.rewards.ocr import RapidOCRReader
-    from vgrpo.world.evaluate import evaluate_world, write_json_atomic
+    from vgrpo.rewards.multi import MultiReward
 
+    cfg = load_config(args.params, _overrides(args.set), section="evaluation", schema=EvaluationConfig)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    metadata = _read_metadata(args.prompts)
-    if args.limit:
-        metadata = metadata[: args.limit]
+    metadata = _read_metadata(args.prompts)[: cfg.max_prompts]
     pipe = load_sd3_pipeline(args.pipeline)
-    adapter = SD3Adapter(pipe)
-    shift = float(pipe.scheduler.config.shift)
-    ocr = RapidOCRReader() if any(md["tag"] == "ocr" for md in metadata) else None
-    t0 = time.perf_counter()
-    sample = _sampler(adapter, SD3Velocity(pipe.transformer.eval()), args.steps, args.seed, shift)
-    summary, images = evaluate_world(sample, metadata, group_size=args.group_size, ocr=ocr)
-    summary |= {"pipeline": str(args.pipeline), "steps": args.steps, "seed": args.seed}
-    summary["wall_s"] = time.perf_counter() - t0
-    write_json_atomic(args.out, summary)
-    if args.grid:
-        _write_grid(args.grid, images[: 8 * args.group_size], args.group_size)
-    _print_table(summary)
+    base = None
+    if cfg.base_pipeline is not None:
+        base = SD3Velocity(load_sd3_pipeline(cfg.base_pipeline).transformer.eval())
+    with MultiReward.from_specs([r.model_dump() for r in cfg.rewards]) as rewards:
+        table, images = evaluate(
+            adapter=SD3Adapter(pipe), policy=SD3Velocity(pipe.transformer.eval()), metadata=metadata,
+            rewards=rewards, group_size=cfg.group_size, num_steps=cfg.num_steps, seed=cfg.seed,
+            shift=float(pipe.scheduler.config.shift), guidance_scale=cfg.guidance_scale, base=base, p_mix=cfg.p_mix,
+            micro_batch=cfg.micro_batch, overlap=cfg.overlap, progress=True,
+        )  # fmt: skip
+    table |= {"pipeline": str(args.pipeline), "prompt_file": str(args.prompts)}
+    write_json_atomic(args.out, table)
+    if args.grid and cfg.grid_prompts:
+        write_grid(args.grid, images[: cfg.grid_prompts * cfg.group_size], cfg.group_size)
+    _print_table(table)
 
 
 def _dir_size_mb(path: Path) -> float:
@@ -157,9 +145,9 @@ def cmd_train_world_clip(args: argparse.Namespace) -> None:
     import torch
 
     from vgrpo.config import WorldCLIPConfig
+    from vgrpo.evaluation import write_json_atomic
     from vgrpo.rewards.world_eval import evaluate_clip, preference_records
     from vgrpo.rewards.world_models import final_metrics, save_reward_model, train_world_clip
-    from vgrpo.world.evaluate import write_json_atomic
     from vgrpo.world.prompts import scene_from_dict
 
     cfg = load_config(args.params, _overrides(args.set), section="world_clip", schema=WorldCLIPConfig)
@@ -203,10 +191,10 @@ def cmd_train_world_preference(args: argparse.Namespace) -> None:
     import torch
 
     from vgrpo.config import WorldPreferenceConfig
+    from vgrpo.evaluation import write_json_atomic
     from vgrpo.rewards.world_eval import evaluate_preference
     from vgrpo.rewards.world_models import final_metrics, save_reward_model
     from vgrpo.rewards.world_preference import evaluation_pairs, train_world_preference
-    from vgrpo.world.evaluate import write_json_atomic
 
     cfg = load_config(args.params, _overrides(args.set), section="world_pickscore", schema=WorldPreferenceConfig)
     clip_dir = Path(args.clip)
@@ -240,28 +228,19 @@ def cmd_train_world_preference(args: argparse.Namespace) -> None:
         write_json_atomic(args.metrics, metrics)
 
 
-def _write_grid(path: str | Path, images: np.ndarray, cols: int) -> None:
-    from PIL import Image
-
-    n, h, w, _ = images.shape
-    rows = (n + cols - 1) // cols
-    grid = np.zeros((rows * (h + 2), cols * (w + 2), 3), dtype=np.uint8)
-    for i, im in enumerate(images):
-        r, c = divmod(i, cols)
-        grid[r * (h + 2) + 1 : r * (h + 2) + 1 + h, c * (w + 2) + 1 : c * (w + 2) + 1 + w] = im
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(grid).resize((grid.shape[1] * 4, grid.shape[0] * 4), Image.Resampling.NEAREST).save(path)
-
-
-def _print_table(summary: dict[str, Any]) -> None:
-    print(f"{'tag':<14}{'strict':>8}{'partial':>9}{'images':>8}")
-    for tag, row in summary.get("per_tag", {}).items():
-        print(f"{tag:<14}{row['strict']:>8.3f}{row['partial']:>9.3f}{row['images']:>8d}")
-    if "geneval_strict" in summary:
-        print(f"{'overall':<14}{summary['geneval_strict']:>8.3f}{summary['geneval_partial']:>9.3f}")
-        print(f"prompts with varied group rewards: {summary['varied_group_frac']:.3f}")
-    if "ocr" in summary:
-        print(f"ocr: {summary['ocr']:.3f} over {summary['ocr_images']} images")
+def _print_table(table: dict[str, Any]) -> None:
+    for key, entry in table["rewards"].items():
+        if "per_tag" in entry:
+            print(f"{key + ' tag':<16}{'strict':>8}{'partial':>9}{'images':>8}")
+            for tag, row in entry["per_tag"].items():
+                print(f"{tag:<16}{row['strict']:>8.3f}{row['partial']:>9.3f}{row['images']:>8d}")
+            print(f"{'overall':<16}{entry['geneval_strict']:>8.3f}{entry['geneval_partial']:>9.3f}")
+    for key, entry in table["rewards"].items():
+        mean = "n/a" if entry["mean"] is None else f"{entry['mean']:.4f}"
+        varied = entry["varied_group_frac"]
+        print(f"{key}: {mean} over {entry['images']} images; prompts whose group varies: "
+              f"{'n/a' if varied is None else f'{varied:.3f}'}")  # fmt: skip
+    print(f"{table['samples']} samples in {table['seconds']['total']:.0f} s")
 
 
 def _quiet_libraries() -> None:
@@ -298,15 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_pretrain)
 
-    p = sub.add_parser("evaluate", help="GenEval-style table and OCR score of a pipeline on world prompts")
+    p = sub.add_parser("evaluate", help="per-reward table (GenEval per tag, OCR, preference) and image grid")
     p.add_argument("pipeline", help="a StableDiffusion3Pipeline directory")
-    p.add_argument("--prompts", required=True, help="world metadata JSONL (GenEval format + ocr)")
+    p.add_argument("--params", nargs="+", default=["params/embedded/evaluate.yaml"], help="params files")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override an evaluation entry")
+    p.add_argument("--prompts", required=True, help="metadata JSONL (GenEval format, world splits) or .txt prompts")
     p.add_argument("--out", required=True, help="JSON result file")
-    p.add_argument("--grid", help="PNG grid of the first 8 prompts' samples")
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--steps", type=int, default=20, help="Euler steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
+    p.add_argument("--grid", help="PNG grid of the first `grid_prompts` prompts' samples")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_evaluate)
 
@@ -337,8 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ValueError as exc:
         from vgrpo.models.pipeline import PipelineError
+        from vgrpo.prompts import PromptFileError
 
-        if not isinstance(exc, PipelineError):
+        if not isinstance(exc, PipelineError | PromptFileError):
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2

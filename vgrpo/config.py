@@ -20,12 +20,14 @@ __all__ = [
     "ConfigError",
     "DiffusionNFTConfig",
     "EmbeddedModelConfig",
+    "EvaluationConfig",
     "FlowGRPOConfig",
     "LoraConfig",
     "MixGRPOConfig",
     "NaiveELBOConfig",
     "OptimConfig",
     "PretrainConfig",
+    "RewardConfig",
     "RolloutConfig",
     "TrainConfig",
     "VAETrainConfig",
@@ -485,3 +487,63 @@ class WorldRewardModelsConfig(_Config):
 
     world_clip: WorldCLIPConfig = WorldCLIPConfig()
     world_pickscore: WorldPreferenceConfig = WorldPreferenceConfig()
+
+
+# --- Rewards and evaluation (vgrpo/rewards/, vgrpo/evaluation.py) ------------------------------------------------
+
+
+class RewardConfig(_Config):
+    """One reward of a set (:class:`vgrpo.rewards.multi.RewardTerm`), built by name from the registry."""
+
+    name: str = Field(description="Registry name (vgrpo.rewards.registry.REWARDS): geneval, ocr, pickscore, ...")
+    key: str | None = Field(None, description="Name in logs and tables; default `name`. Needed to use one twice.")
+    weight: float = Field(1.0, description="w_m in A = sum_m w_m A^m (algorithm.md §2).")
+    offset: float = Field(0.0, description="Normalised score (s - offset) / scale; MixGRPO's PickScore: 18.")
+    scale: float = Field(1.0, gt=0, description="MixGRPO's PickScore: 8; flow_grpo's PickScore: 26.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the reward's class.")
+
+    @model_validator(mode="after")
+    def _check_name(self) -> RewardConfig:
+        from vgrpo.rewards.registry import REWARDS
+
+        if self.name not in REWARDS:
+            raise ValueError(f"unknown reward {self.name!r}; valid names: {sorted(REWARDS)}")
+        return self
+
+    @property
+    def resolved_key(self) -> str:
+        return self.key or self.name
+
+
+def _unique_reward_keys(rewards: Sequence[RewardConfig]) -> None:
+    keys = [r.resolved_key for r in rewards]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise ValueError(f"reward keys {dupes} are used twice; give one of them another `key`")
+
+
+class EvaluationConfig(_Config):
+    """The evaluation routine (:func:`vgrpo.evaluation.evaluate`): fixed prompts, fixed seeds, a table."""
+
+    group_size: int = Field(4, ge=1, description="Samples per prompt (GenEval: 4).")
+    num_steps: int = Field(20, ge=1, description="Euler steps (paper: 40 for SD3.5-M, 50 for FLUX).")
+    seed: int = 0
+    max_prompts: int | None = Field(None, ge=1, description="First N prompts of the prompt file; None = all.")
+    guidance_scale: float | None = Field(None, gt=0, description="CFG scale; None or 1 = off (SD3.5-M: 4.5).")
+    p_mix: float | None = Field(None, ge=0, le=1, description="Hybrid sampling with `base_pipeline` (FLUX: 0.8).")
+    base_pipeline: str | None = Field(None, description="Pipeline directory of the base for hybrid sampling.")
+    micro_batch: int = Field(64, ge=1, description="Samples per sampler call (memory only).")
+    overlap: bool = Field(
+        False, description="Score chunk k while sampling chunk k+1 (helps when they use different devices)."
+    )
+    grid_prompts: int = Field(8, ge=0, description="Prompts shown in the image grid (all their samples).")
+    rewards: tuple[RewardConfig, ...] = Field(
+        (RewardConfig(name="geneval"), RewardConfig(name="ocr")), min_length=1, description="What the table reports."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> EvaluationConfig:
+        if (self.p_mix is None) != (self.base_pipeline is None):
+            raise ValueError("hybrid sampling needs both p_mix and base_pipeline (or neither)")
+        _unique_reward_keys(self.rewards)
+        return self

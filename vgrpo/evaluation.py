@@ -30,7 +30,7 @@ from vgrpo.rewards.geneval import GENEVAL_TAGS
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
 
-__all__ = ["evaluate", "flat_metrics", "generate", "sample_noise", "summarise", "write_grid"]
+__all__ = ["evaluate", "flat_metrics", "generate", "sample_noise", "summarise", "write_grid", "write_json_atomic"]
 
 
 def sample_noise(seed: int, indices: Sequence[int], latent_shape: Sequence[int]) -> Tensor:
@@ -58,6 +58,7 @@ def generate(
     p_mix: float | None = None,
     micro_batch: int = 64,
     score: Callable[[np.ndarray, list[int]], Future[Any]] | None = None,
+    progress: bool = False,
 ) -> tuple[np.ndarray, list[Any]]:
     """Images for ``prompts`` (``uint8 (N, H, W, 3)``), sample ``i`` from :func:`sample_noise` ``(seed, i)``.
 
@@ -68,6 +69,7 @@ def generate(
         base, p_mix: hybrid sampling, both or neither.
         score: called with each decoded chunk and its sample indices as soon as it exists (e.g.
             :meth:`vgrpo.rewards.multi.MultiReward.submit`), so rewards overlap the next chunk's sampling.
+        progress: show a tqdm bar over the samples.
 
     Returns:
         The images and the futures ``score`` returned, in chunk order.
@@ -76,7 +78,10 @@ def generate(
         raise ValueError("hybrid sampling needs both `base` and `p_mix`")
     sigmas = timestep_grid(num_steps, shift=shift)
     uncond = encode([""]) if guidance_scale is not None and guidance_scale != 1.0 else None
+    from tqdm.auto import tqdm
+
     images, futures = [], []
+    bar = tqdm(total=len(prompts), desc="sampling", unit="img", disable=not progress)
     for start in range(0, len(prompts), micro_batch):
         idx = list(range(start, min(start + micro_batch, len(prompts))))
         cond = encode([prompts[i] for i in idx])
@@ -93,6 +98,8 @@ def generate(
         if score is not None:
             futures.append(score(chunk, idx))
         images.append(chunk)
+        bar.update(len(idx))
+    bar.close()
     return np.concatenate(images), futures
 
 
@@ -163,6 +170,7 @@ def evaluate(
     p_mix: float | None = None,
     micro_batch: int = 64,
     overlap: bool = True,
+    progress: bool = False,
 ) -> tuple[dict[str, Any], np.ndarray]:
     """Sample ``group_size`` images for each metadata row's ``prompt`` (prompt-major) and tabulate every
     reward (:func:`summarise`). ``adapter`` encodes prompts, decodes latents and knows the latent shape
@@ -198,6 +206,7 @@ def evaluate(
         p_mix=p_mix,
         micro_batch=micro_batch,
         score=score if overlap else None,
+        progress=progress,
     )
     t1 = time.perf_counter()
     scored = MultiRewardOutput.concatenate([f.result() for f in futures]) if overlap else rewards(images, prompts, meta)
@@ -240,6 +249,15 @@ def write_grid(path: str | Path, images: np.ndarray, cols: int, scale: int = 4) 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write ``data`` as indented JSON atomically (:func:`vgrpo.world.prompts.write_text_atomic`)."""
+    import json
+
+    from vgrpo.world.prompts import write_text_atomic
+
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def flat_metrics(table: Mapping[str, Any]) -> dict[str, float]:

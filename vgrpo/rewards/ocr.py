@@ -94,15 +94,19 @@ class OCRReward(Reward):
     Args:
         engine: ``"rapidocr"`` or ``"paddleocr"``, or any object with ``read(images) -> list[str]``.
         min_side: images are upscaled (bicubic) to at least this side before reading (see :class:`RapidOCRReader`).
+        engine_options: keyword options of the engine. RapidOCR's default detector input (the short side
+            scaled to 736 px) costs about 0.4 s per 32 px world image on 2 CPU cores;
+            ``{det_limit_type: min, det_limit_side_len: 256}`` is 3.6x faster, reads every ground-truth render
+            the same, and changes 29% of the scores on the base model's blurry samples (mean 0.534 vs 0.515).
     """
 
     name = "ocr"
 
-    def __init__(self, engine: Any = "rapidocr", min_side: int = 128):
+    def __init__(self, engine: Any = "rapidocr", min_side: int = 128, engine_options: dict[str, Any] | None = None):
         if engine == "rapidocr":
-            self.reader: Any = RapidOCRReader(min_side=min_side)
+            self.reader: Any = RapidOCRReader(min_side=min_side, **(engine_options or {}))
         elif engine == "paddleocr":
-            self.reader = PaddleOCRReader(min_side=min_side)
+            self.reader = PaddleOCRReader(min_side=min_side, **(engine_options or {}))
         elif isinstance(engine, str):
             raise ValueError(f"OCR engine must be 'rapidocr' or 'paddleocr', got {engine!r}")
         else:

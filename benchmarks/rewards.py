@@ -1,0 +1,95 @@
+"""Reward throughput on this machine: images per second of each world reward, and rollout + scoring with and
+without scoring on the background thread.
+
+    python benchmarks/rewards.py [--images 192] [--prompts data/world/test.jsonl] [--threads 2]
+
+Images are ground-truth renders of seeded world prompts (GenEval tags and OCR), so every reward has work to
+do (text to read, objects to detect). The learned world rewards are included when their DVC stages have been
+reproduced (models/world-clip, models/world-pickscore). The overlap part samples the shipped base model (20
+Euler steps) in chunks and scores each chunk either after all sampling or while the next chunk samples.
+Prints a table; run nothing else alongside a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=192)
+    parser.add_argument("--prompts", default=str(ROOT / "data/world/test.jsonl"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="best of this many timed passes")
+    parser.add_argument("--overlap-prompts", type=int, default=48, help="prompts x 4 samples for the overlap part")
+    args = parser.parse_args()
+
+    import numpy as np
+    import torch
+
+    from vgrpo.rewards.multi import MultiReward
+    from vgrpo.world import make_splits, render
+
+    torch.set_num_threads(args.threads)
+    records = make_splits(0, 1, args.images, tags=("single_object", "two_object", "counting", "colors",
+                                                    "position", "color_attr", "ocr"))[1]  # fmt: skip
+    metadata = [md for md, _ in records]
+    images = np.stack([render(scene) for _, scene in records])
+    prompts = [md["prompt"] for md in metadata]
+    fast_ocr = {"engine_options": {"det_limit_type": "min", "det_limit_side_len": 256}}
+    specs = [{"name": "geneval"}, {"name": "ocr"}, {"name": "ocr", "key": "ocr_det256", "options": fast_ocr}]
+    for key, name, path in (("world_clip", "clipscore", "models/world-clip"),
+                            ("world_pickscore", "pickscore", "models/world-pickscore")):  # fmt: skip
+        if (ROOT / path).is_dir():
+            specs.append({"name": name, "key": key, "options": {"path": str(ROOT / path), "device": "cpu"}})
+    rewards = MultiReward.from_specs(specs)
+    rows = []
+    for key, term in rewards.terms.items():
+        mask = [term.reward.applies_to(p, md) for p, md in zip(prompts, metadata, strict=True)]
+        idx = [i for i, m in enumerate(mask) if m]
+        sub_images, sub_prompts, sub_md = images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx]
+        term.reward(sub_images[:2], sub_prompts[:2], sub_md[:2])  # warm-up (engine start, caches)
+        best = float("inf")
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            term.reward(sub_images, sub_prompts, sub_md)
+            best = min(best, time.perf_counter() - t0)
+        rows.append({"reward": key, "images": len(idx), "seconds": best, "images_per_s": len(idx) / best})
+    print(f"{'reward':<18}{'images':>8}{'seconds':>10}{'images/s':>10}")
+    for r in rows:
+        print(f"{r['reward']:<18}{r['images']:>8}{r['seconds']:>10.2f}{r['images_per_s']:>10.1f}")
+
+    overlap = _overlap(rewards, args)
+    print(json.dumps({"throughput": rows, "overlap": overlap}, indent=2))
+    rewards.close()
+
+
+def _overlap(rewards: object, args: argparse.Namespace) -> dict[str, float]:
+    """Sampling + scoring wall time of the shipped base with scoring after sampling vs on the reward thread."""
+    from vgrpo.evaluation import evaluate
+    from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
+    from vgrpo.models.sd3 import SD3Velocity
+    from vgrpo.world import read_jsonl
+
+    base = ROOT / "models/embedded-base"
+    metadata = read_jsonl(args.prompts)[: args.overlap_prompts]
+    pipe = load_sd3_pipeline(base)
+    adapter, policy = SD3Adapter(pipe), SD3Velocity(pipe.transformer.eval())
+    out: dict[str, float] = {}
+    for overlap in (False, True):
+        table, _ = evaluate(adapter=adapter, policy=policy, metadata=metadata, rewards=rewards,  # type: ignore[arg-type]
+                            group_size=4, num_steps=20, seed=0, shift=float(pipe.scheduler.config.shift),
+                            micro_batch=32, overlap=overlap)  # fmt: skip
+        out[f"{'overlapped' if overlap else 'sequential'}_total_s"] = table["seconds"]["total"]
+        out[f"{'overlapped' if overlap else 'sequential'}_sampling_s"] = table["seconds"]["sampling"]
+    out["samples"] = float(len(metadata) * 4)
+    return out
+
+
+if __name__ == "__main__":
+    main()
