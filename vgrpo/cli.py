@@ -69,8 +69,8 @@ def _read_metadata(path: str | Path) -> list[dict[str, Any]]:
 def cmd_pretrain(args: argparse.Namespace) -> None:
     import torch
 
+    from vgrpo.atomic import write_json_atomic
     from vgrpo.evaluation import evaluate as evaluate_pipeline
-    from vgrpo.evaluation import write_json_atomic
     from vgrpo.pretrain import pretrain
     from vgrpo.rewards.multi import MultiReward
 
@@ -109,8 +109,9 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     import torch
 
+    from vgrpo.atomic import write_json_atomic
     from vgrpo.config import EvaluationConfig
-    from vgrpo.evaluation import evaluate, write_grid, write_json_atomic
+    from vgrpo.evaluation import evaluate, write_grid
     from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
     from vgrpo.models.sd3 import SD3Velocity
     from vgrpo.rewards.multi import MultiReward
@@ -144,8 +145,8 @@ def _dir_size_mb(path: Path) -> float:
 def cmd_train_world_clip(args: argparse.Namespace) -> None:
     import torch
 
+    from vgrpo.atomic import write_json_atomic
     from vgrpo.config import WorldCLIPConfig
-    from vgrpo.evaluation import write_json_atomic
     from vgrpo.rewards.world_eval import evaluate_clip, preference_records
     from vgrpo.rewards.world_models import final_metrics, save_reward_model, train_world_clip
     from vgrpo.world.prompts import scene_from_dict
@@ -190,8 +191,8 @@ def cmd_train_world_clip(args: argparse.Namespace) -> None:
 def cmd_train_world_preference(args: argparse.Namespace) -> None:
     import torch
 
+    from vgrpo.atomic import write_json_atomic
     from vgrpo.config import WorldPreferenceConfig
-    from vgrpo.evaluation import write_json_atomic
     from vgrpo.rewards.world_eval import evaluate_preference
     from vgrpo.rewards.world_models import final_metrics, save_reward_model
     from vgrpo.rewards.world_preference import evaluation_pairs, train_world_preference
@@ -259,8 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vgrpo.cli", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_params(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--params", nargs="+", default=["params/embedded/pretrain.yaml"], help="params files")
+    def with_params(p: argparse.ArgumentParser, default: str = "params/embedded/pretrain.yaml") -> None:
+        p.add_argument("--params", nargs="+", default=[default], help="params files, merged in order")
         p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a params entry")
 
     p = sub.add_parser("world-splits", help="write the seeded train/test prompt files")
@@ -279,8 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("evaluate", help="per-reward table (GenEval per tag, OCR, preference) and image grid")
     p.add_argument("pipeline", help="a StableDiffusion3Pipeline directory")
-    p.add_argument("--params", nargs="+", default=["params/embedded/evaluate.yaml"], help="params files")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override an evaluation entry")
+    with_params(p, "params/embedded/evaluate.yaml")
     p.add_argument("--prompts", required=True, help="metadata JSONL (GenEval format, world splits) or .txt prompts")
     p.add_argument("--out", required=True, help="JSON result file")
     p.add_argument("--grid", help="PNG grid of the first `grid_prompts` prompts' samples")
@@ -288,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("train-world-clip", help="train the world CLIP (the embedded CLIPScore model)")
-    p.add_argument("--params", nargs="+", default=["params/embedded/rewards.yaml"], help="params files")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a world_clip entry")
+    with_params(p, "params/embedded/rewards.yaml")
     p.add_argument("--splits", required=True, help="folder with test.jsonl (held-out evaluation prompts)")
     p.add_argument("--out", required=True, help="the model directory (CLIPModel, tokenizer, image processor)")
     p.add_argument("--metrics", help="write held-out accuracies, training time and size here (JSON)")
@@ -297,8 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=cmd_train_world_clip)
 
     p = sub.add_parser("train-world-preference", help="fine-tune the world CLIP into the world PickScore model")
-    p.add_argument("--params", nargs="+", default=["params/embedded/rewards.yaml"], help="params files")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a world_pickscore entry")
+    with_params(p, "params/embedded/rewards.yaml")
     p.add_argument("--clip", required=True, help="the world CLIP directory it starts from")
     p.add_argument("--out", required=True, help="the model directory (CLIPModel, tokenizer, image processor)")
     p.add_argument("--metrics", help="write held-out pair accuracies, training time and size here (JSON)")

@@ -30,7 +30,7 @@ from vgrpo.rewards.geneval import GENEVAL_TAGS
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
 
-__all__ = ["evaluate", "flat_metrics", "generate", "sample_noise", "summarise", "write_grid", "write_json_atomic"]
+__all__ = ["evaluate", "flat_metrics", "generate", "sample_noise", "summarise", "write_grid"]
 
 
 def sample_noise(seed: int, indices: Sequence[int], latent_shape: Sequence[int]) -> Tensor:
@@ -249,15 +249,6 @@ def write_grid(path: str | Path, images: np.ndarray, cols: int, scale: int = 4) 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as indented JSON atomically (:func:`vgrpo.world.prompts.write_text_atomic`)."""
-    import json
-
-    from vgrpo.world.prompts import write_text_atomic
-
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def flat_metrics(table: Mapping[str, Any]) -> dict[str, float]:

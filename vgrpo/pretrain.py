@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from vgrpo.atomic import atomic_dir
 from vgrpo.config import PretrainConfig
 from vgrpo.flow import interpolate, timestep_grid, velocity_target
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
@@ -151,23 +151,6 @@ class PretrainState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
-    """Write a directory via ``write(tmp)`` then rename it over ``final`` (never half-written)."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        write(tmp)
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def _latest_checkpoint(ckpt_root: Path) -> Path | None:
     done = [p for p in ckpt_root.glob("step-*") if (p / "state.pt").is_file()]
     return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
@@ -274,7 +257,7 @@ def pretrain(
             }
             torch.save(state_dict, tmp / "state.pt")
 
-        _atomic_dir(ckpt_root / f"step-{state.step}", write)
+        atomic_dir(ckpt_root / f"step-{state.step}", write)
         for old in ckpt_root.glob("step-*"):
             if old.name != f"step-{state.step}":
                 shutil.rmtree(old, ignore_errors=True)
@@ -324,7 +307,7 @@ def pretrain(
         pipe.save_pretrained(tmp)
         (tmp / "pretrain_history.json").write_text(json.dumps(state.history, indent=1))
 
-    _atomic_dir(final, write_final)
+    atomic_dir(final, write_final)
     return final
 
 

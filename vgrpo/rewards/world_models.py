@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from vgrpo.atomic import atomic_dir
 from vgrpo.config import EmbeddedModelConfig, WorldAugmentConfig, WorldCLIPConfig
 from vgrpo.rewards.world_degrade import hard_negative
 from vgrpo.world.prompts import allowed_pairs, sample_metadata, scene_for
@@ -305,7 +304,7 @@ def save_reward_model(out_dir: str | Path, trained: TrainedRewardModel, info: di
         (tmp / "world_reward_model.json").write_text(json.dumps(info, indent=1, sort_keys=True))
 
     final = Path(out_dir)
-    _atomic_dir(final, write)
+    atomic_dir(final, write)
     return final
 
 
@@ -331,21 +330,3 @@ def _progress(total: int, desc: str) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=2.0)
-
-
-# Copied from vgrpo.pretrain._atomic_dir
-def _atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
-    """Write a directory via ``write(tmp)`` then rename it over ``final`` (never half-written)."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        write(tmp)
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

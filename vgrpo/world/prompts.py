@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vgrpo.atomic import write_text_atomic
 from vgrpo.rewards.geneval import GENEVAL_TAGS, Detection, relative_position
 from vgrpo.world.render import FONT_CHARS, max_text_chars, pixel_box
 from vgrpo.world.scene import (
@@ -205,20 +204,6 @@ def scene_to_dict(scene: Scene) -> dict[str, Any]:
 def scene_from_dict(d: dict[str, Any]) -> Scene:
     """Inverse of :func:`scene_to_dict`."""
     return Scene(objects=tuple(ObjectSpec(**o) for o in d["objects"]), text=d.get("text"))
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` via a temporary file in the same folder and ``os.replace``: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:

@@ -1,0 +1,54 @@
+"""Atomic writes: a file or directory is either the old one or the complete new one, never half-written.
+
+Everything the project writes that a later step reads -- prompt splits, metrics, evaluation tables, model and
+checkpoint directories -- goes through these, so a run killed at any moment leaves nothing a resume could
+mistake for a finished result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_dir", "write_json_atomic", "write_text_atomic"]
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` via a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write ``data`` as indented, key-sorted JSON with :func:`write_text_atomic`."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
+    """Write a directory via ``write(tmp)`` into a sibling temporary directory, then rename it over ``final``."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
