@@ -547,3 +547,28 @@ class EvaluationConfig(_Config):
             raise ValueError("hybrid sampling needs both p_mix and base_pipeline (or neither)")
         _unique_reward_keys(self.rewards)
         return self
+
+
+# --- One stage of a curriculum (vgrpo/stage.py) ----------------------------------------------------------------
+
+
+class StageConfig(TrainConfig):
+    """A training stage: the run config (rollout, advantage, optim, algorithm, lora) plus its prompts, rewards,
+    length, checkpoint cadence and evaluation. Reward weights live on the rewards (``rewards[].weight``)."""
+
+    name: str = Field("stage", pattern=r"^[A-Za-z0-9_.-]+$", description="Directory and run name.")
+    prompts: str = Field(description="Training prompt file (.jsonl metadata or .txt), relative to the project root.")
+    prompt_tags: tuple[str, ...] | None = Field(None, description="Keep only rows with these `tag`s; None = all.")
+    rewards: tuple[RewardConfig, ...] = Field(min_length=1)
+    iterations: int = Field(ge=1, description="Iterations of the stage (paper SD3.5: 150 / 200 / 150 / 50 / 30).")
+    checkpoint_every: int = Field(10, ge=1, description="Iterations between resumable checkpoints.")
+    eval_every: int = Field(0, ge=0, description="Iterations between evaluations; 0 = only after the last one.")
+    eval_prompts: str | None = Field(None, description="Evaluation prompt file; None = no evaluation.")
+    evaluation: EvaluationConfig = EvaluationConfig()
+
+    @model_validator(mode="after")
+    def _check_stage(self) -> StageConfig:
+        _unique_reward_keys(self.rewards)
+        if self.advantage.weights:
+            raise ValueError("a stage weights its rewards with rewards[].weight; leave advantage.weights empty")
+        return self

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vgrpo.policy import Conditioning
+from vgrpo.policy import Conditioning, ParameterSnapshot
 from vgrpo.samplers import SDETrajectory, euler_ode_sample
 
 __all__ = ["Algorithm", "PreparedBatch", "Rollout", "micro_batches"]
@@ -125,4 +125,9 @@ class Algorithm(ABC):
 
     def end_iteration(self, policy: nn.Module, iteration: int) -> dict[str, float]:
         """Hook after the iteration's last optimizer step (DiffusionNFT's EMA)."""
+        return {}
+
+    def snapshots(self) -> dict[str, ParameterSnapshot]:
+        """Copies of the weights the algorithm keeps besides the policy (Flow-GRPO's reference, DiffusionNFT's
+        old policy): what a checkpoint must save for a resumed run to continue exactly."""
         return {}

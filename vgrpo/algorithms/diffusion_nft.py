@@ -41,6 +41,9 @@ class DiffusionNFT(Algorithm):
         super().__init__(config, **kwargs)
         self.old = ParameterSnapshot(trainable_parameters(policy))
 
+    def snapshots(self) -> dict[str, ParameterSnapshot]:
+        return {"old": self.old}
+
     def rollout(
         self, policy: nn.Module, cond: Conditioning, noise: Tensor, generator: torch.Generator, iteration: int
     ) -> Rollout:

@@ -40,6 +40,9 @@ class FlowGRPO(Algorithm):
         # The reference policy is the weights at construction (for LoRA: the adapter at init = base model).
         self.reference = ParameterSnapshot(trainable_parameters(policy)) if config.kl_coef > 0 else None
 
+    def snapshots(self) -> dict[str, ParameterSnapshot]:
+        return {} if self.reference is None else {"reference": self.reference}
+
     def sde_steps(self, iteration: int) -> Tensor:
         """``(T,)`` bool: the stochastic (and trainable) steps at this iteration."""
         return torch.ones(self.num_steps, dtype=torch.bool)

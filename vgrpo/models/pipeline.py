@@ -101,17 +101,17 @@ class SD3Adapter:
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
         """Conditioning for ``prompts`` (one row per prompt), from the pipeline's own ``encode_prompt``."""
-        missing = sorted({p for p in prompts if p not in self._cache})
-        if missing:
+        # One prompt per call: a batched encode rounds differently with its batch-mates, and a prompt's
+        # embedding must not depend on which iteration first saw it (a resumed run would drift by 1e-10).
+        for p in sorted({p for p in prompts if p not in self._cache}):
             embeds, _, pooled, _ = self.pipe.encode_prompt(
-                prompt=missing,
+                prompt=[p],
                 prompt_2=None,
                 prompt_3=None,
                 do_classifier_free_guidance=False,
                 max_sequence_length=self.max_sequence_length,
             )
-            for i, p in enumerate(missing):
-                self._cache[p] = (embeds[i].detach(), pooled[i].detach())
+            self._cache[p] = (embeds[0].detach(), pooled[0].detach())
         rows = [self._cache[p] for p in prompts]
         return Conditioning(
             prompt_embeds=torch.stack([r[0] for r in rows]),

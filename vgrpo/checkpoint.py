@@ -1,0 +1,166 @@
+"""Checkpoints: resumable training state and LoRA weights in diffusers' format, safetensors only.
+
+A training checkpoint is a directory written atomically (:func:`vgrpo.atomic.atomic_dir`):
+
+* ``trainable.safetensors`` -- every trainable parameter of the transformer by name (the LoRA adapter, or
+  all weights for full fine-tuning);
+* ``optimizer.safetensors`` + ``optimizer.json`` -- the optimizer's tensors and its scalar state;
+* ``snapshots.safetensors`` -- the algorithm's extra weight copies (:meth:`Algorithm.snapshots`);
+* ``state.json`` -- the iteration, history and anything else the caller keeps, written last.
+
+Nothing is unpickled when loading. LoRA exports (:func:`save_lora`) are what
+``StableDiffusion3Pipeline.load_lora_weights(dir)`` reads in a plain diffusers script.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vgrpo.atomic import atomic_dir
+from vgrpo.policy import ParameterSnapshot
+
+__all__ = [
+    "CheckpointError",
+    "latest_checkpoint",
+    "load_lora_into",
+    "load_training_state",
+    "save_lora",
+    "save_training_state",
+]
+
+LORA_FILE = "pytorch_lora_weights.safetensors"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete or does not fit the model; the message names the directory."""
+
+
+def _trainable(module: nn.Module) -> dict[str, nn.Parameter]:
+    return {name: p for name, p in module.named_parameters() if p.requires_grad}
+
+
+def save_training_state(
+    path: Path,
+    *,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    snapshots: Mapping[str, ParameterSnapshot],
+    state: Mapping[str, Any],
+) -> None:
+    """Write a resumable checkpoint directory at ``path`` atomically (module docstring)."""
+    from safetensors.torch import save_file
+
+    def write(tmp: Path) -> None:
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in _trainable(module).items()}, tmp / "trainable.safetensors"
+        )
+        opt = optimizer.state_dict()
+        tensors: dict[str, torch.Tensor] = {}
+        scalars: dict[str, Any] = {"param_groups": opt["param_groups"], "state": {}}
+        for pid, pstate in opt["state"].items():
+            for key, value in pstate.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"{pid}/{key}"] = value.detach().contiguous().cpu()
+                else:
+                    scalars["state"].setdefault(str(pid), {})[key] = value
+        save_file(tensors, tmp / "optimizer.safetensors")
+        (tmp / "optimizer.json").write_text(json.dumps(scalars))
+        snap = {f"{name}/{i}": v.contiguous().cpu() for name, s in snapshots.items() for i, v in enumerate(s.values)}
+        save_file(snap, tmp / "snapshots.safetensors")
+        (tmp / "state.json").write_text(json.dumps(dict(state), indent=2, sort_keys=True))
+
+    atomic_dir(path, write)
+
+
+def load_training_state(
+    path: Path,
+    *,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    snapshots: Mapping[str, ParameterSnapshot],
+) -> dict[str, Any]:
+    """Restore a :func:`save_training_state` directory into ``module``, ``optimizer`` and ``snapshots``;
+    returns its ``state``."""
+    from safetensors.torch import load_file
+
+    names = ("trainable.safetensors", "optimizer.safetensors", "optimizer.json", "snapshots.safetensors", "state.json")
+    missing = [n for n in names if not (path / n).is_file()]
+    if missing:
+        raise CheckpointError(f"{path}: incomplete checkpoint, missing {missing}")
+    weights = load_file(path / "trainable.safetensors")
+    params = _trainable(module)
+    if set(weights) != set(params):
+        diff = sorted(set(weights) ^ set(params))[:5]
+        raise CheckpointError(f"{path}: trainable parameters do not match the model (e.g. {diff})")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(weights[name].to(p.dtype))
+    scalars = json.loads((path / "optimizer.json").read_text())
+    tensors = load_file(path / "optimizer.safetensors")
+    opt_state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        pid, _, name = key.partition("/")
+        opt_state.setdefault(int(pid), {})[name] = value
+    for pid, values in scalars["state"].items():
+        opt_state.setdefault(int(pid), {}).update(values)
+    optimizer.load_state_dict({"state": opt_state, "param_groups": scalars["param_groups"]})
+    snap = load_file(path / "snapshots.safetensors")
+    for name, s in snapshots.items():
+        for i in range(len(s.values)):
+            key = f"{name}/{i}"
+            if key not in snap:
+                raise CheckpointError(f"{path}: snapshot {key!r} missing")
+            s.values[i].copy_(snap[key])
+    state: dict[str, Any] = json.loads((path / "state.json").read_text())
+    return state
+
+
+def latest_checkpoint(root: Path, prefix: str = "iter-") -> Path | None:
+    """The complete checkpoint with the highest iteration under ``root`` (temporary directories are ignored)."""
+    if not root.is_dir():
+        return None
+    done = [p for p in root.iterdir() if p.name.startswith(prefix) and (p / "state.json").is_file()]
+    return max(done, key=lambda p: int(p.name[len(prefix) :]), default=None)
+
+
+def save_lora(transformer: nn.Module, out_dir: Path) -> None:
+    """The transformer's LoRA adapter in diffusers' format (``pytorch_lora_weights.safetensors``), atomically."""
+    from diffusers import StableDiffusion3Pipeline
+    from peft.utils import get_peft_model_state_dict
+
+    layers = get_peft_model_state_dict(transformer)
+    if not layers:
+        raise CheckpointError("the transformer has no LoRA adapter to save")
+
+    # The adapter's rank and alpha travel in the file's metadata: without them diffusers loads with alpha = rank.
+    peft_config = getattr(transformer, "peft_config", {}).get("default")
+    metadata = peft_config.to_dict() if peft_config is not None else None
+
+    def write(tmp: Path) -> None:
+        StableDiffusion3Pipeline.save_lora_weights(
+            tmp, transformer_lora_layers=layers, safe_serialization=True, transformer_lora_adapter_metadata=metadata
+        )
+
+    atomic_dir(out_dir, write)
+
+
+def load_lora_into(transformer: nn.Module, lora_dir: Path) -> None:
+    """Load a :func:`save_lora` directory into the transformer's existing (trainable) LoRA adapter, so a stage
+    continues training the previous stage's adapter."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = lora_dir / LORA_FILE
+    if not file.is_file():
+        raise CheckpointError(f"{lora_dir}: no {LORA_FILE} (not a LoRA directory written by save_lora)")
+    state = {k.removeprefix("transformer."): v for k, v in load_file(file).items()}
+    result = set_peft_model_state_dict(transformer, state)
+    unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
+    if unexpected:
+        raise CheckpointError(f"{lora_dir}: LoRA weights do not fit the adapter (e.g. {unexpected[:3]})")

@@ -1,0 +1,197 @@
+"""One curriculum stage as plain functions: load -> (resume) -> iterate -> checkpoint -> evaluate -> export.
+
+Each iteration draws its prompts and its randomness (initial noise, SDE noise, pairs, minibatches) from
+``(seed, iteration)`` alone, so a stage resumed from a checkpoint takes exactly the steps an uninterrupted
+run takes. The orchestration (Prefect tasks, MLflow) plugs in through the ``log`` and ``on_eval`` callbacks;
+this module imports neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vgrpo.algorithms import build_algorithm
+from vgrpo.atomic import atomic_dir
+from vgrpo.checkpoint import latest_checkpoint, load_lora_into, load_training_state, save_lora, save_training_state
+from vgrpo.config import StageConfig
+from vgrpo.models import SD3Velocity, add_lora
+from vgrpo.prompts import load_prompts
+from vgrpo.rewards.base import Metadata
+from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
+from vgrpo.train_step import build_optimizer, train_iteration
+
+__all__ = ["StageResult", "iteration_generator", "run_stage", "sample_prompt_rows"]
+
+MetricsLog = Callable[[dict[str, float], int], None]
+EvalHook = Callable[[dict[str, Any], np.ndarray, int], None]
+
+
+@dataclass
+class StageResult:
+    """What a finished stage leaves: the exported weights and what was measured on the way."""
+
+    out_dir: Path
+    iterations: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int = 0
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def iteration_generator(seed: int, iteration: int) -> torch.Generator:
+    """The torch generator of one iteration: a function of ``(seed, iteration)`` only."""
+    return torch.Generator().manual_seed(_seed(seed, iteration, 1))
+
+
+def sample_prompt_rows(rows: Sequence[Metadata], count: int, seed: int, iteration: int) -> list[Metadata]:
+    """``count`` prompt rows for one iteration, without replacement when there are enough."""
+    rng = np.random.default_rng(_seed(seed, iteration, 0))
+    idx = rng.choice(len(rows), size=count, replace=len(rows) < count)
+    return [rows[int(i)] for i in idx]
+
+
+def config_hash(config: StageConfig) -> str:
+    """Fingerprint of everything that decides the stage's steps (a checkpoint from other params is not resumed)."""
+    return hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
+    rows = load_prompts(root / config.prompts)
+    if config.prompt_tags is not None:
+        rows = [r for r in rows if r.get("tag") in config.prompt_tags]
+        if not rows:
+            raise ValueError(f"{config.prompts}: no prompt has a tag in prompt_tags={list(config.prompt_tags)}")
+    return rows
+
+
+def run_stage(
+    config: StageConfig,
+    *,
+    pipeline_dir: Path,
+    work_dir: Path,
+    out_dir: Path,
+    init_lora: Path | None = None,
+    root: Path = Path("."),
+    log: MetricsLog | None = None,
+    on_eval: EvalHook | None = None,
+) -> StageResult:
+    """Train one stage from ``pipeline_dir`` (+ ``init_lora``, the previous stage's adapter) and export its
+    LoRA to ``out_dir``. Checkpoints go to ``work_dir/checkpoints``; a run finds the newest one written with the
+    same params and continues from it.
+
+    Args:
+        root: folder that relative prompt and model paths in ``config`` are resolved against.
+        log: called with each iteration's flat metrics (rewards, every sub-score, surrogate CV, ratio and
+            clip statistics, KL, grad norm, seconds per phase) and the iteration number.
+        on_eval: called with each evaluation table, its images and the iteration.
+    """
+    from vgrpo.evaluation import evaluate
+    from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
+    from vgrpo.world.data import tensor_to_images
+
+    rows = _rows(config, root)  # 1. validate inputs before any compute
+    eval_rows = load_prompts(root / config.eval_prompts) if config.eval_prompts else None
+    eval_rows = eval_rows[: config.evaluation.max_prompts] if eval_rows else None
+    pipe = load_sd3_pipeline(root / pipeline_dir)  # 2. model, adapter, optimizer, algorithm
+    transformer = pipe.transformer
+    if config.lora is None:
+        transformer.requires_grad_(True)
+    else:
+        with torch.random.fork_rng():  # LoRA A is drawn from the global RNG: seed it, or runs differ
+            torch.manual_seed(_seed(config.seed, 2))
+            add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha,
+                     target_modules=config.lora.target_modules, dropout=config.lora.dropout)  # fmt: skip
+        if init_lora is not None:
+            load_lora_into(transformer, root / init_lora)
+    adapter, policy = SD3Adapter(pipe), SD3Velocity(transformer)
+    optimizer = build_optimizer(policy, config.optim)
+    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
+    rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
+    weights = rewards.weights
+
+    ckpt_root, fingerprint = work_dir / "checkpoints", config_hash(config)  # 3. resume
+    result = StageResult(out_dir=out_dir, iterations=config.iterations)
+    latest = latest_checkpoint(ckpt_root)
+    if latest is not None:
+        state = json.loads((latest / "state.json").read_text())
+        if state.get("config_hash") == fingerprint and state.get("init_lora") == str(init_lora):
+            state = load_training_state(
+                latest, module=transformer, optimizer=optimizer, snapshots=algorithm.snapshots()
+            )
+            result.history, result.evaluations = state["history"], state["evaluations"]
+            result.resumed_from = int(state["iteration"])
+
+    def run_evaluation(iteration: int) -> None:
+        if eval_rows is None:
+            return
+        ev = config.evaluation
+        with MultiReward.from_specs([r.model_dump() for r in ev.rewards]) as eval_rewards:
+            table, images = evaluate(
+                adapter=adapter, policy=policy, metadata=eval_rows, rewards=eval_rewards, group_size=ev.group_size,
+                num_steps=ev.num_steps, seed=ev.seed, shift=config.rollout.shift, guidance_scale=ev.guidance_scale,
+                micro_batch=ev.micro_batch,
+            )  # fmt: skip
+        table["iteration"] = iteration
+        result.evaluations.append(table)
+        if on_eval is not None:
+            on_eval(table, images, iteration)
+
+    if result.resumed_from == 0 and config.eval_every:
+        run_evaluation(0)
+    for iteration in range(result.resumed_from, config.iterations):  # 4. iterate
+        batch = sample_prompt_rows(rows, config.rollout.prompts_per_iteration, config.seed, iteration)
+        prompts = [str(r["prompt"]) for r in batch]
+        expanded = [r for r in batch for _ in range(config.rollout.group_size)]
+        scored: list[MultiRewardOutput] = []
+
+        def reward_fn(samples: Tensor, sample_prompts: Sequence[str], expanded: list[Metadata] = expanded,
+                      scored: list[MultiRewardOutput] = scored) -> dict[str, Tensor]:  # fmt: skip
+            with torch.no_grad():
+                images = tensor_to_images(adapter.decode(samples))
+            out = rewards(images, list(sample_prompts), expanded if rewards.needs_metadata else None)
+            scored.append(out)
+            return out.score_tensors()
+
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            cond = adapter.encode_prompts(prompts)
+        record = train_iteration(
+            policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=reward_fn, prompts=prompts,
+            cond=cond, config=config.model_copy(update={"advantage": config.advantage.model_copy(
+                update={"weights": weights})}),
+            latent_shape=adapter.latent_shape, generator=iteration_generator(config.seed, iteration),
+            iteration=iteration,
+        )  # fmt: skip
+        metrics = {**record.metrics, **scored[0].metrics(), "time/iteration_s": time.perf_counter() - t0}
+        result.history.append(metrics)
+        if log is not None:
+            log(metrics, iteration)
+        done = iteration + 1
+        if config.eval_every and done % config.eval_every == 0 and done < config.iterations:
+            run_evaluation(done)
+        if done % config.checkpoint_every == 0 or done == config.iterations:  # 5. checkpoint
+            state = {"iteration": done, "config_hash": fingerprint, "init_lora": str(init_lora),
+                     "history": result.history, "evaluations": result.evaluations}  # fmt: skip
+            save_training_state(ckpt_root / f"iter-{done}", module=transformer, optimizer=optimizer,
+                                snapshots=algorithm.snapshots(), state=state)  # fmt: skip
+    if not result.evaluations or result.evaluations[-1].get("iteration") != config.iterations:
+        run_evaluation(config.iterations)  # 6. final evaluation and export
+    if config.lora is not None:
+        save_lora(transformer, out_dir)
+    else:
+        atomic_dir(out_dir, pipe.save_pretrained)
+    rewards.close()
+    return result
