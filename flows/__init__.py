@@ -1,4 +1,2 @@
-"""Prefect flows composing :mod:`tasks` declaratively (stage and curriculum flows).
-
-Empty until the pipeline lands (see the README's status).
-"""
+"""Prefect flows composing :mod:`tasks`: :mod:`flows.curriculum` (the ``vgrpo`` flow) and
+:mod:`flows.services` (the local Prefect and MLflow servers)."""

@@ -1,4 +1,4 @@
 """Prefect tasks: thin wrappers over :mod:`vgrpo` that pass paths and content hashes, not tensors.
 
-Empty until the pipeline lands (see the README's status); the library runs without Prefect.
+:mod:`tasks.stage` (train one curriculum stage), :mod:`tasks.tracking` (MLflow helpers with explicit run ids).
 """

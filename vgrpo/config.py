@@ -18,6 +18,7 @@ __all__ = [
     "AdvantageConfig",
     "AlgorithmConfig",
     "ConfigError",
+    "CurriculumConfig",
     "DiffusionNFTConfig",
     "EmbeddedModelConfig",
     "EvaluationConfig",
@@ -29,6 +30,7 @@ __all__ = [
     "PretrainConfig",
     "RewardConfig",
     "RolloutConfig",
+    "StageConfig",
     "TrainConfig",
     "VAETrainConfig",
     "VGRPOConfig",
@@ -37,6 +39,7 @@ __all__ = [
     "WorldPreferenceConfig",
     "WorldRewardModelsConfig",
     "load_config",
+    "load_curriculum",
     "merge_overrides",
 ]
 
@@ -557,6 +560,7 @@ class StageConfig(TrainConfig):
     length, checkpoint cadence and evaluation. Reward weights live on the rewards (``rewards[].weight``)."""
 
     name: str = Field("stage", pattern=r"^[A-Za-z0-9_.-]+$", description="Directory and run name.")
+    pipeline: str = Field("models/embedded-base", description="Base pipeline directory (the model params file's).")
     prompts: str = Field(description="Training prompt file (.jsonl metadata or .txt), relative to the project root.")
     prompt_tags: tuple[str, ...] | None = Field(None, description="Keep only rows with these `tag`s; None = all.")
     rewards: tuple[RewardConfig, ...] = Field(min_length=1)
@@ -572,3 +576,30 @@ class StageConfig(TrainConfig):
         if self.advantage.weights:
             raise ValueError("a stage weights its rewards with rewards[].weight; leave advantage.weights empty")
         return self
+
+
+class CurriculumConfig(_Config):
+    """Stages in order, each starting from the previous one's adapter: params files merged as
+    ``base files -> model file -> stage file -> overrides``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    base: tuple[str, ...] = ("params/base.yaml",)
+    model: str = Field(description="Params file of the model (pipeline, rollout, LoRA, evaluation).")
+    stages: tuple[str, ...] = Field(min_length=1, description="Params files of the stages, in order.")
+
+
+def load_curriculum(
+    path: str | Path, overrides: Mapping[str, Any] | None = None, *, root: str | Path = "."
+) -> tuple[CurriculumConfig, list[StageConfig]]:
+    """The curriculum file at ``path`` and every stage's validated config (all checked before any compute);
+    ``overrides`` apply to every stage. Paths inside are relative to ``root``."""
+    curriculum = load_config([path], section="curriculum", schema=CurriculumConfig)
+    root = Path(root)
+    stages = [
+        load_config([root / f for f in (*curriculum.base, curriculum.model, stage)], overrides, schema=StageConfig)
+        for stage in curriculum.stages
+    ]
+    names = [s.name for s in stages]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: stage names must differ, got {names}")
+    return curriculum, stages

@@ -30,7 +30,7 @@ from vgrpo.rewards.geneval import GENEVAL_TAGS
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
 
-__all__ = ["evaluate", "flat_metrics", "generate", "sample_noise", "summarise", "write_grid"]
+__all__ = ["evaluate", "flat_metrics", "generate", "grid_image", "sample_noise", "summarise", "write_grid"]
 
 
 def sample_noise(seed: int, indices: Sequence[int], latent_shape: Sequence[int]) -> Tensor:
@@ -224,27 +224,31 @@ def evaluate(
     return table, images
 
 
-def write_grid(path: str | Path, images: np.ndarray, cols: int, scale: int = 4) -> None:
-    """A PNG grid of ``images`` (``cols`` per row, a 1-pixel black frame each, nearest-neighbour upscaled
-    ``scale`` times), written atomically."""
-    import os
-    import tempfile
-
-    from PIL import Image
-
+def grid_image(images: np.ndarray, cols: int, scale: int = 4) -> np.ndarray:
+    """``images`` tiled ``cols`` per row, a 1-pixel black frame each, nearest-neighbour upscaled ``scale``
+    times: ``uint8 (rows * (H + 2) * scale, cols * (W + 2) * scale, 3)``."""
     n, h, w, _ = images.shape
     rows = -(-n // cols)
     grid = np.zeros((rows * (h + 2), cols * (w + 2), 3), np.uint8)
     for k, image in enumerate(images):
         r, c = divmod(k, cols)
         grid[r * (h + 2) + 1 : r * (h + 2) + 1 + h, c * (w + 2) + 1 : c * (w + 2) + 1 + w] = image
-    big = Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.Resampling.NEAREST)
+    return grid.repeat(scale, 0).repeat(scale, 1)
+
+
+def write_grid(path: str | Path, images: np.ndarray, cols: int, scale: int = 4) -> None:
+    """:func:`grid_image` as a PNG, written atomically."""
+    import os
+    import tempfile
+
+    from PIL import Image
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
     os.close(fd)
     try:
-        big.save(tmp, format="PNG")
+        Image.fromarray(grid_image(images, cols, scale)).save(tmp, format="PNG")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

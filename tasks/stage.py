@@ -1,0 +1,103 @@
+"""The train-stage task: one curriculum stage (:func:`vgrpo.stage.run_stage`) with its MLflow run.
+
+Inputs are the stage's validated params (plain JSON), the previous stage's adapter as a path plus its content
+hash, and folders. The cache key is the hash of all of that and of the library's source, so re-running a
+curriculum after a crash returns finished stages from the cache, resumes the stage in progress from its last
+checkpoint (:func:`vgrpo.stage.run_stage` does that), and any change of code or params re-runs what it affects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.context import TaskRunContext
+
+__all__ = ["code_version", "dir_hash", "train_stage"]
+
+LIBRARY = Path(__file__).resolve().parents[1] / "vgrpo"
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """SHA-256 over the library's Python sources (what decides a stage's result besides its params)."""
+    h = hashlib.sha256()
+    for path in sorted(LIBRARY.rglob("*.py")):
+        h.update(path.relative_to(LIBRARY).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def dir_hash(path: Path) -> str:
+    """Content hash of a directory (file names and bytes), the identity of a stage's output."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f.relative_to(path).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    keyed = {k: parameters[k] for k in ("stage", "init_hash", "run_root")}
+    blob = json.dumps(keyed, sort_keys=True) + code_version()
+    return "train-stage-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+@task(name="train-stage", cache_key_fn=_cache_key, persist_result=True, retries=0)
+def train_stage(
+    stage: dict[str, Any],
+    init_lora: str | None,
+    init_hash: str | None,
+    run_root: str,
+    root: str = ".",
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    experiment: str = "vgrpo",
+) -> dict[str, Any]:
+    """Train one stage; returns its output directory, content hash, final evaluation and MLflow run id.
+
+    No retries: a failure inside a stage is a bug or bad input, and the stage resumes from its checkpoint when
+    the flow runs again."""
+    from vgrpo.config import StageConfig
+    from vgrpo.evaluation import flat_metrics, grid_image
+    from vgrpo.stage import run_stage
+
+    cfg = StageConfig.model_validate(stage)
+    out_dir = Path(run_root) / "stages" / cfg.name
+    client = run_id = None
+    if tracking_uri is not None:
+        from mlflow import MlflowClient
+
+        from tasks.tracking import log_image, log_json, log_metrics, log_params, start_run
+
+        client = MlflowClient(tracking_uri)
+        run_id = start_run(client, experiment, cfg.name, parent_run_id=parent_run_id,
+                           tags={"vgrpo.stage": cfg.name, "vgrpo.code_version": code_version()})  # fmt: skip
+        log_params(client, run_id, stage)
+
+    def log(metrics: dict[str, float], iteration: int) -> None:
+        if client is not None and run_id is not None:
+            log_metrics(client, run_id, metrics, step=iteration)
+
+    def on_eval(table: dict[str, Any], images: Any, iteration: int) -> None:
+        if client is not None and run_id is not None:
+            log_metrics(client, run_id, flat_metrics(table), step=iteration)
+            log_json(client, run_id, table, f"eval/iter-{iteration:05d}.json")
+            group = cfg.evaluation.group_size
+            log_image(client, run_id, grid_image(images[: 8 * group], group), f"eval/iter-{iteration:05d}.png")
+
+    result = run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=Path(run_root) / "work" / cfg.name,
+                       out_dir=out_dir, init_lora=Path(init_lora) if init_lora else None, root=Path(root),
+                       log=log, on_eval=on_eval)  # fmt: skip
+    final = flat_metrics(result.evaluations[-1]) if result.evaluations else {}
+    if client is not None and run_id is not None:
+        from tasks.tracking import end_run
+
+        client.set_tag(run_id, "vgrpo.output", str(out_dir))
+        end_run(client, run_id)
+    return {"name": cfg.name, "out_dir": str(out_dir), "hash": dir_hash(out_dir), "final_eval": final,
+            "run_id": run_id, "resumed_from": result.resumed_from}  # fmt: skip

@@ -1,0 +1,84 @@
+"""The `vgrpo` flow on a tiny two-stage curriculum through Prefect's test server: stages chained through
+their adapters, one MLflow run per stage nested under the curriculum's, and a re-run served from the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("prefect")
+pytest.importorskip("mlflow")
+
+from .models.test_embedded import TINY
+
+WORLD_PICK = Path(__file__).parents[1] / "models" / "world-pickscore"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
+    from vgrpo.world import make_splits, write_jsonl
+
+    root = tmp_path_factory.mktemp("project")
+    train, test = make_splits(0, 40, 6)
+    write_jsonl(root / "train.jsonl", [md for md, _ in train])
+    write_jsonl(root / "test.jsonl", [md for md, _ in test])
+    prompts = [md["prompt"] for md, _ in train + test] + [""]
+    build_pipeline(TINY, train_clip_tokenizer(prompts, TINY), seed=0).save_pretrained(root / "base")
+    model = {
+        "pipeline": "base", "eval_prompts": "test.jsonl",
+        "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
+        "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
+        "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
+    }  # fmt: skip
+    pick = {"name": "pickscore", "options": {"path": str(WORLD_PICK)}}
+    stages = {
+        "a.yaml": {"name": "s1-pick", "prompts": "train.jsonl", "iterations": 2, "rewards": [pick],
+                   "algorithm": {"name": "vgrpo", "n_mc": 2}},
+        "b.yaml": {"name": "s2-geneval", "prompts": "train.jsonl", "iterations": 1, "rewards": [{"name": "geneval"}],
+                   "prompt_tags": ["counting", "colors"], "algorithm": {"name": "vgrpo", "n_mc": 2, "kl_coef": 0.3}},
+    }  # fmt: skip
+    (root / "base.yaml").write_text("seed: 0\n")
+    (root / "model.yaml").write_text(yaml.safe_dump(model))
+    for name, data in stages.items():
+        (root / name).write_text(yaml.safe_dump(data))
+    curriculum = {"name": "tiny", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml", "b.yaml"]}
+    (root / "curriculum.yaml").write_text(yaml.safe_dump({"curriculum": curriculum}))
+    return root
+
+
+def test_curriculum_flow_chains_stages_logs_to_mlflow_and_caches(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow import MlflowClient
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.curriculum import vgrpo
+    from tasks.tracking import tracking_uri
+
+    uri = tracking_uri(project / "mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with prefect_test_harness(server_startup_timeout=90):
+        out = vgrpo(curriculum="curriculum.yaml", root=str(project), run_root="runs")
+        again = vgrpo(curriculum="curriculum.yaml", root=str(project), run_root="runs")
+    first, second = out["stages"]
+    assert [s["name"] for s in out["stages"]] == ["s1-pick", "s2-geneval"]
+    assert (Path(first["out_dir"]) / "pytorch_lora_weights.safetensors").is_file()
+    assert "eval/geneval_geneval_strict" in second["final_eval"]
+    assert again["stages"] == out["stages"]  # served from the task cache: same hashes, same runs
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    first_parent = min(parents, key=lambda r: r.info.start_time)  # the re-run's stages came from the cache
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id]
+    assert len(parents) == 2 and len(runs) == 4
+    assert {r.data.tags["vgrpo.stage"] for r in children} == {"s1-pick", "s2-geneval"}
+    pick_run = next(r for r in children if r.data.tags["vgrpo.stage"] == "s1-pick")
+    history = client.get_metric_history(pick_run.info.run_id, "reward/pickscore_raw_mean")
+    assert [m.step for m in history] == [0, 1]
+    assert "prefect.flow_run_id" in first_parent.data.tags
+    artifacts = [a.path for a in client.list_artifacts(pick_run.info.run_id, "eval")]
+    assert any(p.endswith(".png") for p in artifacts) and any(p.endswith(".json") for p in artifacts)
