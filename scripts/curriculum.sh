@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One command: set up, start the Prefect and MLflow servers (127.0.0.1), serve the deployments, run the
+# embedded curriculum through its Prefect deployment and watch it, then stop everything by process group.
+# Extra arguments go to `prefect deployment run`, e.g.  -p 'overrides={"iterations": 2}'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 DO_NOT_TRACK=true MLFLOW_DISABLE_TELEMETRY=true DVC_NO_ANALYTICS=1
+DEPLOYMENT=${VGRPO_DEPLOYMENT:-embedded-curriculum}
+ROOT=${VGRPO_SERVICES:-runs/services}
+mkdir -p "$ROOT"
+[ -f data/world/train.jsonl ] || dvc repro world_splits   # the world's prompt files (seconds)
+python -m flows.services up --root "$ROOT"
+eval "$(python -m flows.services env --root "$ROOT")"
+setsid python -m flows.deploy > "$ROOT/serve.log" 2>&1 &
+SERVE_PGID=$!
+cleanup() {
+    kill -TERM -- "-$SERVE_PGID" 2>/dev/null || true
+    python -m flows.services down --root "$ROOT"
+}
+trap cleanup EXIT
+for _ in $(seq 1 60); do   # the serve process registers the deployments
+    prefect deployment inspect "vgrpo/$DEPLOYMENT" >/dev/null 2>&1 && break
+    sleep 2
+done
+prefect deployment run "vgrpo/$DEPLOYMENT" --watch "$@"
+echo
+echo "MLflow runs:   mlflow ui --backend-store-uri sqlite:///$(cd "$ROOT" && pwd)/mlflow/mlflow.db --host 127.0.0.1"
+echo "Stage outputs: runs/curriculum/"
