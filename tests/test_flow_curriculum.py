@@ -11,22 +11,12 @@ import yaml
 pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 
-from .models.test_embedded import TINY
-
-WORLD_PICK = Path(__file__).parents[1] / "models" / "world-pickscore"
+from .tiny_world import WORLD_PICK, write_tiny_world
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
-    from vgrpo.world import make_splits, write_jsonl
-
-    root = tmp_path_factory.mktemp("project")
-    train, test = make_splits(0, 40, 6)
-    write_jsonl(root / "train.jsonl", [md for md, _ in train])
-    write_jsonl(root / "test.jsonl", [md for md, _ in test])
-    prompts = [md["prompt"] for md, _ in train + test] + [""]
-    build_pipeline(TINY, train_clip_tokenizer(prompts, TINY), seed=0).save_pretrained(root / "base")
+    root = write_tiny_world(tmp_path_factory.mktemp("project"), n_test=6)
     model = {
         "pipeline": "base", "eval_prompts": "test.jsonl",
         "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},

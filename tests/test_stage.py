@@ -11,24 +11,13 @@ import torch
 
 from vgrpo.config import StageConfig
 from vgrpo.stage import iteration_generator, run_stage, sample_prompt_rows
-from vgrpo.world import make_splits, write_jsonl
 
-from .models.test_embedded import TINY
-
-WORLD_PICK = Path(__file__).parents[1] / "models" / "world-pickscore"
+from .tiny_world import WORLD_PICK, write_tiny_world
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
-
-    root = tmp_path_factory.mktemp("world")
-    train, test = make_splits(0, 40, 8)
-    write_jsonl(root / "train.jsonl", [md for md, _ in train])
-    write_jsonl(root / "test.jsonl", [md for md, _ in test])
-    prompts = [md["prompt"] for md, _ in train + test] + [""]
-    build_pipeline(TINY, train_clip_tokenizer(prompts, TINY), seed=0).save_pretrained(root / "base")
-    return root
+    return write_tiny_world(tmp_path_factory.mktemp("world"))
 
 
 def _config(**overrides: object) -> StageConfig:
