@@ -24,18 +24,15 @@ LIBRARY = Path(__file__).resolve().parents[1] / "vgrpo"
 
 @lru_cache(maxsize=1)
 def code_version() -> str:
-    """SHA-256 over the library's Python sources (what decides a stage's result besides its params)."""
-    h = hashlib.sha256()
-    for path in sorted(LIBRARY.rglob("*.py")):
-        h.update(path.relative_to(LIBRARY).as_posix().encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    """Hash of the library's Python sources (what decides a stage's result besides its params)."""
+    return dir_hash(LIBRARY, "*.py")
 
 
-def dir_hash(path: Path) -> str:
-    """Content hash of a directory (file names and bytes), the identity of a stage's output."""
+def dir_hash(path: Path, pattern: str = "*") -> str:
+    """SHA-256 (16 hex digits) over the names and bytes of the files under ``path`` matching ``pattern``: the
+    identity of a stage's output."""
     h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+    for f in sorted(p for p in path.rglob(pattern) if p.is_file()):
         h.update(f.relative_to(path).as_posix().encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]

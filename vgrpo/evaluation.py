@@ -76,21 +76,21 @@ def generate(
     """
     if (base is None) != (p_mix is None):
         raise ValueError("hybrid sampling needs both `base` and `p_mix`")
-    sigmas = timestep_grid(num_steps, shift=shift)
-    uncond = encode([""]) if guidance_scale is not None and guidance_scale != 1.0 else None
     from tqdm.auto import tqdm
 
+    sigmas = timestep_grid(num_steps, shift=shift)
+    model, base_model = policy, base
+    if guidance_scale is not None and guidance_scale != 1.0:
+        uncond = encode([""])
+        model = ClassifierFreeGuidance(policy, uncond, guidance_scale)
+        base_model = None if base is None else ClassifierFreeGuidance(base, uncond, guidance_scale)
     images, futures = [], []
     bar = tqdm(total=len(prompts), desc="sampling", unit="img", disable=not progress)
     for start in range(0, len(prompts), micro_batch):
         idx = list(range(start, min(start + micro_batch, len(prompts))))
         cond = encode([prompts[i] for i in idx])
         noise = sample_noise(seed, idx, latent_shape)
-        model: VelocityModel = (
-            policy if uncond is None else ClassifierFreeGuidance(policy, uncond, guidance_scale or 1.0)
-        )
-        if base is not None and p_mix is not None:
-            base_model = base if uncond is None else ClassifierFreeGuidance(base, uncond, guidance_scale or 1.0)
+        if base_model is not None and p_mix is not None:
             latents = hybrid_euler_sample(model, base_model, noise, cond, sigmas, p_mix)
         else:
             latents = euler_ode_sample(model, noise, cond, sigmas)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from vgrpo.models.pipeline import SD3Adapter
 from vgrpo.models.sd3 import SD3Velocity
 from vgrpo.policy import Conditioning
 from vgrpo.samplers import euler_ode_sample
+from vgrpo.schedule import one_cycle, progress_bar
 from vgrpo.world.data import images_to_tensor, world_batch
 from vgrpo.world.prompts import allowed_pairs
 
@@ -72,29 +72,15 @@ def vae_loss(vae: Any, x: Tensor, kl_weight: float, generator: torch.Generator) 
     return (recon - x).abs().mean() + (recon - x).pow(2).mean() + kl_weight * dist.kl().mean() / x[0].numel()
 
 
-def _progress(total: int, initial: int, desc: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2.0)
-
-
-def _one_cycle(step: int, total: int, warmup: int) -> float:
-    """Linear warm-up then cosine decay to 0, as a multiplier of the peak learning rate."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 def train_vae(vae: Any, config: PretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> float:
     """Train ``vae`` in place on fresh renders; returns the final loss."""
     cfg, allowed = config.vae, allowed_pairs(config.held_out_pairs)
     opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, weight_decay=0.0)
     warmup = max(1, cfg.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _one_cycle(s, cfg.steps, warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, cfg.steps, warmup))
     vae.train()
     loss = torch.tensor(float("nan"))
-    with _progress(cfg.steps, 0, "vae") as bar:
+    with progress_bar(cfg.steps, "vae") as bar:
         for _ in range(cfg.steps):
             _, images = world_batch(rng, cfg.batch_size, config.tags, allowed, config.model.resolution)
             loss = vae_loss(vae, images_to_tensor(images), cfg.kl_weight, generator)
@@ -216,7 +202,7 @@ def pretrain(
     trained = nn.ModuleList([getattr(pipe, name) for name in slots]).train()
     ema = copy.deepcopy(trained).eval().requires_grad_(False)  # on resume: the saved pipeline holds the EMA
     opt = torch.optim.AdamW(trained.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _one_cycle(s, config.steps, config.warmup_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, config.steps, config.warmup_steps))
     state = PretrainState()
     if saved is not None:
         trained.load_state_dict(saved["trained"])
@@ -271,7 +257,7 @@ def pretrain(
             use(trained)
 
     t_start, losses = time.perf_counter(), []
-    with _progress(config.steps, state.step, "transformer") as bar:
+    with progress_bar(config.steps, "transformer", initial=state.step) as bar:
         while state.step < config.steps:
             prompts, images = world_batch(rng, config.batch_size, config.tags, allowed, config.model.resolution)
             with torch.no_grad():

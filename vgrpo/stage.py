@@ -120,7 +120,11 @@ def run_stage(
     optimizer = build_optimizer(policy, config.optim)
     algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
     rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
-    weights = rewards.weights
+    eval_rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards]) if eval_rows else None
+    # The stage weights its rewards on the reward entries; train_iteration reads them from advantage.weights.
+    train_config = config.model_copy(
+        update={"advantage": config.advantage.model_copy(update={"weights": rewards.weights})}
+    )
 
     ckpt_root, fingerprint = work_dir / "checkpoints", config_hash(config)  # 3. resume
     result = StageResult(out_dir=out_dir, iterations=config.iterations)
@@ -135,15 +139,14 @@ def run_stage(
             result.resumed_from = int(state["iteration"])
 
     def run_evaluation(iteration: int) -> None:
-        if eval_rows is None:
+        if eval_rows is None or eval_rewards is None:
             return
         ev = config.evaluation
-        with MultiReward.from_specs([r.model_dump() for r in ev.rewards]) as eval_rewards:
-            table, images = evaluate(
-                adapter=adapter, policy=policy, metadata=eval_rows, rewards=eval_rewards, group_size=ev.group_size,
-                num_steps=ev.num_steps, seed=ev.seed, shift=config.rollout.shift, guidance_scale=ev.guidance_scale,
-                micro_batch=ev.micro_batch,
-            )  # fmt: skip
+        table, images = evaluate(
+            adapter=adapter, policy=policy, metadata=eval_rows, rewards=eval_rewards, group_size=ev.group_size,
+            num_steps=ev.num_steps, seed=ev.seed, shift=config.rollout.shift, guidance_scale=ev.guidance_scale,
+            micro_batch=ev.micro_batch,
+        )  # fmt: skip
         table["iteration"] = iteration
         result.evaluations.append(table)
         if on_eval is not None:
@@ -166,12 +169,10 @@ def run_stage(
             return out.score_tensors()
 
         t0 = time.perf_counter()
-        with torch.no_grad():
-            cond = adapter.encode_prompts(prompts)
+        cond = adapter.encode_prompts(prompts)
         record = train_iteration(
             policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=reward_fn, prompts=prompts,
-            cond=cond, config=config.model_copy(update={"advantage": config.advantage.model_copy(
-                update={"weights": weights})}),
+            cond=cond, config=train_config,
             latent_shape=adapter.latent_shape, generator=iteration_generator(config.seed, iteration),
             iteration=iteration,
         )  # fmt: skip
@@ -193,5 +194,4 @@ def run_stage(
         save_lora(transformer, out_dir)
     else:
         atomic_dir(out_dir, pipe.save_pretrained)
-    rewards.close()
     return result

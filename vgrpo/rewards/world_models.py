@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from vgrpo.atomic import atomic_dir
 from vgrpo.config import EmbeddedModelConfig, WorldAugmentConfig, WorldCLIPConfig
 from vgrpo.rewards.world_degrade import hard_negative
+from vgrpo.schedule import one_cycle, progress_bar
 from vgrpo.world.prompts import allowed_pairs, sample_metadata, scene_for
 from vgrpo.world.render import render
 
@@ -262,10 +263,10 @@ def fit(
         [{"params": decay, "weight_decay": opt_config.weight_decay}, {"params": rest, "weight_decay": 0.0}],
         lr=opt_config.lr,
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _one_cycle(s, steps, opt_config.warmup_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, steps, opt_config.warmup_steps))
     model.train()
     history: list[dict[str, float]] = []
-    with _progress(steps, desc) as bar:
+    with progress_bar(steps, desc) as bar:
         for step in range(1, steps + 1):
             loss, metrics = step_loss()
             loss.backward()
@@ -315,18 +316,3 @@ def _write_bpe_files(tokenizer: Any, folder: Path) -> None:
     merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
     (folder / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False))
     (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-
-
-# Copied from vgrpo.pretrain._one_cycle
-def _one_cycle(step: int, total: int, warmup: int) -> float:
-    """Linear warm-up then cosine decay to 0, as a multiplier of the peak learning rate."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def _progress(total: int, desc: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=2.0)
