@@ -297,3 +297,34 @@ def test_every_shipped_geneval_prompt_scores_one_when_satisfied_and_fails_withou
         assert (good.correct, good.exact, good.reward) == (True, True, 1.0), (md, good.reasons)
         bad = score_detections(md, _satisfying_detections(md)[1:])
         assert not bad.correct and not bad.exact and bad.reward < 1.0, md
+
+
+def test_shaping_detectors_credit_a_rough_shape_and_leave_the_verdicts_alone() -> None:
+    from vgrpo.rewards.detectors import WorldDetector
+    from vgrpo.world.detect import best_fit
+    from vgrpo.world.render import shape_mask
+    from vgrpo.world.scene import PALETTE
+
+    rough = shape_mask("square", 12).copy()  # a square with 55% of its inner pixels missing
+    holes = np.random.default_rng(1).random((12, 12)) < 0.55
+    holes[[0, -1], :] = False
+    holes[:, [0, -1]] = False
+    rough &= ~holes
+    shape, iou = best_fit(rough)
+    assert shape == "square" and 0.6 < iou < 0.7  # below the calibrated 0.7, above every looser level
+    exact = np.zeros((32, 32, 3), np.uint8)
+    exact[10:22, 10:22][shape_mask("square", 12)] = PALETTE["red"]
+    blob = np.zeros((32, 32, 3), np.uint8)
+    blob[10:22, 10:22][rough] = PALETTE["red"]
+    md = {"tag": "single_object", "include": [{"class": "square", "count": 1}], "prompt": "a photo of a square"}
+    levels = [{"min_iou": 0.4}, {"min_iou": 0.5}, {"min_iou": 0.6}]
+    shaped = build_reward("geneval", {"shaping_detectors": levels})
+    out = shaped(np.stack([exact, blob]), [md["prompt"]] * 2, [md, md])
+    assert out.sub_scores["strict"].tolist() == [1.0, 0.0]  # GenEval's verdicts: the main detector only
+    assert out.sub_scores["partial"].tolist() == [1.0, 0.0]
+    np.testing.assert_allclose(out.scores, [1.0, 0.75])  # 3 of 4 detectors accept the rough square
+    np.testing.assert_allclose(out.sub_scores["shaped"], out.scores)
+    plain = build_reward("geneval")(np.stack([exact, blob]), [md["prompt"]] * 2, [md, md])
+    assert plain.scores.tolist() == [1.0, 0.0] and "shaped" not in plain.sub_scores
+    with pytest.raises(ValueError, match="min_iou"):
+        WorldDetector(min_iou=1.5)

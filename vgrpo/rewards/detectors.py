@@ -80,12 +80,24 @@ def image_sha256(image: np.ndarray) -> str:
 
 
 class WorldDetector:
-    """The embedded world's exact detector (every detection has its colour and confidence 1)."""
+    """The embedded world's exact detector (every detection has its colour and confidence 1).
+
+    Args:
+        min_iou: template IoU a component needs to be an object; below the default (0.7, the calibrated one)
+            a looser detector for reward shaping.
+    """
+
+    def __init__(self, min_iou: float | None = None):
+        from vgrpo.world.detect import MIN_IOU
+
+        self.min_iou = MIN_IOU if min_iou is None else float(min_iou)
+        if not 0 < self.min_iou <= 1:
+            raise ValueError(f"world detector: min_iou must be in (0, 1], got {min_iou!r}")
 
     def detect(self, images: np.ndarray, metadata: Sequence[Metadata]) -> list[list[Detection]]:
         from vgrpo.world.detect import detect
 
-        return [detect(image) for image in images]
+        return [detect(image, min_iou=self.min_iou) for image in images]
 
 
 class RecordedDetector:
