@@ -111,3 +111,31 @@ def test_stage_config_errors() -> None:
         _config(advantage={"weights": {"geneval": 1.0}})
     with pytest.raises(ValueError, match="unknown reward"):
         _config(rewards=[{"name": "nope"}])
+
+
+def test_safetensors_header_is_canonical_whatever_order_it_was_written_in(tmp_path: Path) -> None:
+    """safetensors writes ``__metadata__`` from a Rust hash map (its order varies by process); stage outputs are
+    identified by content hash, so save_lora rewrites the header with sorted keys."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vgrpo.checkpoint import canonicalize_safetensors_header
+
+    tensors = {"b.weight": torch.arange(6.0).reshape(2, 3), "a.weight": torch.ones(3, dtype=torch.float16)}
+    save_file(tensors, tmp_path / "x.safetensors", metadata={"format": "pt", "lora_adapter_metadata": "{}"})
+    raw = (tmp_path / "x.safetensors").read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + size])
+    reordered = {"__metadata__": dict(reversed(list(header.pop("__metadata__").items()))), **header}
+    text = json.dumps(reordered).encode()  # another order, other spacing, no padding
+    (tmp_path / "y.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + size :])
+    for name in ("x", "y"):
+        canonicalize_safetensors_header(tmp_path / f"{name}.safetensors")
+    x, y = ((tmp_path / f"{n}.safetensors").read_bytes() for n in ("x", "y"))
+    assert x == y and int.from_bytes(x[:8], "little") % 8 == 0
+    with safe_open(tmp_path / "x.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt", "lora_adapter_metadata": "{}"}
+        for key, value in tensors.items():
+            assert torch.equal(f.get_tensor(key), value)

@@ -27,6 +27,7 @@ from vgrpo.policy import ParameterSnapshot
 
 __all__ = [
     "CheckpointError",
+    "canonicalize_safetensors_header",
     "latest_checkpoint",
     "load_lora_into",
     "load_training_state",
@@ -129,6 +130,20 @@ def latest_checkpoint(root: Path, prefix: str = "iter-") -> Path | None:
     return max(done, key=lambda p: int(p.name[len(prefix) :]), default=None)
 
 
+def canonicalize_safetensors_header(path: Path) -> None:
+    """Rewrite a safetensors file's JSON header with sorted keys, in place.
+
+    safetensors writes ``__metadata__`` from a Rust hash map, whose order changes from process to process, so the
+    same weights and metadata give different bytes; stage outputs are identified by their content hash. The data
+    offsets in the header are relative to the end of the header, so only the header changes."""
+    raw = path.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the 8-byte alignment safetensors itself pads to
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + size :])
+
+
 def save_lora(transformer: nn.Module, out_dir: Path) -> None:
     """The transformer's LoRA adapter in diffusers' format (``pytorch_lora_weights.safetensors``), atomically."""
     from diffusers import StableDiffusion3Pipeline
@@ -141,11 +156,14 @@ def save_lora(transformer: nn.Module, out_dir: Path) -> None:
     # The adapter's rank and alpha travel in the file's metadata: without them diffusers loads with alpha = rank.
     peft_config = getattr(transformer, "peft_config", {}).get("default")
     metadata = peft_config.to_dict() if peft_config is not None else None
+    if metadata is not None:  # peft keeps target_modules as a set: sort it, or the file's bytes vary by process
+        metadata = {k: sorted(v) if isinstance(v, set) else v for k, v in metadata.items()}
 
     def write(tmp: Path) -> None:
         StableDiffusion3Pipeline.save_lora_weights(
             tmp, transformer_lora_layers=layers, safe_serialization=True, transformer_lora_adapter_metadata=metadata
         )
+        canonicalize_safetensors_header(tmp / LORA_FILE)
 
     atomic_dir(out_dir, write)
 
