@@ -53,6 +53,24 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
     assert (tmp_path / "grid.png").stat().st_size > 0
     assert "overall" in capsys.readouterr().out
 
+    import torch
+
+    from vgrpo.checkpoint import save_lora
+    from vgrpo.models import add_lora
+
+    add_lora(pipe.transformer, rank=2, alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"])
+    with torch.no_grad():
+        for name, param in pipe.transformer.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    save_lora(pipe.transformer, tmp_path / "lora")
+    code = main(["evaluate", str(tmp_path / "pipe"), "--lora", str(tmp_path / "lora"), "--prompts", prompts_file,
+                 "--out", str(tmp_path / "lora.json"), "--params", str(EVAL_PARAMS), "--set", "group_size=2",
+                 "num_steps=2", "rewards=[{name: clipscore, options: {path: " + str(WORLD_CLIP) + "}}]"])  # fmt: skip
+    adapted = json.loads((tmp_path / "lora.json").read_text())
+    assert code == 0 and adapted["lora"] == str(tmp_path / "lora")
+    assert adapted["rewards"]["clipscore"]["mean"] != pytest.approx(result["rewards"]["clipscore"]["mean"], abs=1e-6)
+
 
 def test_bad_inputs_exit_2_naming_the_culprit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["world-splits", "--params", str(PARAMS), "--set", "batchsize=3", "--out", str(tmp_path)]) == 2

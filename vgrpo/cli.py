@@ -22,29 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from vgrpo.config import ConfigError, PretrainConfig, load_config
+from vgrpo.config import ConfigError, PretrainConfig, load_config, overrides_from_pairs
 
 __all__ = ["main"]
 
 
-def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {pair!r}: expected key.sub=value")
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = yaml.safe_load(raw)
-    return out
-
-
 def _pretrain_config(args: argparse.Namespace) -> PretrainConfig:
-    return load_config(args.params, _overrides(args.set), section="pretrain", schema=PretrainConfig)
+    return load_config(args.params, overrides_from_pairs(args.set), section="pretrain", schema=PretrainConfig)
 
 
 def cmd_world_splits(args: argparse.Namespace) -> None:
@@ -116,11 +100,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from vgrpo.models.sd3 import SD3Velocity
     from vgrpo.rewards.multi import MultiReward
 
-    cfg = load_config(args.params, _overrides(args.set), section="evaluation", schema=EvaluationConfig)
+    cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     metadata = _read_metadata(args.prompts)[: cfg.max_prompts]
     pipe = load_sd3_pipeline(args.pipeline)
+    if args.lora is not None:  # a stage's adapter, read the way a plain diffusers script reads it
+        pipe.load_lora_weights(args.lora)
     base = None
     if cfg.base_pipeline is not None:
         base = SD3Velocity(load_sd3_pipeline(cfg.base_pipeline).transformer.eval())
@@ -131,7 +117,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             shift=float(pipe.scheduler.config.shift), guidance_scale=cfg.guidance_scale, base=base, p_mix=cfg.p_mix,
             micro_batch=cfg.micro_batch, overlap=cfg.overlap, progress=True,
         )  # fmt: skip
-    table |= {"pipeline": str(args.pipeline), "prompt_file": str(args.prompts)}
+    table |= {"pipeline": str(args.pipeline), "lora": args.lora, "prompt_file": str(args.prompts)}
     write_json_atomic(args.out, table)
     if args.grid and cfg.grid_prompts:
         write_grid(args.grid, images[: cfg.grid_prompts * cfg.group_size], cfg.group_size)
@@ -151,7 +137,7 @@ def cmd_train_world_clip(args: argparse.Namespace) -> None:
     from vgrpo.rewards.world_models import final_metrics, save_reward_model, train_world_clip
     from vgrpo.world.prompts import scene_from_dict
 
-    cfg = load_config(args.params, _overrides(args.set), section="world_clip", schema=WorldCLIPConfig)
+    cfg = load_config(args.params, overrides_from_pairs(args.set), section="world_clip", schema=WorldCLIPConfig)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     test_path = Path(args.splits) / "test.jsonl"
@@ -197,7 +183,8 @@ def cmd_train_world_preference(args: argparse.Namespace) -> None:
     from vgrpo.rewards.world_models import final_metrics, save_reward_model
     from vgrpo.rewards.world_preference import evaluation_pairs, train_world_preference
 
-    cfg = load_config(args.params, _overrides(args.set), section="world_pickscore", schema=WorldPreferenceConfig)
+    overrides = overrides_from_pairs(args.set)
+    cfg = load_config(args.params, overrides, section="world_pickscore", schema=WorldPreferenceConfig)
     clip_dir = Path(args.clip)
     for name in ("config.json", "model.safetensors", "vocab.json", "preprocessor_config.json"):
         if not (clip_dir / name).is_file():
@@ -280,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("evaluate", help="per-reward table (GenEval per tag, OCR, preference) and image grid")
     p.add_argument("pipeline", help="a StableDiffusion3Pipeline directory")
+    p.add_argument("--lora", default=None, help="a LoRA directory (a stage's output) loaded with load_lora_weights")
     with_params(p, "params/embedded/evaluate.yaml")
     p.add_argument("--prompts", required=True, help="metadata JSONL (GenEval format, world splits) or .txt prompts")
     p.add_argument("--out", required=True, help="JSON result file")

@@ -41,6 +41,7 @@ __all__ = [
     "load_config",
     "load_curriculum",
     "merge_overrides",
+    "overrides_from_pairs",
 ]
 
 
@@ -274,6 +275,25 @@ class PretrainConfig(_Config):
     eval_group: int = Field(4, ge=1)
     sample_steps: int = Field(20, ge=1, description="Euler steps when sampling for evaluation.")
     checkpoint_every: int = Field(200, ge=1)
+
+
+def overrides_from_pairs(pairs: Sequence[str]) -> dict[str, Any]:
+    """Nested overrides from ``key.sub=value`` strings (values parsed as YAML): ``["optim.lr=1e-4"]`` ->
+    ``{"optim": {"lr": 1e-4}}``."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key or "" in key.split("."):
+            raise ConfigError(f"--set {pair!r}: expected key.sub=value")
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {pair!r}: {p!r} is already set to a value")
+            node = child
+        node[leaf] = yaml.safe_load(raw)
+    return out
 
 
 def merge_overrides(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -589,14 +609,21 @@ class CurriculumConfig(_Config):
 
 
 def load_curriculum(
-    path: str | Path, overrides: Mapping[str, Any] | None = None, *, root: str | Path = "."
+    path: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    root: str | Path = ".",
+    extra: Sequence[str | Path] = (),
 ) -> tuple[CurriculumConfig, list[StageConfig]]:
-    """The curriculum file at ``path`` and every stage's validated config (all checked before any compute);
-    ``overrides`` apply to every stage. Paths inside are relative to ``root``."""
+    """The curriculum file at ``path`` and every stage's validated config (all checked before any compute).
+    ``extra`` params files (an ablation) merge after each stage file, then ``overrides`` apply to every stage.
+    Paths inside the curriculum file are relative to ``root``."""
     curriculum = load_config([path], section="curriculum", schema=CurriculumConfig)
     root = Path(root)
     stages = [
-        load_config([root / f for f in (*curriculum.base, curriculum.model, stage)], overrides, schema=StageConfig)
+        load_config(
+            [*(root / f for f in (*curriculum.base, curriculum.model, stage)), *extra], overrides, schema=StageConfig
+        )
         for stage in curriculum.stages
     ]
     names = [s.name for s in stages]
