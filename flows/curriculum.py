@@ -1,10 +1,12 @@
 """The ``vgrpo`` flow: a curriculum's stages in order, each from the previous stage's adapter, one MLflow
-run per stage nested under the curriculum's run.
+run per stage nested under the curriculum's run; with ``ablations``, the curriculum once per ablation params
+file, each nested under one sweep run.
 
     prefect deployment run vgrpo/embedded-curriculum --watch     (with the server and `python -m flows.deploy`)
 
-All params are validated before the first stage starts (:func:`vgrpo.config.load_curriculum`); ``overrides``
-(``-p overrides='{...}'``) apply to every stage.
+All params (of every ablation too) are validated before the first stage starts
+(:func:`vgrpo.config.load_curriculum`); ``overrides`` (``-p overrides='{...}'``) apply to every stage, after the
+params files.
 """
 
 from __future__ import annotations
@@ -21,43 +23,80 @@ from tasks.stage import code_version, train_stage
 __all__ = ["vgrpo"]
 
 
+def _run_stages(
+    stages: list[Any], run_dir: str, root: str, tracking_uri: str | None, parent: str | None, experiment: str
+) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    previous: dict[str, Any] | None = None
+    for cfg in stages:
+        previous = train_stage(
+            cfg.model_dump(mode="json"),
+            init_lora=previous["out_dir"] if previous else None,
+            init_hash=previous["hash"] if previous else None,
+            run_root=run_dir, root=root, tracking_uri=tracking_uri, parent_run_id=parent, experiment=experiment,
+        )  # fmt: skip
+        results.append(previous)
+        print(f"stage {cfg.name}: {previous['final_eval']}")
+    return results
+
+
 @flow(name="vgrpo", log_prints=True)
 def vgrpo(
     curriculum: str = "params/curricula/embedded.yaml",
     overrides: dict[str, Any] | None = None,
+    ablations: list[str] | None = None,
     run_root: str = "runs/curriculum",
     root: str = ".",
 ) -> dict[str, Any]:
-    """Run every stage of ``curriculum``; returns each stage's output, hash and final evaluation."""
-    from vgrpo.config import load_curriculum
+    """Run every stage of ``curriculum`` (once per file of ``ablations`` when given, each merged after the
+    stage files); returns each stage's output, hash and final evaluation."""
+    from vgrpo.config import ConfigError, load_curriculum
 
-    spec, stages = load_curriculum(Path(root) / curriculum, overrides, root=root)
+    variants: dict[str, list[str]] = {"": []}
+    if ablations:
+        variants = {Path(a).stem: [str(Path(root) / a)] for a in ablations}
+        if len(variants) != len(ablations):
+            raise ConfigError(f"ablations: two files share a name: {ablations}")
+    loaded = {name: load_curriculum(Path(root) / curriculum, overrides, root=root, extra=extra)
+              for name, extra in variants.items()}  # fmt: skip
+    spec = next(iter(loaded.values()))[0]
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
-    client = parent = None
+    client = sweep = None
+    tags = {"prefect.flow_run_id": str(flow_run.get_id()), "vgrpo.code_version": code_version()}
     if tracking_uri:
         from mlflow import MlflowClient
 
         from tasks.tracking import log_json, start_run
 
         client = MlflowClient(tracking_uri)
-        tags = {"prefect.flow_run_id": str(flow_run.get_id()), "vgrpo.code_version": code_version()}
-        parent = start_run(client, spec.name, f"{spec.name}-{flow_run.get_name() or 'local'}", tags=tags)
-        log_json(client, parent, {"curriculum": spec.model_dump(mode="json"), "overrides": overrides or {}},
-                 "curriculum.json")  # fmt: skip
-    results: list[dict[str, Any]] = []
-    previous: dict[str, Any] | None = None
-    run_dir = str(Path(root) / run_root / spec.name)
-    for cfg in stages:
-        previous = train_stage(
-            cfg.model_dump(mode="json"),
-            init_lora=previous["out_dir"] if previous else None,
-            init_hash=previous["hash"] if previous else None,
-            run_root=run_dir, root=root, tracking_uri=tracking_uri, parent_run_id=parent, experiment=spec.name,
-        )  # fmt: skip
-        results.append(previous)
-        print(f"stage {cfg.name}: {previous['final_eval']}")
-    if client is not None and parent is not None:
+        if ablations:
+            sweep = start_run(client, spec.name, f"{spec.name}-sweep-{flow_run.get_name() or 'local'}", tags=tags)
+            log_json(client, sweep, {"ablations": ablations, "overrides": overrides or {}}, "sweep.json")
+    out: dict[str, Any] = {"curriculum": spec.name}
+    for variant, (spec, stages) in loaded.items():
+        parent = None
+        if client is not None:
+            from tasks.tracking import log_json, start_run
+
+            name = f"{spec.name}-{variant or flow_run.get_name() or 'local'}"
+            parent = start_run(client, spec.name, name, parent_run_id=sweep,
+                               tags={**tags, **({"vgrpo.ablation": variant} if variant else {})})  # fmt: skip
+            log_json(client, parent, {"curriculum": spec.model_dump(mode="json"), "overrides": overrides or {},
+                                      "ablation": variants[variant]}, "curriculum.json")  # fmt: skip
+        run_dir = Path(root) / run_root / spec.name
+        if variant:
+            run_dir = run_dir / "ablations" / variant
+        results = _run_stages(stages, str(run_dir), root, tracking_uri, parent, spec.name)
+        if client is not None and parent is not None:
+            from tasks.tracking import end_run
+
+            end_run(client, parent)
+        if variant:
+            out.setdefault("ablations", {})[variant] = results
+        else:
+            out["stages"] = results
+    if client is not None and sweep is not None:
         from tasks.tracking import end_run
 
-        end_run(client, parent)
-    return {"curriculum": spec.name, "stages": results}
+        end_run(client, sweep)
+    return out

@@ -2,7 +2,11 @@
 ``prefect deployment run vgrpo/<name>`` runs them:
 
 * ``embedded-curriculum`` -- the five-stage curriculum on the embedded default (runs on a CPU);
-* ``sd35-curriculum`` -- the paper's SD3.5-Medium curriculum (set the weight paths in ``params/models/sd35.yaml``).
+* ``sd35-curriculum`` -- the paper's SD3.5-Medium curriculum (set the weight paths in ``params/models/sd35.yaml``);
+* ``flux-multireward`` -- the paper's FLUX.1-dev multi-reward run (``params/curricula/flux.yaml``; needs the FLUX
+  adapter of the next issue);
+* ``ablation-sweep`` -- the embedded GenEval stage once per file of ``params/ablations/`` (the paper's ablation
+  grid), each curriculum run nested under one sweep run in MLflow.
 
     python -m flows.deploy        # needs PREFECT_API_URL (python -m flows.services env)
 
@@ -12,24 +16,31 @@ every stage's params.
 
 from __future__ import annotations
 
-from typing import cast
+from pathlib import Path
+from typing import Any, cast
 
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 
 from flows.curriculum import vgrpo
 
-DEPLOYMENTS: dict[str, str] = {
-    "embedded-curriculum": "params/curricula/embedded.yaml",
-    "sd35-curriculum": "params/curricula/sd35.yaml",
+ROOT = Path(__file__).resolve().parents[1]
+
+ABLATIONS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "params" / "ablations").glob("*.yaml"))
+
+DEPLOYMENTS: dict[str, dict[str, Any]] = {
+    "embedded-curriculum": {"curriculum": "params/curricula/embedded.yaml"},
+    "sd35-curriculum": {"curriculum": "params/curricula/sd35.yaml"},
+    "flux-multireward": {"curriculum": "params/curricula/flux.yaml"},
+    "ablation-sweep": {"curriculum": "params/curricula/embedded-ablation.yaml", "ablations": ABLATIONS},
 }
 
 
 def main() -> None:
     # to_deployment returns the deployment itself when called outside an event loop, as here.
     deployments = [
-        cast(RunnerDeployment, vgrpo.to_deployment(name=name, parameters={"curriculum": path}))
-        for name, path in DEPLOYMENTS.items()
+        cast(RunnerDeployment, vgrpo.to_deployment(name=name, parameters=parameters))
+        for name, parameters in DEPLOYMENTS.items()
     ]
     serve(*deployments, limit=1)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from prefect import task
 from prefect.context import TaskRunContext
 
-__all__ = ["code_version", "dir_hash", "train_stage"]
+__all__ = ["code_version", "dir_hash", "run_tracked_stage", "train_stage"]
 
 LIBRARY = Path(__file__).resolve().parents[1] / "vgrpo"
 
@@ -57,8 +58,25 @@ def train_stage(
 ) -> dict[str, Any]:
     """Train one stage; returns its output directory, content hash, final evaluation and MLflow run id.
 
-    No retries: a failure inside a stage is a bug or bad input, and the stage resumes from its checkpoint when
-    the flow runs again."""
+    ``init_hash`` (the previous adapter's :func:`dir_hash`) is not read here: it is part of the cache key. No
+    retries: a failure inside a stage is a bug or bad input, and the stage resumes from its checkpoint when the
+    flow runs again."""
+    return run_tracked_stage(stage, init_lora, run_root, root, tracking_uri, parent_run_id, experiment)
+
+
+def run_tracked_stage(
+    stage: dict[str, Any],
+    init_lora: str | None,
+    run_root: str,
+    root: str = ".",
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    experiment: str = "vgrpo",
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """:func:`vgrpo.stage.run_stage` with its MLflow run (when ``tracking_uri`` is given): the body of
+    :func:`train_stage`, also called by DVC's stages (:mod:`tasks.dvc_stage`). The adapter goes to
+    ``run_root/stages/<name>``, resumable checkpoints to ``run_root/work/<name>``."""
     from vgrpo.config import StageConfig
     from vgrpo.evaluation import flat_metrics, grid_image
     from vgrpo.stage import run_stage
@@ -72,8 +90,8 @@ def train_stage(
         from tasks.tracking import log_image, log_json, log_metrics, log_params, start_run
 
         client = MlflowClient(tracking_uri)
-        run_id = start_run(client, experiment, cfg.name, parent_run_id=parent_run_id,
-                           tags={"vgrpo.stage": cfg.name, "vgrpo.code_version": code_version()})  # fmt: skip
+        all_tags = {"vgrpo.stage": cfg.name, "vgrpo.code_version": code_version(), **(tags or {})}
+        run_id = start_run(client, experiment, cfg.name, parent_run_id=parent_run_id, tags=all_tags)
         log_params(client, run_id, stage)
 
     def log(metrics: dict[str, float], iteration: int) -> None:
@@ -87,14 +105,27 @@ def train_stage(
             group = cfg.evaluation.group_size
             log_image(client, run_id, grid_image(images[: 8 * group], group), f"eval/iter-{iteration:05d}.png")
 
-    result = run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=Path(run_root) / "work" / cfg.name,
-                       out_dir=out_dir, init_lora=Path(init_lora) if init_lora else None, root=Path(root),
-                       log=log, on_eval=on_eval)  # fmt: skip
+    started = time.perf_counter()
+    try:
+        result = run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=Path(run_root) / "work" / cfg.name,
+                           out_dir=out_dir, init_lora=Path(init_lora) if init_lora else None, root=Path(root),
+                           log=log, on_eval=on_eval)  # fmt: skip
+    except BaseException:
+        if client is not None and run_id is not None:
+            from tasks.tracking import end_run
+
+            end_run(client, run_id, "FAILED")  # the stage resumes from its checkpoint, in a new run
+        raise
     final = flat_metrics(result.evaluations[-1]) if result.evaluations else {}
+    out_hash = dir_hash(out_dir)
     if client is not None and run_id is not None:
         from tasks.tracking import end_run
 
-        client.set_tag(run_id, "vgrpo.output", str(out_dir))
+        client.set_tag(run_id, "vgrpo.output", str(out_dir.resolve()))  # the adapter, by reference and hash
+        client.set_tag(run_id, "vgrpo.output_hash", out_hash)
+        client.set_tag(run_id, "vgrpo.resumed_from", str(result.resumed_from))
         end_run(client, run_id)
-    return {"name": cfg.name, "out_dir": str(out_dir), "hash": dir_hash(out_dir), "final_eval": final,
-            "run_id": run_id, "resumed_from": result.resumed_from}  # fmt: skip
+    return {"name": cfg.name, "out_dir": str(out_dir), "hash": out_hash, "final_eval": final, "run_id": run_id,
+            "resumed_from": result.resumed_from, "wall_s": time.perf_counter() - started,
+            "history": result.history,
+            "evaluations": [{"iteration": e["iteration"], **flat_metrics(e)} for e in result.evaluations]}  # fmt: skip

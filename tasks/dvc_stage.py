@@ -1,0 +1,109 @@
+"""One curriculum stage as a DVC stage (``dvc repro stage@3``), the same body as the flow's train-stage task.
+
+    python -m tasks.dvc_stage --curriculum params/curricula/embedded.yaml --stage 3 --run-root runs/dvc \\
+        --metrics metrics/stages/3.json --plots plots/stages/3.json
+
+Stage ``N`` starts from stage ``N - 1``'s adapter under the same ``--run-root`` (``--init`` names another one,
+``--init none`` the base pipeline), so ``dvc repro stage@3`` reproduces stage 3 from stage 2's checkpoint.
+``--params`` adds params files after the stage's own (an ablation), ``--set key.sub=value`` overrides entries.
+When ``MLFLOW_TRACKING_URI`` is set, the stage is an MLflow run (tagged with the DVC stage name).
+
+Writes ``--metrics`` (the final evaluation's headline numbers, wall time, iterations: ``dvc metrics show``) and
+``--plots`` (one row per iteration with the training rewards: ``dvc plots show``), both atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "plot_rows", "stage_metrics"]
+
+# Per-iteration diagnostics that go to the plots file (the full set goes to MLflow).
+PLOT_PREFIXES = ("reward/", "train/kl", "train/ratio_mean", "train/clip_frac", "train/grad_norm", "surrogate/cv")
+
+
+def plot_rows(history: Sequence[dict[str, float]]) -> list[dict[str, float]]:
+    """One row per iteration: the iteration, its rewards and the main step diagnostics."""
+    rows = []
+    for i, metrics in enumerate(history):
+        row = {"iteration": float(metrics.get("iteration", i))}
+        row.update({k: v for k, v in metrics.items() if k.startswith(PLOT_PREFIXES) and not k.endswith("_std")})
+        rows.append(row)
+    return rows
+
+
+def stage_metrics(result: dict[str, Any], stage: int) -> dict[str, Any]:
+    """The metrics file of a finished stage: final evaluation (``eval/...``), the evaluation before the first
+    iteration when the stage made one (``start/eval/...``), training length and time."""
+    start = next((e for e in result.get("evaluations", []) if e["iteration"] == 0), {})
+    return {
+        "stage": stage,
+        "name": result["name"],
+        "iterations": len(result["history"]),
+        "resumed_from": result["resumed_from"],
+        "wall_s": round(result["wall_s"], 1),
+        "adapter_hash": result["hash"],
+        **{k: round(v, 5) for k, v in sorted(result["final_eval"].items())},
+        **{f"start/{k}": round(v, 5) for k, v in sorted(start.items()) if k != "iteration"},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tasks.dvc_stage", description=__doc__.split("\n")[0])
+    parser.add_argument("--curriculum", required=True, help="curriculum params file")
+    parser.add_argument("--stage", type=int, required=True, help="1-based stage number in the curriculum")
+    parser.add_argument("--run-root", required=True, help="adapters: RUN_ROOT/stages, checkpoints: RUN_ROOT/work")
+    parser.add_argument("--init", default=None, help="adapter to start from ('none': the base pipeline); "
+                        "default: the previous stage's under --run-root")  # fmt: skip
+    parser.add_argument("--params", nargs="*", default=[], help="extra params files merged after the stage's")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a params entry")
+    parser.add_argument("--metrics", required=True, help="metrics JSON to write")
+    parser.add_argument("--plots", default=None, help="per-iteration plots JSON to write")
+    parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the curriculum's name)")
+    args = parser.parse_args(argv)
+
+    from tasks.stage import run_tracked_stage
+    from vgrpo.atomic import write_json_atomic
+    from vgrpo.config import ConfigError, load_curriculum, overrides_from_pairs
+
+    try:
+        spec, stages = load_curriculum(args.curriculum, overrides_from_pairs(args.set), extra=args.params)
+        if not 1 <= args.stage <= len(stages):
+            raise ConfigError(f"--stage {args.stage}: {args.curriculum} has stages 1..{len(stages)}")
+        for extra in args.params:
+            if not Path(extra).is_file():
+                raise ConfigError(f"--params {extra}: no such file")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cfg = stages[args.stage - 1]
+    run_root = Path(args.run_root)
+    if args.init is None:
+        init = str(run_root / "stages" / stages[args.stage - 2].name) if args.stage > 1 else None
+    else:
+        init = None if args.init == "none" else args.init
+    if init is not None and not Path(init).is_dir():
+        print(f"error: stage {args.stage} starts from {init}, which does not exist (run the previous stage)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    tags = {"vgrpo.runner": "dvc", "vgrpo.dvc_stage": f"stage@{args.stage}"}
+    if args.params:
+        tags["vgrpo.extra_params"] = ",".join(args.params)
+    result = run_tracked_stage(
+        cfg.model_dump(mode="json"), init, str(run_root), tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+        experiment=args.experiment or spec.name, tags=tags,
+    )  # fmt: skip
+    write_json_atomic(Path(args.metrics), stage_metrics(result, args.stage))
+    if args.plots:
+        write_json_atomic(Path(args.plots), plot_rows(result["history"]))
+    print(f"stage {args.stage} ({cfg.name}): {stage_metrics(result, args.stage)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
