@@ -1,0 +1,92 @@
+"""Orchestration overhead: one curriculum stage through the `vgrpo` flow (a real Prefect server, an MLflow server,
+per-iteration MLflow metrics, evaluation images, checkpoints) against the same stage called as plain functions
+(:func:`vgrpo.stage.run_stage` with one checkpoint at the end and no tracking).
+
+    python benchmarks/orchestration.py [--stage 1] [--iterations 10] [--checkpoint-every 5]
+
+Each run is a fresh process (imports, model and reward loading count on both sides) in a fresh folder; the
+servers are started before the flow's timing starts, as a user has them running. Prints wall seconds of both and
+the overhead in percent of the plain run. Run nothing else alongside a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PLAIN = """
+import sys
+from pathlib import Path
+from vgrpo.config import load_curriculum
+from vgrpo.stage import run_stage
+_, stages = load_curriculum("params/curricula/embedded.yaml", {overrides!r})
+cfg = stages[{index}]
+cfg = cfg.model_copy(update={{"checkpoint_every": cfg.iterations}})
+run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=Path({work!r}), out_dir=Path({work!r}) / "out")
+"""
+
+FLOW = """
+import yaml
+from pathlib import Path
+from flows.curriculum import vgrpo
+spec = yaml.safe_load(Path("params/curricula/embedded.yaml").read_text())["curriculum"]
+spec["stages"] = [spec["stages"][{index}]]
+Path({work!r}, "one.yaml").write_text(yaml.safe_dump({{"curriculum": spec}}))
+vgrpo(curriculum=str(Path({work!r}, "one.yaml")), overrides={overrides!r}, run_root={work!r})
+"""
+
+
+def timed(code: str, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True,
+                         text=True)  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-4000:])
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--stage", type=int, default=1, help="1-based stage of params/curricula/embedded.yaml")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--checkpoint-every", type=int, default=5, help="the flow run's checkpoint cadence")
+    args = parser.parse_args()
+
+    from flows.services import service_env, start_services
+
+    base = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        overrides = {"iterations": args.iterations}
+        plain_s = timed(PLAIN.format(overrides=overrides, index=args.stage - 1, work=str(work / "plain")), base)
+        services = start_services(work / "services")
+        try:
+            env = {**base, **service_env(services["prefect"].url, services["mlflow"].url,
+                                         prefect_home=work / "prefect-client")}  # fmt: skip
+            flow_overrides = {**overrides, "checkpoint_every": args.checkpoint_every}
+            flow_s = timed(FLOW.format(overrides=flow_overrides, index=args.stage - 1, work=str(work / "flow")), env)
+        finally:
+            for service in services.values():
+                service.stop()
+    result = {
+        "stage": args.stage,
+        "iterations": args.iterations,
+        "plain_s": round(plain_s, 1),
+        "flow_s": round(flow_s, 1),
+        "overhead_s": round(flow_s - plain_s, 1),
+        "overhead_pct": round(100 * (flow_s - plain_s) / plain_s, 1),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

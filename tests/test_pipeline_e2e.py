@@ -1,0 +1,179 @@
+"""End to end, as a user drives it: a copy of this project with tiny params runs a two-stage curriculum with
+`dvc repro` and through a real Prefect server and the `vgrpo` deployment, both logging to a real MLflow server.
+
+The Prefect run is killed (SIGKILL to the serving process group) in the middle of stage 2 and run again: stage 1
+comes from the task cache, stage 2 resumes from its last checkpoint and ends with the same adapter (bit for bit)
+and the same final evaluation as DVC's uninterrupted run of the same params.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("prefect")
+pytest.importorskip("mlflow")
+pytest.importorskip("dvc")
+
+from flows.services import process_group_members, service_env, start_services
+from tasks.stage import dir_hash
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = {  # params/models/embedded.yaml, shrunk so that a stage takes seconds
+    "pipeline": "models/embedded-base",
+    "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 10, "shift": None},  # N_MC 10 <= steps
+    "lora": {"rank": 4, "alpha": 8},
+    "eval_prompts": "data/world/test.jsonl",
+    "evaluation": {
+        "group_size": 2, "num_steps": 4, "seed": 0, "max_prompts": 4,
+        "rewards": [{"name": "geneval"},
+                    {"name": "pickscore", "key": "world_pickscore", "options": {"path": "models/world-pickscore"}}],
+    },
+}  # fmt: skip
+STAGE_LENGTHS = {"1-preference.yaml": 2, "2-geneval.yaml": 4}
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    tail = f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, f"{' '.join(cmd)} failed ({out.returncode}):\n{tail}"
+    return out.stdout
+
+
+def _copy_project(dst: Path) -> None:
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
+    for rel in filter(None, listed):
+        src = REPO / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    root = tmp_path_factory.mktemp("project")
+    _copy_project(root)
+    (root / "params/models/embedded.yaml").write_text(yaml.safe_dump(TINY_MODEL))
+    for name, iterations in STAGE_LENGTHS.items():
+        path = root / "params/stages/embedded" / name
+        stage = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**stage, "iterations": iterations, "checkpoint_every": 1}))
+    curriculum = yaml.safe_load((root / "params/curricula/embedded.yaml").read_text())["curriculum"]
+    tiny = {**curriculum, "name": "tiny-curriculum", "stages": curriculum["stages"][:2]}
+    (root / "params/curricula/tiny.yaml").write_text(yaml.safe_dump({"curriculum": tiny}))
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], [*git, "commit", "-qm", "tiny project"]):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+    services = start_services(tmp_path_factory.mktemp("services"))
+    env = {**os.environ, **service_env(services["prefect"].url, services["mlflow"].url,
+                                       prefect_home=root / ".prefect-client")}  # fmt: skip
+    env["PYTHONPATH"] = str(root)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # DVC runs `python ...`
+    try:
+        yield root, env
+    finally:
+        for service in services.values():
+            service.stop()
+
+
+def _serve(root: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    log = open(root / "serve.log", "ab")  # noqa: SIM115 -- the child writes it until killed
+    proc = subprocess.Popen([sys.executable, "-m", "flows.deploy"], cwd=root, env=env, stdout=log, stderr=log,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        check = subprocess.run([sys.executable, "-m", "prefect", "deployment", "inspect", "vgrpo/embedded-curriculum"],
+                               cwd=root, env=env, capture_output=True)  # fmt: skip
+        if check.returncode == 0:
+            return proc
+        assert proc.poll() is None, (root / "serve.log").read_text()[-3000:]
+        time.sleep(2)
+    raise TimeoutError("the serve process did not register the deployments")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while process_group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process_group_members(proc.pid) == []
+
+
+def test_dvc_and_prefect_runs_agree_after_a_kill_and_resume(project: tuple[Path, dict[str, str]]) -> None:
+    from mlflow import MlflowClient
+
+    root, env = project
+    dvc = [sys.executable, "-m", "dvc"]
+
+    # 1. DVC: stage@2 pulls in the world's prompt files and stage@1; the metrics table has both stages.
+    _run([*dvc, "repro", "stage@2"], root, env)
+    shown = json.loads(_run([*dvc, "metrics", "show", "--json"], root, env))
+    files = next(iter(shown.values()))["data"]
+    s2 = files["metrics/stages/s2-geneval.json"]["data"]
+    assert files["metrics/stages/s1-preference.json"]["data"]["iterations"] == 2
+    assert s2["iterations"] == 4 and s2["resumed_from"] == 0 and "eval/geneval_geneval_strict" in s2
+    assert json.loads((root / "plots/stages/s2-geneval.json").read_text())[3]["iteration"] == 3.0
+    assert "stage@2" not in _run([*dvc, "status", "stage@2"], root, env)  # reproduced: nothing left to do
+
+    # 2. Prefect: the deployment runs the same two stages; kill it once stage 2 has a checkpoint, then re-run.
+    params = ["-p", "curriculum=params/curricula/tiny.yaml", "-p", "run_root=runs/prefect"]
+    run = [sys.executable, "-m", "prefect", "deployment", "run", "vgrpo/embedded-curriculum", *params]
+    serve = _serve(root, env)
+    try:
+        _run(run, root, env)
+        checkpoint = root / "runs/prefect/tiny-curriculum/work/s2-geneval/checkpoints/iter-2"
+        deadline = time.monotonic() + 300
+        while not checkpoint.is_dir() and time.monotonic() < deadline:
+            assert serve.poll() is None, (root / "serve.log").read_text()[-3000:]
+            time.sleep(0.1)
+        assert checkpoint.is_dir(), (root / "serve.log").read_text()[-3000:]
+    finally:
+        _kill_group(serve)
+    assert not (root / "runs/prefect/tiny-curriculum/stages/s2-geneval").exists()  # killed before its end
+    serve = _serve(root, env)
+    try:
+        _run([*run, "--watch", "--watch-timeout", "600"], root, env, timeout=660)
+    finally:
+        _kill_group(serve)
+
+    # 3. Same adapters and final evaluation as DVC's uninterrupted run.
+    for stage in ("s1-preference", "s2-geneval"):
+        prefect_out, dvc_out = root / "runs/prefect/tiny-curriculum/stages" / stage, root / "runs/dvc/stages" / stage
+        assert dir_hash(prefect_out) == dir_hash(dvc_out), stage
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    tiny = client.get_experiment_by_name("tiny-curriculum")
+    runs = client.search_runs([tiny.experiment_id])
+    s2_runs = [r for r in runs if r.data.tags.get("vgrpo.stage") == "s2-geneval"]
+    resumed = [r for r in s2_runs if r.info.status == "FINISHED"]
+    assert len(resumed) == 1 and int(resumed[0].data.tags["vgrpo.resumed_from"]) >= 2
+    final = resumed[0].data.metrics
+    for key in ("eval/geneval_geneval_strict", "eval/geneval_geneval_partial", "eval/world_pickscore"):
+        assert final[key] == pytest.approx(s2[key], abs=1e-5), key
+    history = client.get_metric_history(resumed[0].info.run_id, "reward/total_mean")
+    assert [m.step for m in history][-1] == 3
+
+    # 4. The DVC stages are MLflow runs too, with metrics and evaluation images.
+    embedded = client.get_experiment_by_name("embedded-curriculum")
+    dvc_runs = client.search_runs([embedded.experiment_id])
+    assert {r.data.tags["vgrpo.dvc_stage"] for r in dvc_runs} == {"stage@1", "stage@2"}
+    for r in dvc_runs:
+        assert "reward/total_mean" in r.data.metrics and "eval/world_pickscore" in r.data.metrics
+        images = [a.path for a in client.list_artifacts(r.info.run_id, "eval")]
+        assert any(p.endswith(".png") for p in images)
+        assert r.data.tags.get("mlflow.source.git.commit")
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 2 and all("prefect.flow_run_id" in r.data.tags for r in parents)
