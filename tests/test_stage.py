@@ -106,6 +106,23 @@ def test_killed_stage_resumes_to_the_same_weights(world: Path) -> None:
     assert np.isfinite([h["reward/pickscore_mean"] for h in resumed.history]).all()
 
 
+def test_a_stage_does_not_resume_across_a_changed_starting_adapter(world: Path) -> None:
+    """Re-running a curriculum's earlier stage with other params rewrites its adapter at the same path; the next
+    stage must then start over, not resume (or re-export) what it trained from the old adapter."""
+    cfg, short = _config(eval_prompts=None, iterations=2), _config(eval_prompts=None, iterations=1)
+    run_stage(short, pipeline_dir=Path("base"), work_dir=world / "p1", out_dir=world / "prev", root=world)
+    first = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
+                      init_lora=Path("prev"), root=world)  # fmt: skip
+    again = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
+                      init_lora=Path("prev"), root=world)  # fmt: skip
+    assert first.resumed_from == 0 and again.resumed_from == 2  # same start: the finished run is reused
+    other = _config(eval_prompts=None, iterations=1, seed=1)
+    run_stage(other, pipeline_dir=Path("base"), work_dir=world / "p2", out_dir=world / "prev", root=world)
+    changed = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
+                        init_lora=Path("prev"), root=world)  # fmt: skip
+    assert changed.resumed_from == 0
+
+
 def test_stage_config_errors() -> None:
     with pytest.raises(ValueError, match=r"rewards\[\]\.weight"):
         _config(advantage={"weights": {"geneval": 1.0}})

@@ -15,7 +15,7 @@ Nothing is unpickled when loading. LoRA exports (:func:`save_lora`) are what
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -122,12 +122,16 @@ def load_training_state(
     return state
 
 
-def latest_checkpoint(root: Path, prefix: str = "iter-") -> Path | None:
-    """The complete checkpoint with the highest iteration under ``root`` (temporary directories are ignored)."""
+def latest_checkpoint(root: Path, prefix: str = "iter-", accept: Callable[[Path], bool] | None = None) -> Path | None:
+    """The complete checkpoint with the highest iteration under ``root`` that ``accept`` (default: any) accepts;
+    temporary directories are ignored."""
     if not root.is_dir():
         return None
     done = [p for p in root.iterdir() if p.name.startswith(prefix) and (p / "state.json").is_file()]
-    return max(done, key=lambda p: int(p.name[len(prefix) :]), default=None)
+    for path in sorted(done, key=lambda p: int(p.name[len(prefix) :]), reverse=True):
+        if accept is None or accept(path):
+            return path
+    return None
 
 
 def canonicalize_safetensors_header(path: Path) -> None:

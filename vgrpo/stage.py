@@ -63,6 +63,13 @@ def sample_prompt_rows(rows: Sequence[Metadata], count: int, seed: int, iteratio
     return [rows[int(i)] for i in idx]
 
 
+def adapter_hash(lora_dir: Path) -> str:
+    """SHA-256 (16 hex digits) of a LoRA directory's weights file: the identity of a stage's starting adapter."""
+    from vgrpo.checkpoint import LORA_FILE
+
+    return hashlib.sha256((lora_dir / LORA_FILE).read_bytes()).hexdigest()[:16]
+
+
 def config_hash(config: StageConfig) -> str:
     """Fingerprint of everything that decides the stage's steps (a checkpoint from other params is not resumed)."""
     return hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
@@ -126,17 +133,21 @@ def run_stage(
         update={"advantage": config.advantage.model_copy(update={"weights": rewards.weights})}
     )
 
-    ckpt_root, fingerprint = work_dir / "checkpoints", config_hash(config)  # 3. resume
+    # 3. resume: only from a checkpoint of the same params and the same starting adapter, by content (a previous
+    # stage re-run with other params rewrites its adapter at the same path)
+    ckpt_root, fingerprint = work_dir / "checkpoints", config_hash(config)
+    init_hash = adapter_hash(root / init_lora) if init_lora is not None else None
     result = StageResult(out_dir=out_dir, iterations=config.iterations)
-    latest = latest_checkpoint(ckpt_root)
+
+    def same_run(checkpoint: Path) -> bool:
+        state = json.loads((checkpoint / "state.json").read_text())
+        return bool(state.get("config_hash") == fingerprint and state.get("init_lora_hash") == init_hash)
+
+    latest = latest_checkpoint(ckpt_root, accept=same_run)
     if latest is not None:
-        state = json.loads((latest / "state.json").read_text())
-        if state.get("config_hash") == fingerprint and state.get("init_lora") == str(init_lora):
-            state = load_training_state(
-                latest, module=transformer, optimizer=optimizer, snapshots=algorithm.snapshots()
-            )
-            result.history, result.evaluations = state["history"], state["evaluations"]
-            result.resumed_from = int(state["iteration"])
+        state = load_training_state(latest, module=transformer, optimizer=optimizer, snapshots=algorithm.snapshots())
+        result.history, result.evaluations = state["history"], state["evaluations"]
+        result.resumed_from = int(state["iteration"])
 
     def run_evaluation(iteration: int) -> None:
         if eval_rows is None or eval_rewards is None:
@@ -185,7 +196,8 @@ def run_stage(
             run_evaluation(done)
         if done % config.checkpoint_every == 0 or done == config.iterations:  # 5. checkpoint
             state = {"iteration": done, "config_hash": fingerprint, "init_lora": str(init_lora),
-                     "history": result.history, "evaluations": result.evaluations}  # fmt: skip
+                     "init_lora_hash": init_hash, "history": result.history,
+                     "evaluations": result.evaluations}  # fmt: skip
             save_training_state(ckpt_root / f"iter-{done}", module=transformer, optimizer=optimizer,
                                 snapshots=algorithm.snapshots(), state=state)  # fmt: skip
     if not result.evaluations or result.evaluations[-1].get("iteration") != config.iterations:
