@@ -40,6 +40,7 @@ from pathlib import Path
 from flows.curriculum import vgrpo
 spec = yaml.safe_load(Path("params/curricula/embedded.yaml").read_text())["curriculum"]
 spec["stages"] = [spec["stages"][{index}]]
+Path({work!r}).mkdir(parents=True, exist_ok=True)
 Path({work!r}, "one.yaml").write_text(yaml.safe_dump({{"curriculum": spec}}))
 vgrpo(curriculum=str(Path({work!r}, "one.yaml")), overrides={overrides!r}, run_root={work!r})
 """
@@ -68,6 +69,7 @@ def main() -> None:
         work = Path(tmp)
         overrides = {"iterations": args.iterations}
         plain_s = timed(PLAIN.format(overrides=overrides, index=args.stage - 1, work=str(work / "plain")), base)
+        print(f"plain functions: {plain_s:.1f} s", flush=True)
         services = start_services(work / "services")
         try:
             env = {**base, **service_env(services["prefect"].url, services["mlflow"].url,

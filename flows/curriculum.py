@@ -20,7 +20,24 @@ from prefect.runtime import flow_run
 
 from tasks.stage import code_version, train_stage
 
-__all__ = ["vgrpo"]
+__all__ = ["summary_table", "vgrpo"]
+
+
+def summary_table(stages: list[Any], results: list[dict[str, Any]]) -> str:
+    """Each stage's final evaluation as a plain-text table: GenEval strict and partial, then each other
+    evaluation reward's mean."""
+    columns: list[str] = []
+    for cfg in stages:
+        for reward in cfg.evaluation.rewards:
+            key = reward.key or reward.name
+            names = [f"eval/{key}_geneval_strict", f"eval/{key}_geneval_partial"] if reward.name == "geneval" else [
+                f"eval/{key}"]  # fmt: skip
+            columns += [n for n in names if n not in columns]
+    header = ["stage", *(c.removeprefix("eval/") for c in columns)]
+    rows = [[r["name"], *(f"{r['final_eval'][c]:.3f}" if c in r["final_eval"] else "-" for c in columns)]
+            for r in results]  # fmt: skip
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows])
 
 
 def _run_stages(
@@ -87,6 +104,8 @@ def vgrpo(
         if variant:
             run_dir = run_dir / "ablations" / variant
         results = _run_stages(stages, str(run_dir), root, tracking_uri, parent, spec.name)
+        print(f"{spec.name}{f' ({variant})' if variant else ''}, final evaluation of each stage:\n"
+              f"{summary_table(stages, results)}")  # fmt: skip
         if client is not None and parent is not None:
             from tasks.tracking import end_run
 

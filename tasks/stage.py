@@ -79,6 +79,7 @@ def run_tracked_stage(
     ``run_root/stages/<name>``, resumable checkpoints to ``run_root/work/<name>``."""
     from vgrpo.config import StageConfig
     from vgrpo.evaluation import flat_metrics, grid_image
+    from vgrpo.schedule import progress_bar
     from vgrpo.stage import run_stage
 
     cfg = StageConfig.model_validate(stage)
@@ -94,7 +95,14 @@ def run_tracked_stage(
         run_id = start_run(client, experiment, cfg.name, parent_run_id=parent_run_id, tags=all_tags)
         log_params(client, run_id, stage)
 
+    bar: Any = None
+
     def log(metrics: dict[str, float], iteration: int) -> None:
+        nonlocal bar
+        if bar is None:  # created at the first iteration run, so a resumed stage starts the bar where it resumed
+            bar = progress_bar(cfg.iterations, cfg.name, initial=iteration)
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}", refresh=False)
         if client is not None and run_id is not None:
             log_metrics(client, run_id, metrics, step=iteration)
 
@@ -111,11 +119,15 @@ def run_tracked_stage(
                            out_dir=out_dir, init_lora=Path(init_lora) if init_lora else None, root=Path(root),
                            log=log, on_eval=on_eval)  # fmt: skip
     except BaseException:
+        if bar is not None:
+            bar.close()
         if client is not None and run_id is not None:
             from tasks.tracking import end_run
 
             end_run(client, run_id, "FAILED")  # the stage resumes from its checkpoint, in a new run
         raise
+    if bar is not None:
+        bar.close()
     final = flat_metrics(result.evaluations[-1]) if result.evaluations else {}
     out_hash = dir_hash(out_dir)
     if client is not None and run_id is not None:
