@@ -22,11 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+
+if TYPE_CHECKING:
+    from vgrpo.rewards.detectors import Detector
 
 __all__ = [
     "GENEVAL_TAGS",
@@ -304,25 +307,29 @@ class GenEvalReward(Reward):
     def applies_to(self, prompt: str, metadata: Metadata | None) -> bool:
         return metadata is not None and metadata.get("tag") in GENEVAL_TAGS
 
-    def verdicts(self, images: np.ndarray, metadata: Sequence[Metadata]) -> list[GenEvalScore]:
-        """:class:`GenEvalScore` of each image, with GenEval's reasons for failures."""
-        detections = self.detector.detect(images, metadata)
+    def verdicts(
+        self, images: np.ndarray, metadata: Sequence[Metadata], detector: Detector | None = None
+    ) -> list[GenEvalScore]:
+        """:class:`GenEvalScore` of each image, with GenEval's reasons for failures (by ``detector``, default the
+        reward's own)."""
+        detections = (detector or self.detector).detect(images, metadata)
         return [score_detections(md, dets, self.thresholds) for md, dets in zip(metadata, detections, strict=True)]
+
+    @staticmethod
+    def _sub_scores(verdicts: Sequence[GenEvalScore]) -> dict[str, np.ndarray]:
+        return {
+            "strict": np.array([float(v.correct) for v in verdicts]),
+            "exact": np.array([float(v.exact) for v in verdicts]),
+            "partial": np.array([v.reward for v in verdicts]),
+        }
 
     def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
         assert metadata is not None  # checked by Reward.__call__
-        verdicts = self.verdicts(images, metadata)
-        strict = np.array([float(v.correct) for v in verdicts])
-        partial = np.array([v.reward for v in verdicts])
-        exact = np.array([float(v.exact) for v in verdicts])
-        subs = {"strict": strict, "exact": exact, "partial": partial}
+        subs = self._sub_scores(self.verdicts(images, metadata))
         if not self.shaping:
             return RewardOutput(scores=subs[self.reward], sub_scores=subs)
         levels = [subs[self.reward]]
         for detector in self.shaping:
-            detections = detector.detect(images, metadata)
-            loose = [score_detections(md, d, self.thresholds) for md, d in zip(metadata, detections, strict=True)]
-            attr = {"strict": "correct", "exact": "exact", "partial": "reward"}[self.reward]
-            levels.append(np.array([float(getattr(v, attr)) for v in loose]))
+            levels.append(self._sub_scores(self.verdicts(images, metadata, detector))[self.reward])
         subs["shaped"] = np.mean(levels, axis=0)
         return RewardOutput(scores=subs["shaped"], sub_scores=subs)
