@@ -94,6 +94,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     import torch
 
     from vgrpo.atomic import write_json_atomic
+    from vgrpo.checkpoint import LORA_FILE
     from vgrpo.config import EvaluationConfig
     from vgrpo.evaluation import evaluate, write_grid
     from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
@@ -104,6 +105,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     metadata = _read_metadata(args.prompts)[: cfg.max_prompts]
+    if args.lora is not None and not (Path(args.lora) / LORA_FILE).is_file():
+        raise ConfigError(f"--lora {args.lora}: no {LORA_FILE} there (not an adapter directory written by a stage)")
     pipe = load_sd3_pipeline(args.pipeline)
     if args.lora is not None:  # a stage's adapter, read the way a plain diffusers script reads it
         pipe.load_lora_weights(args.lora)
