@@ -27,5 +27,8 @@ for _ in $(seq 1 60); do   # the serve process registers the deployments
 done
 prefect deployment run "vgrpo/$DEPLOYMENT" --watch "$@"
 echo
+# The flow prints its per-stage table in the serving process's log: show the last one here.
+awk '/final evaluation of each stage/{p=1; buf=""} p&&/View run|Finished in state/{p=0} p{buf=buf $0 "\n"}
+     END{printf "%s", buf}' "$ROOT/serve.log" | sed 's/^.*Flow run .* - //'
 echo "MLflow runs:   mlflow ui --backend-store-uri sqlite:///$(cd "$ROOT" && pwd)/mlflow/mlflow.db --host 127.0.0.1"
 echo "Stage outputs: runs/curriculum/"
