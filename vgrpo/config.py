@@ -27,6 +27,7 @@ __all__ = [
     "MixGRPOConfig",
     "NaiveELBOConfig",
     "OptimConfig",
+    "PrecisionConfig",
     "PretrainConfig",
     "RewardConfig",
     "RolloutConfig",
@@ -90,6 +91,15 @@ class LoraConfig(_Config):
     target_modules: tuple[str, ...] = (
         "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
     )  # fmt: skip
+
+
+class PrecisionConfig(_Config):
+    """How the model computes; the surrogates, ratios and losses are always float32."""
+
+    autocast: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16 autocast of the transformer in rollouts and training (GPU runs); fp32 = off."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (memory for time).")
 
 
 class VGRPOConfig(_Config):
@@ -165,6 +175,7 @@ class TrainConfig(_Config):
     optim: OptimConfig = OptimConfig()
     algorithm: AlgorithmConfig = VGRPOConfig()
     lora: LoraConfig | None = LoraConfig()
+    precision: PrecisionConfig = PrecisionConfig()
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> TrainConfig:

@@ -25,6 +25,7 @@ from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoint import latest_checkpoint, load_lora_into, load_training_state, save_lora, save_training_state
 from vgrpo.config import StageConfig
 from vgrpo.models import SD3Velocity, add_lora
+from vgrpo.models.precision import apply_precision
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
@@ -124,6 +125,8 @@ def run_stage(
         if init_lora is not None:
             load_lora_into(transformer, root / init_lora)
     adapter, policy = SD3Adapter(pipe), SD3Velocity(transformer)
+    policy = apply_precision(policy, transformer, autocast=config.precision.autocast,
+                             gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
     optimizer = build_optimizer(policy, config.optim)
     algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
     rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])

@@ -1,0 +1,57 @@
+"""Mixed precision and activation checkpointing for a velocity model.
+
+bf16 autocast covers the transformer only: the wrapper returns float32 velocities, so the ELBO surrogates,
+ratios and losses downstream are computed in float32 (:mod:`vgrpo.surrogate`). The behaviour policy's
+surrogates (``prepare``) and the trained policy's (gradient steps) go through the same wrapper, so on-policy
+the ratio is 1 up to bf16's run-to-run determinism, not up to the gap between two precisions: flow_grpo users
+who sampled in bf16 and trained in fp32 saw on-policy ratios far from 1 (``tests/test_precision.py`` pins both).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from vgrpo.policy import Conditioning
+
+__all__ = ["AutocastVelocity", "apply_precision"]
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
+
+
+class AutocastVelocity(nn.Module):
+    """Runs ``policy`` under ``torch.autocast(dtype)`` on the latents' device and returns float32 velocities."""
+
+    def __init__(self, policy: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.policy = policy
+        self.dtype = dtype
+
+    def forward(self, latents: Tensor, t: Tensor, cond: Conditioning) -> Tensor:
+        with torch.autocast(device_type=latents.device.type, dtype=self.dtype):
+            v = self.policy(latents, t, cond)
+        return v.float()
+
+
+def apply_precision(
+    policy: nn.Module,
+    transformer: nn.Module,
+    *,
+    autocast: Literal["fp32", "bf16"],
+    gradient_checkpointing: bool,
+) -> nn.Module:
+    """The policy to train with ``precision`` settings (:class:`vgrpo.config.PrecisionConfig`): ``policy``
+    itself for fp32, else wrapped in :class:`AutocastVelocity`; turns on ``transformer``'s gradient
+    checkpointing (diffusers' ``enable_gradient_checkpointing``) when asked."""
+    if gradient_checkpointing:
+        enable = getattr(transformer, "enable_gradient_checkpointing", None)
+        if enable is None:
+            raise ValueError(f"{type(transformer).__name__} does not support gradient checkpointing")
+        enable()
+    if autocast == "fp32":
+        return policy
+    if autocast not in AUTOCAST_DTYPES:
+        raise ValueError(f"precision.autocast must be fp32 or bf16, got {autocast!r}")
+    return AutocastVelocity(policy, AUTOCAST_DTYPES[autocast])
