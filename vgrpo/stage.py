@@ -124,8 +124,8 @@ def run_stage(
                      target_modules=config.lora.target_modules, dropout=config.lora.dropout)  # fmt: skip
         if init_lora is not None:
             load_lora_into(transformer, root / init_lora)
-    adapter, policy = SD3Adapter(pipe), SD3Velocity(transformer)
-    policy = apply_precision(policy, transformer, autocast=config.precision.autocast,
+    adapter = SD3Adapter(pipe)
+    policy = apply_precision(SD3Velocity(transformer), transformer, autocast=config.precision.autocast,
                              gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
     optimizer = build_optimizer(policy, config.optim)
     algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
