@@ -28,6 +28,7 @@ from vgrpo.policy import ParameterSnapshot
 __all__ = [
     "CheckpointError",
     "canonicalize_safetensors_header",
+    "export_merged_pipeline",
     "latest_checkpoint",
     "load_lora_into",
     "load_training_state",
@@ -186,3 +187,19 @@ def load_lora_into(transformer: nn.Module, lora_dir: Path) -> None:
     unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
     if unexpected:
         raise CheckpointError(f"{lora_dir}: LoRA weights do not fit the adapter (e.g. {unexpected[:3]})")
+
+
+def export_merged_pipeline(pipe: Any, lora_dir: Path, out_dir: Path, *, lora_scale: float = 1.0) -> None:
+    """Merge a :func:`save_lora` adapter into ``pipe``'s transformer and write the whole pipeline to ``out_dir``
+    (``save_pretrained``, safetensors, atomically): a plain diffusers pipeline with no LoRA left, for serving or
+    for the next run's base. ``pipe`` is changed in place.
+
+    Uses the pipeline's own LoRA loader (``load_lora_weights`` -> ``fuse_lora`` -> ``unload_lora_weights``), so
+    it is the merge a diffusers user would do by hand.
+    """
+    if not (lora_dir / LORA_FILE).is_file():
+        raise CheckpointError(f"{lora_dir}: no {LORA_FILE} (not a LoRA directory written by save_lora)")
+    pipe.load_lora_weights(lora_dir)
+    pipe.fuse_lora(lora_scale=lora_scale)
+    pipe.unload_lora_weights()  # drops the (now fused) adapter layers; the merged weights stay
+    atomic_dir(out_dir, lambda tmp: pipe.save_pretrained(tmp, safe_serialization=True))

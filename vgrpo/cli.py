@@ -4,6 +4,7 @@
     python -m vgrpo.cli pretrain --params params/embedded/pretrain.yaml --splits data/world --out models/embedded-base
     python -m vgrpo.cli evaluate models/embedded-base --prompts data/world/test.jsonl --out metrics/base_eval.json \
         --params params/embedded/evaluate.yaml --set num_steps=20
+    python -m vgrpo.cli export models/embedded-base --lora runs/dvc/stages/5-ocr --out models/embedded-rl
     python -m vgrpo.cli train-world-clip --params params/embedded/rewards.yaml --splits data/world --out DIR
     python -m vgrpo.cli train-world-preference --params params/embedded/rewards.yaml --clip DIR --out DIR2
 
@@ -125,6 +126,18 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     if args.grid and cfg.grid_prompts:
         write_grid(args.grid, images[: cfg.grid_prompts * cfg.group_size], cfg.group_size)
     _print_table(table)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from vgrpo.checkpoint import CheckpointError, export_merged_pipeline
+    from vgrpo.models.pipeline import load_sd3_pipeline
+
+    pipe = load_sd3_pipeline(args.pipeline)
+    try:
+        export_merged_pipeline(pipe, Path(args.lora), Path(args.out), lora_scale=args.scale)
+    except CheckpointError as exc:
+        raise ConfigError(f"--lora {exc}") from exc
+    print(f"wrote {args.out} ({_dir_size_mb(Path(args.out)):.1f} MB): {args.pipeline} + {args.lora} merged")
 
 
 def _dir_size_mb(path: Path) -> float:
@@ -277,6 +290,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--grid", help="PNG grid of the first `grid_prompts` prompts' samples")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("export", help="merge a stage's LoRA into the base and write a full diffusers pipeline")
+    p.add_argument("pipeline", help="the base pipeline directory the adapter was trained on")
+    p.add_argument("--lora", required=True, help="the LoRA directory (a stage's output)")
+    p.add_argument("--out", required=True, help="the merged pipeline directory (written atomically)")
+    p.add_argument("--scale", type=float, default=1.0, help="LoRA scale at merge (1 = as trained)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("train-world-clip", help="train the world CLIP (the embedded CLIPScore model)")
     with_params(p, "params/embedded/rewards.yaml")
