@@ -1,0 +1,172 @@
+"""Per-iteration time and peak memory of V-GRPO vs Flow-GRPO at the SD3.5-Medium transformer architecture.
+
+    python benchmarks/sd35_arch.py                                   # GPU: the real config, 512 px, group 24
+    python benchmarks/sd35_arch.py --device cpu --layers 2 --resolution 128 --group 4 --steps 8 --text-tokens 77
+
+Random weights from SD3.5-M's transformer config (no download; ``--layers`` keeps the first N of its 24 blocks,
+dual-attention blocks included), LoRA r 32 / alpha 64 on both streams' attention projections, random text
+conditioning of SD3's width (333 tokens = 77 CLIP + 256 T5 by default), and a reward computed on the latents
+(no VAE, no reward model: this measures the policy's cost). Each method runs in its own process: V-GRPO with the
+paper's recipe (40-step ODE rollout, N_MC 4, one gradient step), Flow-GRPO with its own (SDE rollout, 0.99 of
+its steps trained). Prints the median seconds per iteration split into rollout / prepare / update, images per
+second per device, and peak memory (CUDA allocator peak on GPU, resident set size on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("vgrpo", "flow_grpo")
+
+# SD3.5-Medium's transformer/config.json (diffusers SD3Transformer2DModel).
+SD35M = {
+    "sample_size": 128,
+    "patch_size": 2,
+    "in_channels": 16,
+    "num_layers": 24,
+    "attention_head_dim": 64,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "caption_projection_dim": 1536,
+    "pooled_projection_dim": 2048,
+    "out_channels": 16,
+    "pos_embed_max_size": 384,
+    "dual_attention_layers": tuple(range(13)),
+    "qk_norm": "rms_norm",
+}
+
+
+def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    from vgrpo.algorithms import build_algorithm
+    from vgrpo.config import load_config
+    from vgrpo.models import SD3Velocity, add_lora
+    from vgrpo.models.precision import apply_precision
+    from vgrpo.policy import Conditioning
+    from vgrpo.train_step import build_optimizer, train_iteration
+
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    config = load_config(
+        [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{method}.yaml"],
+        {
+            "rollout": {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps,
+                        "micro_batch_size": args.micro_batch},  # fmt: skip
+            "optim": {"micro_batch_size": args.micro_batch},
+            "lora": {"rank": 32, "alpha": 64},
+            "precision": {"autocast": args.precision, "gradient_checkpointing": args.gradient_checkpointing},
+        },
+    )
+    latent = args.resolution // 8
+    arch = {**SD35M, "num_layers": args.layers, "dual_attention_layers": tuple(range(min(13, args.layers)))}
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(**arch).to(device)
+    assert config.lora is not None
+    add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
+    policy = apply_precision(SD3Velocity(transformer), transformer, autocast=config.precision.autocast,
+                             gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
+    latent_shape = (16, latent, latent)
+    algorithm = build_algorithm(config, policy=policy, latent_shape=latent_shape)
+    optimizer = build_optimizer(policy, config.optim)
+    g = torch.Generator().manual_seed(1)
+    cond = Conditioning(
+        prompt_embeds=torch.randn(args.prompts, args.text_tokens, 4096, generator=g),
+        pooled_prompt_embeds=torch.randn(args.prompts, 2048, generator=g),
+    )
+
+    def reward_fn(samples: torch.Tensor, prompts: Any) -> dict[str, torch.Tensor]:
+        return {"latent_mean": samples.float().mean(dim=(1, 2, 3)).cpu()}
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    rows: list[dict[str, float]] = []
+    generator = torch.Generator().manual_seed(0)
+    for it in range(args.iterations + 1):  # iteration 0 warms up
+        if it == 1 and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        t0 = time.perf_counter()
+        record = train_iteration(
+            policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=reward_fn,
+            prompts=[f"p{i}" for i in range(args.prompts)], cond=cond, config=config, latent_shape=latent_shape,
+            generator=generator, iteration=it,
+        )  # fmt: skip
+        sync()
+        if it:
+            rows.append({**record.metrics, "wall_s": time.perf_counter() - t0})
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}
+    out["wall_s"] = statistics.median(r["wall_s"] for r in rows)
+    out["nfe_per_sample"] = rows[0]["nfe/rollout_per_sample"]
+    out["images_per_s"] = args.prompts * args.group / out["wall_s"]
+    out["params_m"] = sum(p.numel() for p in transformer.parameters()) / 1e6
+    if device.type == "cuda":
+        out["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        out["peak_mem_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--layers", type=int, default=24, help="first N of SD3.5-M's 24 blocks")
+    parser.add_argument("--resolution", type=int, default=512)
+    parser.add_argument("--prompts", type=int, default=1, help="prompts per device per iteration")
+    parser.add_argument("--group", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--text-tokens", type=int, default=333)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--method", choices=METHODS, help="run one method in this process (internal)")
+    args = parser.parse_args()
+    if args.method:
+        print(json.dumps(run_one(args.method, args)))
+        return
+    print(
+        f"SD3.5-M architecture, {args.layers}/24 layers, {args.resolution} px, {args.prompts} prompt(s) x group "
+        f"{args.group}, {args.steps} steps, {args.text_tokens} text tokens, {args.precision}, "
+        f"checkpointing {'on' if args.gradient_checkpointing else 'off'}, {args.device}, "
+        f"median of {args.iterations} iterations"
+    )
+    header = ("wall s", "rollout", "prepare", "update", "img/s", "NFE", "peak GB")
+    print(f"{'method':>10} " + " ".join(f"{c:>8}" for c in header))
+    results = {}
+    passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("json", "method")]
+    passthrough = [a for a in passthrough if a != "--gradient-checkpointing=False"]
+    passthrough = [a.split("=")[0] if a.endswith("=True") else a for a in passthrough]
+    for method in METHODS:
+        cmd = [sys.executable, __file__, *passthrough, "--method", method]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode:
+            print(f"{method:>10} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else proc.returncode}")
+            continue
+        r = json.loads(proc.stdout.splitlines()[-1])
+        results[method] = r
+        print(
+            f"{method:>10} {r['wall_s']:8.2f} {r['time/rollout_s']:8.2f} {r['time/prepare_s']:8.2f} "
+            f"{r['time/update_s']:8.2f} {r['images_per_s']:8.3f} {r['nfe_per_sample']:8.0f} {r['peak_mem_gb']:8.2f}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
