@@ -62,8 +62,12 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(
         [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{method}.yaml"],
         {
-            "rollout": {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps,
-                        "micro_batch_size": args.micro_batch},  # fmt: skip
+            "rollout": {
+                "prompts_per_iteration": args.prompts,
+                "group_size": args.group,
+                "num_steps": args.steps,
+                "micro_batch_size": args.micro_batch,
+            },
             "optim": {"micro_batch_size": args.micro_batch},
             "lora": {"rank": 32, "alpha": 64},
             "precision": {"autocast": args.precision, "gradient_checkpointing": args.gradient_checkpointing},
