@@ -156,3 +156,13 @@ def test_safetensors_header_is_canonical_whatever_order_it_was_written_in(tmp_pa
         assert f.metadata() == {"format": "pt", "lora_adapter_metadata": "{}"}
         for key, value in tensors.items():
             assert torch.equal(f.get_tensor(key), value)
+
+
+def test_stage_trains_with_bf16_autocast_and_gradient_checkpointing(world: Path) -> None:
+    config = _config(iterations=1, eval_prompts=None, precision={"autocast": "bf16", "gradient_checkpointing": True})
+    result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / "bf16", out_dir=world / "bf16-lora",
+                       root=world)  # fmt: skip
+    metrics = result.history[0]
+    assert all(np.isfinite(v) for v in metrics.values())
+    assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy, one precision for both
+    assert (world / "bf16-lora" / "pytorch_lora_weights.safetensors").is_file()
