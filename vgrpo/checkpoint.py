@@ -9,7 +9,8 @@ A training checkpoint is a directory written atomically (:func:`vgrpo.atomic.ato
 * ``state.json`` -- the iteration, history and anything else the caller keeps, written last.
 
 Nothing is unpickled when loading. LoRA exports (:func:`save_lora`) are what
-``StableDiffusion3Pipeline.load_lora_weights(dir)`` reads in a plain diffusers script.
+``StableDiffusion3Pipeline.load_lora_weights(dir)`` (or ``FluxPipeline``'s, for a FLUX transformer) reads in a
+plain diffusers script.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
+LORA_PIPELINES = {"SD3Transformer2DModel": "StableDiffusion3Pipeline", "FluxTransformer2DModel": "FluxPipeline"}
+"""Transformer class -> the pipeline class whose LoRA loader mixin writes (and reads) its adapter files."""
 
 
 class CheckpointError(RuntimeError):
@@ -150,9 +153,15 @@ def canonicalize_safetensors_header(path: Path) -> None:
 
 
 def save_lora(transformer: nn.Module, out_dir: Path) -> None:
-    """The transformer's LoRA adapter in diffusers' format (``pytorch_lora_weights.safetensors``), atomically."""
-    from diffusers import StableDiffusion3Pipeline
+    """The transformer's LoRA adapter in diffusers' format (``pytorch_lora_weights.safetensors``), atomically,
+    written by its pipeline class's ``save_lora_weights`` (:data:`LORA_PIPELINES`)."""
+    import diffusers
     from peft.utils import get_peft_model_state_dict
+
+    kind = type(transformer).__name__
+    if kind not in LORA_PIPELINES:
+        raise CheckpointError(f"no LoRA export for a {kind}; supported: {', '.join(LORA_PIPELINES)}")
+    pipeline_class = getattr(diffusers, LORA_PIPELINES[kind])
 
     layers = get_peft_model_state_dict(transformer)
     if not layers:
@@ -165,7 +174,7 @@ def save_lora(transformer: nn.Module, out_dir: Path) -> None:
         metadata = {k: sorted(v) if isinstance(v, set) else v for k, v in metadata.items()}
 
     def write(tmp: Path) -> None:
-        StableDiffusion3Pipeline.save_lora_weights(
+        pipeline_class.save_lora_weights(
             tmp, transformer_lora_layers=layers, safe_serialization=True, transformer_lora_adapter_metadata=metadata
         )
         canonicalize_safetensors_header(tmp / LORA_FILE)

@@ -98,8 +98,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from vgrpo.checkpoint import LORA_FILE
     from vgrpo.config import EvaluationConfig
     from vgrpo.evaluation import evaluate, write_grid
-    from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
-    from vgrpo.models.sd3 import SD3Velocity
+    from vgrpo.models.pipeline import build_adapter, load_pipeline
     from vgrpo.rewards.multi import MultiReward
 
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
@@ -108,17 +107,24 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     metadata = _read_metadata(args.prompts)[: cfg.max_prompts]
     if args.lora is not None and not (Path(args.lora) / LORA_FILE).is_file():
         raise ConfigError(f"--lora {args.lora}: no {LORA_FILE} there (not an adapter directory written by a stage)")
-    pipe = load_sd3_pipeline(args.pipeline)
+    pipe = load_pipeline(args.pipeline)
     if args.lora is not None:  # a stage's adapter, read the way a plain diffusers script reads it
         pipe.load_lora_weights(args.lora)
+    adapter, policy = build_adapter(pipe)
     base = None
     if cfg.base_pipeline is not None:
-        base = SD3Velocity(load_sd3_pipeline(cfg.base_pipeline).transformer.eval())
+        base_pipe = load_pipeline(cfg.base_pipeline)
+        if type(base_pipe) is not type(pipe):
+            raise ConfigError(
+                f"base_pipeline {cfg.base_pipeline} is a {type(base_pipe).__name__}, the evaluated pipeline a "
+                f"{type(pipe).__name__}: hybrid sampling needs the same model family"
+            )
+        base = build_adapter(base_pipe)[1].eval()
     with MultiReward.from_specs([r.model_dump() for r in cfg.rewards]) as rewards:
         table, images = evaluate(
-            adapter=SD3Adapter(pipe), policy=SD3Velocity(pipe.transformer.eval()), metadata=metadata,
+            adapter=adapter, policy=policy.eval(), metadata=metadata,
             rewards=rewards, group_size=cfg.group_size, num_steps=cfg.num_steps, seed=cfg.seed,
-            shift=float(pipe.scheduler.config.shift), guidance_scale=cfg.guidance_scale, base=base, p_mix=cfg.p_mix,
+            shift=adapter.scheduler_shift, guidance_scale=cfg.guidance_scale, base=base, p_mix=cfg.p_mix,
             micro_batch=cfg.micro_batch, overlap=cfg.overlap, progress=True,
         )  # fmt: skip
     table |= {"pipeline": str(args.pipeline), "lora": args.lora, "prompt_file": str(args.prompts)}
@@ -130,9 +136,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 def cmd_export(args: argparse.Namespace) -> None:
     from vgrpo.checkpoint import CheckpointError, export_merged_pipeline
-    from vgrpo.models.pipeline import load_sd3_pipeline
+    from vgrpo.models.pipeline import load_pipeline
 
-    pipe = load_sd3_pipeline(args.pipeline)
+    pipe = load_pipeline(args.pipeline)
     try:
         export_merged_pipeline(pipe, Path(args.lora), Path(args.out), lora_scale=args.scale)
     except CheckpointError as exc:
@@ -282,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("evaluate", help="per-reward table (GenEval per tag, OCR, preference) and image grid")
-    p.add_argument("pipeline", help="a StableDiffusion3Pipeline directory")
+    p.add_argument("pipeline", help="a StableDiffusion3Pipeline or FluxPipeline directory")
     p.add_argument("--lora", default=None, help="a LoRA directory (a stage's output) loaded with load_lora_weights")
     with_params(p, "params/embedded/evaluate.yaml")
     p.add_argument("--prompts", required=True, help="metadata JSONL (GenEval format, world splits) or .txt prompts")

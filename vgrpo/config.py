@@ -59,7 +59,20 @@ class RolloutConfig(_Config):
     group_size: int = Field(8, ge=2, description="G: samples per prompt (paper SD3.5: 24; FLUX: 12).")
     num_steps: int = Field(10, ge=1, description="Sampler steps T (paper SD3.5: 40 ODE steps).")
     shift: float | None = Field(3.0, gt=0, description="SD3 static timestep shift; None for no shift.")
+    dynamic_shift: bool = Field(
+        False, description="FLUX: shift from the image token count (diffusers calculate_shift); needs shift: null."
+    )
+    resolution: int | None = Field(
+        None, gt=0, description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
+        "checks it is a multiple of the VAE factor x patch size (FLUX.1: 16).",
+    )  # fmt: skip
     micro_batch_size: int = Field(32, ge=1, description="Samples per model call in rollouts (memory only).")
+
+    @model_validator(mode="after")
+    def _check_shift(self) -> RolloutConfig:
+        if self.dynamic_shift and self.shift is not None:
+            raise ValueError(f"dynamic_shift replaces the static shift: set shift to null (got shift={self.shift})")
+        return self
 
 
 class AdvantageConfig(_Config):

@@ -24,7 +24,7 @@ from vgrpo.algorithms import build_algorithm
 from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoint import latest_checkpoint, load_lora_into, load_training_state, save_lora, save_training_state
 from vgrpo.config import StageConfig
-from vgrpo.models import SD3Velocity, add_lora
+from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.base import Metadata
@@ -107,13 +107,14 @@ def run_stage(
         on_eval: called with each evaluation table, its images and the iteration.
     """
     from vgrpo.evaluation import evaluate
-    from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
+    from vgrpo.models.pipeline import build_adapter, load_pipeline
     from vgrpo.world.data import tensor_to_images
 
     rows = _rows(config, root)  # 1. validate inputs before any compute
     eval_rows = load_prompts(root / config.eval_prompts) if config.eval_prompts else None
     eval_rows = eval_rows[: config.evaluation.max_prompts] if eval_rows else None
-    pipe = load_sd3_pipeline(root / pipeline_dir)  # 2. model, adapter, optimizer, algorithm
+    pipe = load_pipeline(root / pipeline_dir)  # 2. model, adapter, optimizer, algorithm
+    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
     transformer = pipe.transformer
     if config.lora is None:
         transformer.requires_grad_(True)
@@ -124,17 +125,20 @@ def run_stage(
                      target_modules=config.lora.target_modules, dropout=config.lora.dropout)  # fmt: skip
         if init_lora is not None:
             load_lora_into(transformer, root / init_lora)
-    adapter = SD3Adapter(pipe)
-    policy = apply_precision(SD3Velocity(transformer), transformer, autocast=config.precision.autocast,
+    policy = apply_precision(policy, transformer, autocast=config.precision.autocast,
                              gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
+    # The sampling grid's shift as a number (FLUX's dynamic shift depends on the adapter's token count), so the
+    # algorithm and the evaluation build the same sigmas.
+    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
+    rollout = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
     optimizer = build_optimizer(policy, config.optim)
-    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
     rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
     eval_rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards]) if eval_rows else None
     # The stage weights its rewards on the reward entries; train_iteration reads them from advantage.weights.
     train_config = config.model_copy(
-        update={"advantage": config.advantage.model_copy(update={"weights": rewards.weights})}
+        update={"advantage": config.advantage.model_copy(update={"weights": rewards.weights}), "rollout": rollout}
     )
+    algorithm = build_algorithm(train_config, policy=policy, latent_shape=adapter.latent_shape)
 
     # 3. resume: only from a checkpoint of the same params and the same starting adapter, by content (a previous
     # stage re-run with other params rewrites its adapter at the same path)
@@ -158,7 +162,7 @@ def run_stage(
         ev = config.evaluation
         table, images = evaluate(
             adapter=adapter, policy=policy, metadata=eval_rows, rewards=eval_rewards, group_size=ev.group_size,
-            num_steps=ev.num_steps, seed=ev.seed, shift=config.rollout.shift, guidance_scale=ev.guidance_scale,
+            num_steps=ev.num_steps, seed=ev.seed, shift=shift, guidance_scale=ev.guidance_scale,
             micro_batch=ev.micro_batch,
         )  # fmt: skip
         table["iteration"] = iteration

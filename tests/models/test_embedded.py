@@ -105,6 +105,10 @@ def test_adapter_caches_prompts_and_matches_encode_prompt(saved_pipeline: Path) 
     pipe = load_sd3_pipeline(saved_pipeline)
     adapter = SD3Adapter(pipe)
     assert adapter.max_sequence_length == 0 and adapter.latent_shape == (4, 8, 8) and adapter.resolution == 16
+    assert adapter.scheduler_shift == TINY.scheduler_shift and adapter.image_seq_len == 16
+    assert SD3Adapter(pipe, resolution=8).latent_shape == (4, 4, 4)  # rollout.resolution, SD3 side
+    with pytest.raises(ValueError, match="not a positive multiple of 4"):
+        SD3Adapter(pipe, resolution=10)
     cond = adapter.encode_prompts(["a photo of a cross", "a photo of a ring", "a photo of a cross"])
     assert cond.prompt_embeds.shape == (3, TINY.max_text_tokens, 2 * TINY.text_hidden_size)
     assert cond.pooled_prompt_embeds is not None and cond.pooled_prompt_embeds.shape == (3, 16)

@@ -87,10 +87,13 @@ def _canonical_bpe(tok: Any) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return {token: i for i, token in enumerate(order)}, [(a, b) for a, b in merges]
 
 
-def build_text_encoder(config: EmbeddedModelConfig, tokenizer: Any, seed: int) -> torch.nn.Module:
-    """A ``CLIPTextModelWithProjection`` sized by ``config`` whose special ids match ``tokenizer``
-    (the pooled output is read at the first EOS, so the ids must agree)."""
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+def build_text_encoder(
+    config: EmbeddedModelConfig, tokenizer: Any, seed: int, *, with_projection: bool = True
+) -> torch.nn.Module:
+    """A ``CLIPTextModelWithProjection`` (SD3's CLIPs; ``with_projection=False``: a ``CLIPTextModel``, FLUX's)
+    sized by ``config`` whose special ids match ``tokenizer`` (the pooled output is read at the first EOS, so
+    the ids must agree)."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     text_config = CLIPTextConfig(
         vocab_size=len(tokenizer),
@@ -106,7 +109,7 @@ def build_text_encoder(config: EmbeddedModelConfig, tokenizer: Any, seed: int) -
         hidden_act="gelu",
     )
     torch.manual_seed(seed)
-    return CLIPTextModelWithProjection(text_config).eval()
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(text_config).eval()
 
 
 def build_vae(config: EmbeddedModelConfig, seed: int) -> torch.nn.Module:

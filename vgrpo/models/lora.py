@@ -1,4 +1,7 @@
-"""LoRA adapters through peft, on the attention projections of both SD3 streams (paper: r=32, alpha=64)."""
+"""LoRA adapters through peft, on the attention projections of both streams of SD3 and FLUX (paper: r=32, alpha=64).
+
+The default target names (``LoraConfig.target_modules``) exist in both transformers: SD3's joint blocks, and
+FLUX's joint blocks plus the q/k/v projections of its single-stream blocks (which have no ``to_out``)."""
 
 from __future__ import annotations
 

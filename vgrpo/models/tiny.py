@@ -1,19 +1,30 @@
-"""Tiny randomly initialised SD3 transformer and conditioning, built from config (no hub).
+"""Tiny randomly initialised models built from config (no hub): an SD3 transformer with its conditioning, and a
+complete ``FluxPipeline``.
 
-For tests, the demo and benchmarks of the algorithms themselves; the embedded default model that
+For tests, the demo and benchmarks of the algorithms and adapters themselves; the embedded default model that
 is actually pretrained lives elsewhere.
 """
 
 from __future__ import annotations
 
-from typing import cast
+import string
+from collections.abc import Iterable
+from typing import Any, cast
 
 import torch
 from torch import nn
 
+from vgrpo.config import EmbeddedModelConfig
 from vgrpo.policy import Conditioning
 
-__all__ = ["TINY_LATENT_SHAPE", "tiny_conditioning", "tiny_sd3_transformer"]
+__all__ = [
+    "TINY_FLUX",
+    "TINY_LATENT_SHAPE",
+    "tiny_conditioning",
+    "tiny_flux_pipeline",
+    "tiny_sd3_transformer",
+    "tiny_t5_tokenizer",
+]
 
 TINY_LATENT_SHAPE = (4, 8, 8)
 _TEXT_LEN, _TEXT_DIM, _POOLED_DIM = 6, 16, 16
@@ -46,4 +57,79 @@ def tiny_conditioning(num_prompts: int, seed: int = 1) -> Conditioning:
     return Conditioning(
         prompt_embeds=torch.randn(num_prompts, _TEXT_LEN, _TEXT_DIM, generator=g),
         pooled_prompt_embeds=torch.randn(num_prompts, _POOLED_DIM, generator=g),
+    )
+
+
+TINY_FLUX = EmbeddedModelConfig(
+    resolution=16, vocab_size=300, max_text_tokens=20, text_hidden_size=16, text_layers=2, text_heads=2,
+    text_projection_dim=8, vae_channels=(8, 16), vae_norm_groups=4, latent_channels=4, num_layers=1,
+    attention_head_dim=8, num_attention_heads=2,
+)  # fmt: skip
+"""Sizes of :func:`tiny_flux_pipeline`: 16 px images, a 2x VAE to ``(4, 8, 8)`` latents, 16 packed image tokens."""
+_T5_WIDTH, _T5_TOKENS = 16, 16
+_FLUX_VAE_SCALING, _FLUX_VAE_SHIFT = 0.3611, 0.1159  # FLUX.1's VAE normalisation
+_DEFAULT_CORPUS = ("a photo of a red circle", "two blue squares", "a green triangle left of a yellow star")
+
+
+def tiny_t5_tokenizer(corpus: Iterable[str], model_max_length: int = _T5_TOKENS) -> Any:
+    """A T5 tokenizer (SentencePiece-style unigram: T5's ``<pad>``/``</s>``/``<unk>`` ids 0/1/2, ``▁`` word
+    starts, ``</s>`` appended) whose pieces are the corpus words plus every printable character, so any ASCII
+    prompt tokenizes without ``<unk>``. Built with the ``tokenizers`` library through transformers' fast
+    ``T5Tokenizer``; no files."""
+    from transformers import T5Tokenizer  # transformers 5: the tokenizers-backed (fast) T5 tokenizer
+
+    words = sorted({w for text in corpus for w in text.split()})
+    chars = sorted(set(string.printable) - set(string.whitespace))
+    # Unigram picks the most probable split: whole words before characters.
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    vocab += [(f"▁{w}", -1.0) for w in words] + [(c, -5.0) for c in chars]
+    return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
+
+
+def tiny_flux_pipeline(seed: int = 0, *, corpus: Iterable[str] = _DEFAULT_CORPUS) -> Any:
+    """A randomly initialised ``FluxPipeline`` with FLUX.1-dev's structure (:data:`TINY_FLUX` sizes):
+    guidance-embedding transformer, CLIP (pooled vector) + T5 (tokens) text encoders with tokenizers built from
+    ``corpus``, a VAE with FLUX's shift and scaling factors, and the dynamically shifted flow-matching scheduler
+    with FLUX.1's shift parameters. ``save_pretrained`` + ``FluxPipeline.from_pretrained`` round-trip it."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import T5Config, T5EncoderModel
+
+    from vgrpo.models.embedded import build_text_encoder, build_vae, train_clip_tokenizer
+
+    cfg, corpus = TINY_FLUX, list(corpus)
+    clip_tokenizer = train_clip_tokenizer(corpus, cfg)
+    t5_tokenizer = tiny_t5_tokenizer(corpus)
+    vae: Any = build_vae(cfg, seed + 1)
+    vae.register_to_config(scaling_factor=_FLUX_VAE_SCALING, shift_factor=_FLUX_VAE_SHIFT)
+    torch.manual_seed(seed + 3)
+    t5_config = T5Config(
+        vocab_size=len(t5_tokenizer), d_model=_T5_WIDTH, d_kv=8, d_ff=2 * _T5_WIDTH, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, pad_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+    t5 = T5EncoderModel(t5_config).eval()
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(
+        patch_size=1,  # the pipeline packs 2 x 2 patches itself
+        in_channels=4 * cfg.latent_channels,
+        num_layers=cfg.num_layers,
+        num_single_layers=cfg.num_layers,
+        attention_head_dim=cfg.attention_head_dim,
+        num_attention_heads=cfg.num_attention_heads,
+        joint_attention_dim=_T5_WIDTH,
+        pooled_projection_dim=cfg.text_hidden_size,
+        guidance_embeds=True,
+        axes_dims_rope=(2, 2, 4),  # sums to attention_head_dim, like FLUX.1's (16, 56, 56) to 128
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+        base_image_seq_len=256, max_image_seq_len=4096,
+    )  # fmt: skip
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=build_text_encoder(cfg, clip_tokenizer, seed + 2, with_projection=False),
+        tokenizer=clip_tokenizer,
+        text_encoder_2=t5,
+        tokenizer_2=t5_tokenizer,
+        transformer=transformer,
     )

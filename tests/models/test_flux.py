@@ -1,0 +1,302 @@
+"""The FLUX.1 adapter on a tiny FluxPipeline built offline: packing as diffusers packs, sampling that reproduces
+``FluxPipeline.__call__`` (timestep convention, guidance, ids, dynamic shift), a V-GRPO step, LoRA that a plain
+diffusers script loads, the loader's errors, a stage on a saved directory and the FLUX params."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from vgrpo.models.flux import FluxAdapter, FluxVelocity, latent_image_ids, pack_latents, unpack_latents
+from vgrpo.models.pipeline import PipelineError, build_adapter, load_pipeline
+from vgrpo.models.tiny import tiny_flux_pipeline
+
+ROOT = Path(__file__).parents[2]
+PROMPTS = ["a photo of a red circle", "two blue squares"]
+LORA = {"rank": 4, "alpha": 8}
+
+
+@pytest.fixture(scope="module")
+def saved_flux(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("flux") / "pipeline"
+    tiny_flux_pipeline(seed=0).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def flux(saved_flux: Path) -> Any:
+    return load_pipeline(saved_flux)
+
+
+def test_pack_latents_round_trips_and_matches_diffusers() -> None:
+    from diffusers import FluxPipeline
+
+    x = torch.randn(2, 3, 4, 6, generator=torch.Generator().manual_seed(0))
+    packed = pack_latents(x)
+    assert packed.shape == (2, 2 * 3, 3 * 4)
+    assert torch.equal(packed, FluxPipeline._pack_latents(x, 2, 3, 4, 6))
+    assert torch.equal(unpack_latents(packed, 4, 6), x)
+    assert torch.equal(unpack_latents(packed, 4, 6), FluxPipeline._unpack_latents(packed, 32, 48, 8))
+    # Token (row 0, col 1) holds the 2 x 2 patch at latent columns 2-3, channel-major.
+    ar = torch.arange(2 * 4 * 4.0).reshape(1, 2, 4, 4)
+    assert pack_latents(ar)[0, 1].tolist() == [2, 3, 6, 7, 18, 19, 22, 23]
+    ids = latent_image_ids(4, 6, dtype=torch.float32)
+    assert torch.equal(ids, FluxPipeline._prepare_latent_image_ids(1, 2, 3, "cpu", torch.float32))
+    assert ids[4].tolist() == [0, 1, 1]
+    with pytest.raises(ValueError, match="must be even"):
+        pack_latents(torch.zeros(1, 1, 3, 4))
+
+
+def test_adapter_sizes_resolution_and_dynamic_shift(flux: Any) -> None:
+    adapter = FluxAdapter(flux, resolution=16)
+    assert adapter.latent_shape == (4, 8, 8) and adapter.image_seq_len == 16 and adapter.max_sequence_length == 16
+    assert FluxAdapter(flux).resolution == 128 * 2  # FluxPipeline.default_sample_size x the VAE factor
+    # calculate_shift(16 tokens) = 0.5 + (16 - 256) * 0.65 / 3840 = 0.459375, as a static shift e^mu.
+    assert adapter.scheduler_shift == pytest.approx(math.exp(0.459375), abs=1e-12)
+    assert adapter.sigma_shift(3.0, dynamic=False) == 3.0
+    with pytest.raises(ValueError, match="not a positive multiple of 4"):
+        FluxAdapter(flux, resolution=18)
+    cond = adapter.encode_prompts([PROMPTS[0], PROMPTS[1], PROMPTS[0]])
+    assert cond.prompt_embeds.shape == (3, 16, 16) and cond.pooled_prompt_embeds is not None
+    assert torch.equal(cond.prompt_embeds[0], cond.prompt_embeds[2])
+    embeds, pooled, _ = flux.encode_prompt(PROMPTS[1], max_sequence_length=16)
+    torch.testing.assert_close(cond.prompt_embeds[1], embeds[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(cond.pooled_prompt_embeds[1], pooled[0], rtol=0, atol=1e-6)
+    images = torch.rand(2, 3, 16, 16) * 2 - 1
+    latents = adapter.encode_images(images, generator=torch.Generator().manual_seed(0))
+    assert latents.shape == (2, 4, 8, 8) and adapter.decode(latents).shape == (2, 3, 16, 16)
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+def test_euler_with_flux_velocity_reproduces_flux_pipeline(flux: Any, steps: int) -> None:
+    from vgrpo.flow import timestep_grid
+    from vgrpo.samplers import euler_ode_sample
+
+    adapter, policy = build_adapter(flux, resolution=16)
+    assert isinstance(policy, FluxVelocity) and policy.guidance_scale == 3.5
+    noise = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    reference = flux(prompt=PROMPTS, height=16, width=16, num_inference_steps=steps, guidance_scale=3.5,
+                     latents=pack_latents(noise), output_type="latent", max_sequence_length=16).images  # fmt: skip
+    reference = unpack_latents(reference, 8, 8)
+    sigmas = timestep_grid(steps, shift=adapter.scheduler_shift)
+    torch.testing.assert_close(sigmas, flux.scheduler.sigmas, rtol=0, atol=1e-6)  # the pipeline's dynamic shift
+    with torch.no_grad():
+        ours = euler_ode_sample(policy, noise, adapter.encode_prompts(PROMPTS), sigmas)
+        torch.testing.assert_close(ours, reference, rtol=0, atol=1e-5)
+        policy.guidance_scale = 1.0  # the guidance embedding is fed: another scale samples something else
+        other = euler_ode_sample(policy, noise, adapter.encode_prompts(PROMPTS), sigmas)
+    assert (other - reference).abs().max() > 1e-2
+
+
+def _train_tiny_flux(pipe: Any, *, lora: bool) -> tuple[Any, dict[str, torch.Tensor], list[Any]]:
+    from vgrpo.algorithms import build_algorithm
+    from vgrpo.config import load_config
+    from vgrpo.models import add_lora
+    from vgrpo.train_step import build_optimizer, train_iteration
+
+    config = load_config(overrides={
+        "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3, "shift": None, "dynamic_shift": True,
+                    "resolution": 16, "micro_batch_size": 6},
+        "optim": {"lr": 1e-2, "micro_batch_size": 6},
+        "algorithm": {"name": "vgrpo", "n_mc": 2},
+        "lora": LORA if lora else None,
+    })  # fmt: skip
+    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
+    if config.lora is not None:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            add_lora(pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha,
+                     target_modules=config.lora.target_modules)  # fmt: skip
+    else:
+        pipe.transformer.requires_grad_(True)
+    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
+    rollout = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
+    config = config.model_copy(update={"rollout": rollout})
+    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
+    optimizer = build_optimizer(policy, config.optim)
+    cond, records = adapter.encode_prompts(PROMPTS), []
+    for it in range(2):
+        records.append(train_iteration(
+            policy=policy, algorithm=algorithm, optimizer=optimizer, prompts=PROMPTS, cond=cond, config=config,
+            reward_fn=lambda s, p: {"bright": s.mean(dim=(1, 2, 3))}, latent_shape=adapter.latent_shape,
+            generator=torch.Generator().manual_seed(it), iteration=it,
+        ))  # fmt: skip
+    return policy, before, records
+
+
+def test_vgrpo_step_on_flux_moves_lora_and_diffusers_loads_it(saved_flux: Path, tmp_path: Path) -> None:
+    from diffusers import FluxPipeline
+
+    from vgrpo.checkpoint import LORA_FILE, save_lora
+
+    pipe = load_pipeline(saved_flux)
+    policy, before, records = _train_tiny_flux(pipe, lora=True)
+    after = policy.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora" in k for k in changed) and any("lora_B" in k for k in changed)
+    assert all(math.isfinite(r.metrics["train/loss"]) for r in records)
+    # Both streams' attention carries the adapter: the joint blocks' text projections and the single blocks.
+    assert {"add_q_proj", "to_add_out", "single_transformer_blocks"} <= {part for k in changed for part in k.split(".")}
+
+    save_lora(pipe.transformer, tmp_path / "lora")
+    assert (tmp_path / "lora" / LORA_FILE).is_file()
+    plain = FluxPipeline.from_pretrained(saved_flux, local_files_only=True)
+    plain.load_lora_weights(tmp_path / "lora")
+    base = FluxPipeline.from_pretrained(saved_flux, local_files_only=True).transformer
+    x, t = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(1)), torch.tensor([0.9, 0.4])
+    cond = build_adapter(pipe, resolution=16)[0].encode_prompts(PROMPTS)
+    with torch.no_grad():
+        ours, theirs = policy(x, t, cond), FluxVelocity(plain.transformer)(x, t, cond)
+        untrained = FluxVelocity(base)(x, t, cond)
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-6)  # alpha / rank travelled in the metadata
+    assert (ours - untrained).abs().max() > 1e-4
+
+
+def test_full_fine_tuning_moves_every_transformer_weight_group(saved_flux: Path) -> None:
+    policy, before, records = _train_tiny_flux(load_pipeline(saved_flux), lora=False)
+    after = policy.state_dict()
+    changed = {k.split(".")[1] for k in before if not torch.equal(before[k], after[k])}
+    assert {"transformer_blocks", "single_transformer_blocks", "time_text_embed", "proj_out"} <= changed
+    assert all(math.isfinite(r.metrics["train/loss"]) for r in records)
+
+
+def test_loader_dispatches_on_class_and_names_the_missing_piece(saved_flux: Path, tmp_path: Path) -> None:
+    from diffusers import FluxPipeline
+
+    from vgrpo.models.pipeline import load_sd3_pipeline
+
+    assert isinstance(load_pipeline(saved_flux), FluxPipeline)
+    with pytest.raises(PipelineError, match="pipeline directory not found"):
+        load_pipeline(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PipelineError, match=r"empty: no model_index\.json"):
+        load_pipeline(tmp_path / "empty")
+    broken = tmp_path / "broken"
+    shutil.copytree(saved_flux, broken)
+    shutil.rmtree(broken / "tokenizer_2")
+    with pytest.raises(PipelineError, match=r"broken: component folder tokenizer_2/ is missing"):
+        load_pipeline(broken)
+    with pytest.raises(PipelineError, match=r"expected StableDiffusion3Pipeline$"):
+        load_sd3_pipeline(saved_flux)  # the SD3-only loader still refuses FLUX
+    index = json.loads((broken / "model_index.json").read_text())
+    index["_class_name"] = "FluxKontextPipeline"
+    (broken / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(PipelineError, match=r"model_index\.json: _class_name is 'FluxKontextPipeline', expected Stab"):
+        load_pipeline(broken)
+    index |= {"_class_name": "FluxPipeline", "vae": [None, None]}
+    (broken / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(PipelineError, match="component 'vae' is missing or null"):
+        load_pipeline(broken)
+
+
+def test_flux_params_validate() -> None:
+    from vgrpo.config import StageConfig, load_config
+
+    files = ["base.yaml", "models/flux.yaml", "stages/flux/multireward.yaml"]
+    config = load_config([ROOT / "params" / f for f in files], schema=StageConfig)
+    assert config.rollout.dynamic_shift and config.rollout.shift is None and config.rollout.resolution == 720
+    assert config.lora is None and config.evaluation.p_mix == 0.8
+    from vgrpo.config import RolloutConfig
+
+    with pytest.raises(ValueError, match="set shift to null"):
+        RolloutConfig(dynamic_shift=True, shift=3.0)
+
+
+@pytest.fixture(scope="module")
+def flux_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """World prompt files and a tiny FLUX pipeline whose tokenizers were built from them."""
+    from vgrpo.world import make_splits, write_jsonl
+
+    root = tmp_path_factory.mktemp("flux-world")
+    train, test = make_splits(0, 12, 2)
+    write_jsonl(root / "train.jsonl", [md for md, _ in train])
+    write_jsonl(root / "test.jsonl", [md for md, _ in test])
+    tiny_flux_pipeline(seed=0, corpus=[md["prompt"] for md, _ in train + test]).save_pretrained(root / "base")
+    return root
+
+
+def _stage_config(**overrides: Any) -> Any:
+    from vgrpo.config import StageConfig
+
+    from ..tiny_world import WORLD_PICK
+
+    data: dict[str, Any] = {
+        "name": "flux-tiny", "prompts": "train.jsonl", "iterations": 2, "checkpoint_every": 1,
+        "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3, "shift": None,
+                    "dynamic_shift": True, "resolution": 16, "micro_batch_size": 6},
+        "optim": {"lr": 1e-2, "micro_batch_size": 6},
+        "algorithm": {"name": "vgrpo", "n_mc": 2},
+        "lora": LORA,
+        "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
+        "eval_prompts": "test.jsonl",
+        "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
+    }  # fmt: skip
+    return StageConfig.model_validate(data | overrides)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_run_stage_trains_a_saved_flux_pipeline(flux_world: Path, lora: bool) -> None:
+    from diffusers import FluxPipeline
+
+    from vgrpo.checkpoint import LORA_FILE
+    from vgrpo.stage import run_stage
+
+    out = flux_world / f"out-{lora}"
+    config = _stage_config(**({} if lora else {"lora": None, "optim": {"lr": 1e-3, "micro_batch_size": 6}}))
+    result = run_stage(config, pipeline_dir=Path("base"), work_dir=flux_world / f"run-{lora}", out_dir=out,
+                       root=flux_world)  # fmt: skip
+    assert len(result.history) == 2 and all(math.isfinite(h["train/loss"]) for h in result.history)
+    final = result.evaluations[-1]
+    assert final["iteration"] == 2 and final["sampling"]["shift"] == pytest.approx(math.exp(0.459375))
+    base = FluxPipeline.from_pretrained(flux_world / "base", local_files_only=True)
+    if lora:
+        assert (out / LORA_FILE).is_file()
+        base.load_lora_weights(out)  # the export loads in a plain diffusers script
+        return
+    trained = load_pipeline(out)  # full fine-tuning exports a whole pipeline the loader reads
+    assert isinstance(trained, FluxPipeline)
+    a, b = base.transformer.state_dict(), trained.transformer.state_dict()
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_hybrid_sampling_runs_through_the_flux_adapter(flux: Any) -> None:
+    from vgrpo.evaluation import generate
+
+    adapter, policy = build_adapter(flux, resolution=16)
+    base = FluxVelocity(tiny_flux_pipeline(seed=1).transformer)  # other weights, same shapes
+
+    def sample(**hybrid: Any) -> torch.Tensor:
+        images, _ = generate(encode=adapter.encode_prompts, decode=lambda z: z.numpy(), policy=policy.eval(),
+                             prompts=PROMPTS, latent_shape=adapter.latent_shape, num_steps=4, seed=0,
+                             shift=adapter.scheduler_shift, **hybrid)  # fmt: skip
+        return torch.from_numpy(images)
+
+    alone, base_alone = sample(), sample(base=base.eval(), p_mix=0.0)
+    assert torch.equal(sample(base=base, p_mix=1.0), alone)
+    mixed = sample(base=base, p_mix=0.5)  # the policy's first 2 steps, the base's last 2
+    assert (mixed - alone).abs().max() > 1e-3 and (mixed - base_alone).abs().max() > 1e-3
+
+
+def test_evaluate_refuses_a_base_pipeline_of_another_family(
+    saved_flux: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vgrpo.cli import main
+    from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
+    from vgrpo.world import write_jsonl
+
+    from .test_embedded import TINY
+
+    build_pipeline(TINY, train_clip_tokenizer(PROMPTS, TINY)).save_pretrained(tmp_path / "sd3")
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    code = main(["evaluate", str(saved_flux), "--prompts", str(tmp_path / "prompts.jsonl"),
+                 "--out", str(tmp_path / "eval.json"), "--params", str(ROOT / "params/embedded/evaluate.yaml"),
+                 "--set", "p_mix=0.5", f"base_pipeline={tmp_path / 'sd3'}"])  # fmt: skip
+    assert code == 2 and not (tmp_path / "eval.json").exists()
+    assert "is a StableDiffusion3Pipeline, the evaluated pipeline a FluxPipeline" in capsys.readouterr().err
