@@ -240,3 +240,13 @@ def test_two_process_stage_resumes_a_one_process_checkpoint_and_matches_one_proc
     assert set(a) == set(b)
     for key in a:  # measured: 2e-7 (the rollout's micro-batches of 4 are cut differently on 4 samples per rank)
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=PARAM_ATOL)
+
+
+@pytest.mark.parametrize("name", ["single_gpu", "ddp_8gpu", "multinode_ddp", "cpu_2proc"])
+def test_accelerate_configs_parse_and_the_sd35_batch_shards_over_their_processes(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+    sd35 = yaml.safe_load((ROOT / "params" / "models" / "sd35.yaml").read_text())
+    assert sd35["rollout"]["prompts_per_iteration"] % config.num_processes == 0
+    assert config.num_processes % config.num_machines == 0
