@@ -166,3 +166,11 @@ def test_stage_trains_with_bf16_autocast_and_gradient_checkpointing(world: Path)
     assert all(np.isfinite(v) for v in metrics.values())
     assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy, one precision for both
     assert (world / "bf16-lora" / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_stage_evaluation_uses_hybrid_sampling_when_configured(world: Path) -> None:
+    evaluation = {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}], "p_mix": 0.5,
+                  "base_pipeline": "base"}  # fmt: skip
+    result = run_stage(_config(iterations=1, evaluation=evaluation), pipeline_dir=Path("base"),
+                       work_dir=world / "hybrid", out_dir=world / "hybrid-lora", root=world)  # fmt: skip
+    assert result.evaluations[-1]["sampling"]["p_mix"] == 0.5

@@ -7,6 +7,9 @@
     python -m vgrpo.cli export models/embedded-base --lora runs/dvc/stages/5-ocr --out models/embedded-rl
     python -m vgrpo.cli train-world-clip --params params/embedded/rewards.yaml --splits data/world --out DIR
     python -m vgrpo.cli train-world-preference --params params/embedded/rewards.yaml --clip DIR --out DIR2
+    python -m vgrpo.cli train --params params/base.yaml params/models/embedded.yaml params/stages/embedded/S.yaml \
+        --out runs/S/lora --work-dir runs/S/work [--init-lora DIR]
+    accelerate launch --config_file configs/accelerate/ddp_8gpu.yaml -m vgrpo.cli train --params ... --out DIR
 
 ``--set key.sub=value`` overrides an entry of the params section (``steps=20``, ``vae.steps=10``; the value is
 parsed as YAML). Errors in params, prompt files or pipeline directories exit with status 2 and one message
@@ -238,6 +241,48 @@ def cmd_train_world_preference(args: argparse.Namespace) -> None:
         write_json_atomic(args.metrics, metrics)
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    """One stage (:func:`vgrpo.stage.run_stage`), sharded over the processes ``accelerate launch`` started."""
+    import os
+
+    import torch
+
+    from vgrpo.atomic import write_json_atomic
+    from vgrpo.config import StageConfig
+    from vgrpo.distributed import Distributed
+    from vgrpo.stage import run_stage
+
+    cfg = load_config(args.params, overrides_from_pairs(args.set), schema=StageConfig)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # checked before the processes wait for each other
+    where, prompts = " + ".join(args.params), cfg.rollout.prompts_per_iteration
+    if prompts % world_size:
+        raise ConfigError(
+            f"{where}: rollout.prompts_per_iteration={prompts} must be divisible by the {world_size} processes"
+        )
+    if prompts // world_size * cfg.rollout.group_size % cfg.optim.minibatches:
+        raise ConfigError(
+            f"{where}: optim.minibatches={cfg.optim.minibatches} must divide each of {world_size} processes' samples"
+        )
+    torch.set_num_threads(args.threads)
+    dist = Distributed.from_environment()
+
+    def log(metrics: dict[str, float], iteration: int) -> None:
+        print(f"{cfg.name} iteration {iteration}: reward {metrics.get('reward/total_mean', float('nan')):.4f}, "
+              f"{metrics['time/iteration_s']:.1f} s", flush=True)  # fmt: skip
+
+    result = run_stage(cfg, pipeline_dir=Path(args.pipeline or cfg.pipeline), work_dir=Path(args.work_dir),
+                       out_dir=Path(args.out), init_lora=Path(args.init_lora) if args.init_lora else None,
+                       root=Path(args.root), log=log, dist=dist)  # fmt: skip
+    if dist.is_main:
+        if args.metrics:
+            summary: dict[str, Any] = {"history": result.history, "evaluations": result.evaluations}
+            summary |= {"resumed_from": result.resumed_from, "world_size": dist.world_size}
+            write_json_atomic(args.metrics, summary)
+        print(
+            f"{cfg.name}: {result.out_dir} written after {result.iterations} iterations on {dist.world_size} processes"
+        )
+
+
 def _print_table(table: dict[str, Any]) -> None:
     for key, entry in table["rewards"].items():
         if "per_tag" in entry:
@@ -319,6 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--metrics", help="write held-out pair accuracies, training time and size here (JSON)")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_train_world_preference)
+
+    p = sub.add_parser("train", help="train one stage; under `accelerate launch -m vgrpo.cli train` on every process")
+    p.add_argument("--params", nargs="+", required=True, help="base, model and stage params files, merged in order")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a params entry")
+    p.add_argument("--out", required=True, help="the stage's adapter (or full pipeline) directory")
+    p.add_argument("--work-dir", default="runs/work", help="checkpoints (a run resumes from the newest of its params)")
+    p.add_argument("--init-lora", default=None, help="the previous stage's adapter directory")
+    p.add_argument("--pipeline", default=None, help="base pipeline directory (default: the params' `pipeline`)")
+    p.add_argument("--root", default=".", help="folder the params' prompt and model paths are relative to")
+    p.add_argument("--metrics", help="write the per-iteration history and evaluations here (JSON, rank 0)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads per process")
+    p.set_defaults(func=cmd_train)
 
     args = parser.parse_args(argv)
     _quiet_libraries()

@@ -54,6 +54,24 @@ class SharedPairs:
             return sample_idx // self.group_size
         return sample_idx
 
+    def select(self, start: int, count: int) -> SharedPairs:
+        """The pairs of samples ``start .. start + count - 1`` of the batch, re-indexed from 0: one rank's
+        block of the global batch's pairs. Blocks are whole prompt groups (``start``, ``count`` multiples of G).
+        """
+        if start % self.group_size or count % self.group_size:
+            raise ValueError(f"samples {start}..{start + count} are not whole groups of {self.group_size}")
+        if self.share == "batch":
+            return self
+        first, size = (start, count) if self.share == "none" else (start // self.group_size, count // self.group_size)
+        if first + size > self.t.shape[0]:
+            raise ValueError(f"rows {first}..{first + size} are outside the {self.t.shape[0]} rows of the pairs")
+        return SharedPairs(
+            t=self.t[first : first + size],
+            eps=self.eps[first : first + size],
+            share=self.share,
+            group_size=self.group_size,
+        )
+
     def timesteps(self, j: int, sample_idx: Tensor) -> Tensor:
         """``(n,)`` timestep of pair ``j`` for each sample."""
         return self.t[self.rows(sample_idx).to(self.t.device), j]

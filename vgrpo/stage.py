@@ -4,6 +4,10 @@ Each iteration draws its prompts and its randomness (initial noise, SDE noise, p
 ``(seed, iteration)`` alone, so a stage resumed from a checkpoint takes exactly the steps an uninterrupted
 run takes. The orchestration (Prefect tasks, MLflow) plugs in through the ``log`` and ``on_eval`` callbacks;
 this module imports neither.
+
+Sharded over processes (``dist``, :mod:`vgrpo.distributed`), every rank trains on its block of each
+iteration's prompts, and rank 0 alone logs, evaluates, writes checkpoints and exports; every rank resumes
+from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every node sees).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from vgrpo.algorithms import build_algorithm
 from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoint import latest_checkpoint, load_lora_into, load_training_state, save_lora, save_training_state
 from vgrpo.config import StageConfig
+from vgrpo.distributed import Distributed
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
+from vgrpo.policy import trainable_parameters
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
@@ -95,6 +101,7 @@ def run_stage(
     root: Path = Path("."),
     log: MetricsLog | None = None,
     on_eval: EvalHook | None = None,
+    dist: Distributed | None = None,
 ) -> StageResult:
     """Train one stage from ``pipeline_dir`` (+ ``init_lora``, the previous stage's adapter) and export its
     LoRA to ``out_dir``. Checkpoints go to ``work_dir/checkpoints``; a run finds the newest one written with the
@@ -105,15 +112,25 @@ def run_stage(
         log: called with each iteration's flat metrics (rewards, every sub-score, surrogate CV, ratio and
             clip statistics, KL, grad norm, seconds per phase) and the iteration number.
         on_eval: called with each evaluation table, its images and the iteration.
+        dist: the processes sharing each iteration's batch (default: from the environment ``accelerate launch``
+            sets, else one process, on the GPU when there is one); ``log``, ``on_eval``, checkpoints and the export
+            happen on rank 0 only (the returned history is every rank's, evaluations rank 0's).
     """
     from vgrpo.evaluation import evaluate
     from vgrpo.models.pipeline import build_adapter, load_pipeline
     from vgrpo.world.data import tensor_to_images
 
-    rows = _rows(config, root)  # 1. validate inputs before any compute
+    dist = dist if dist is not None else Distributed.from_environment()
+    shard = dist.shard(config.rollout.prompts_per_iteration)  # 1. validate inputs before any compute
+    if (shard.stop - shard.start) * config.rollout.group_size % config.optim.minibatches:
+        raise ValueError(
+            f"optim.minibatches={config.optim.minibatches} must divide the samples of each of {dist.world_size} "
+            "processes (rollout.prompts_per_iteration x rollout.group_size / processes)"
+        )
+    rows = _rows(config, root)
     eval_rows = load_prompts(root / config.eval_prompts) if config.eval_prompts else None
     eval_rows = eval_rows[: config.evaluation.max_prompts] if eval_rows else None
-    pipe = load_pipeline(root / pipeline_dir)  # 2. model, adapter, optimizer, algorithm
+    pipe = load_pipeline(root / pipeline_dir).to(dist.device)  # 2. model, adapter, optimizer, algorithm
     adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
     transformer = pipe.transformer
     if config.lora is None:
@@ -138,7 +155,7 @@ def run_stage(
     train_config = config.model_copy(
         update={"advantage": config.advantage.model_copy(update={"weights": rewards.weights}), "rollout": rollout}
     )
-    algorithm = build_algorithm(train_config, policy=policy, latent_shape=adapter.latent_shape)
+    algorithm = build_algorithm(train_config, policy=policy, latent_shape=adapter.latent_shape, dist=dist)
 
     # 3. resume: only from a checkpoint of the same params and the same starting adapter, by content (a previous
     # stage re-run with other params rewrites its adapter at the same path)
@@ -150,20 +167,26 @@ def run_stage(
         state = json.loads((checkpoint / "state.json").read_text())
         return bool(state.get("config_hash") == fingerprint and state.get("init_lora_hash") == init_hash)
 
-    latest = latest_checkpoint(ckpt_root, accept=same_run)
+    latest = dist.broadcast_object(latest_checkpoint(ckpt_root, accept=same_run) if dist.is_main else None)
     if latest is not None:
         state = load_training_state(latest, module=transformer, optimizer=optimizer, snapshots=algorithm.snapshots())
         result.history, result.evaluations = state["history"], state["evaluations"]
         result.resumed_from = int(state["iteration"])
+    dist.broadcast_parameters(trainable_parameters(policy))  # as DDP does: every rank starts from rank 0's weights
+
+    base_policy = None  # hybrid sampling (FLUX evaluation, p_mix): the base finishes the last steps
+    if config.evaluation.base_pipeline is not None and eval_rows is not None and dist.is_main:
+        base_pipe = load_pipeline(root / config.evaluation.base_pipeline).to(dist.device)
+        base_policy = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
 
     def run_evaluation(iteration: int) -> None:
-        if eval_rows is None or eval_rewards is None:
-            return
+        if eval_rows is None or eval_rewards is None or not dist.is_main:  # the other ranks go on to wait in
+            return  # the next iteration's first collective (within the process group's timeout)
         ev = config.evaluation
         table, images = evaluate(
             adapter=adapter, policy=policy, metadata=eval_rows, rewards=eval_rewards, group_size=ev.group_size,
             num_steps=ev.num_steps, seed=ev.seed, shift=shift, guidance_scale=ev.guidance_scale,
-            micro_batch=ev.micro_batch,
+            base=base_policy, p_mix=ev.p_mix, micro_batch=ev.micro_batch,
         )  # fmt: skip
         table["iteration"] = iteration
         result.evaluations.append(table)
@@ -175,7 +198,7 @@ def run_stage(
     for iteration in range(result.resumed_from, config.iterations):  # 4. iterate
         batch = sample_prompt_rows(rows, config.rollout.prompts_per_iteration, config.seed, iteration)
         prompts = [str(r["prompt"]) for r in batch]
-        expanded = [r for r in batch for _ in range(config.rollout.group_size)]
+        expanded = [r for r in batch[shard] for _ in range(config.rollout.group_size)]  # this rank's samples
         scored: list[MultiRewardOutput] = []
 
         def reward_fn(samples: Tensor, sample_prompts: Sequence[str], expanded: list[Metadata] = expanded,
@@ -194,23 +217,29 @@ def run_stage(
             latent_shape=adapter.latent_shape, generator=iteration_generator(config.seed, iteration),
             iteration=iteration,
         )  # fmt: skip
-        metrics = {**record.metrics, **scored[0].metrics(), "time/iteration_s": time.perf_counter() - t0}
+        # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
+        local_times = {k: v for k, v in scored[0].metrics().items() if k.startswith("time/")}
+        scores = MultiRewardOutput.concatenate(dist.gather_object(scored[0])).metrics() | local_times
+        metrics = {**record.metrics, **scores, "time/iteration_s": time.perf_counter() - t0}
         result.history.append(metrics)
-        if log is not None:
+        if log is not None and dist.is_main:
             log(metrics, iteration)
         done = iteration + 1
         if config.eval_every and done % config.eval_every == 0 and done < config.iterations:
             run_evaluation(done)
-        if done % config.checkpoint_every == 0 or done == config.iterations:  # 5. checkpoint
-            state = {"iteration": done, "config_hash": fingerprint, "init_lora": str(init_lora),
-                     "init_lora_hash": init_hash, "history": result.history,
-                     "evaluations": result.evaluations}  # fmt: skip
-            save_training_state(ckpt_root / f"iter-{done}", module=transformer, optimizer=optimizer,
-                                snapshots=algorithm.snapshots(), state=state)  # fmt: skip
+        if done % config.checkpoint_every == 0 or done == config.iterations:  # 5. checkpoint (rank 0 writes)
+            if dist.is_main:
+                state = {"iteration": done, "config_hash": fingerprint, "init_lora": str(init_lora),
+                         "init_lora_hash": init_hash, "history": result.history,
+                         "evaluations": result.evaluations}  # fmt: skip
+                save_training_state(ckpt_root / f"iter-{done}", module=transformer, optimizer=optimizer,
+                                    snapshots=algorithm.snapshots(), state=state)  # fmt: skip
+            dist.barrier()  # the checkpoint is whole before any rank goes on
     if not result.evaluations or result.evaluations[-1].get("iteration") != config.iterations:
         run_evaluation(config.iterations)  # 6. final evaluation and export
-    if config.lora is not None:
+    if config.lora is not None and dist.is_main:
         save_lora(transformer, out_dir)
-    else:
+    elif dist.is_main:
         atomic_dir(out_dir, pipe.save_pretrained)
+    dist.barrier()  # every rank returns once the export exists
     return result

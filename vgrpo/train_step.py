@@ -1,6 +1,12 @@
 """One training iteration, the same for every algorithm, usable without Prefect:
 
 rollout -> rewards -> advantages -> prepare (pairs, old surrogates) -> K gradient steps
+
+Sharded over ``W`` processes (the algorithm's :class:`vgrpo.distributed.Distributed`), every rank is given the
+same global prompts and generator and works on its block of whole prompt groups: it keeps its block of the
+global initial noise, rolls out and scores its samples, gathers the rewards to normalise each group on the
+global batch, and averages gradients over ranks before each optimizer step. With one process every step is
+the same as without sharding.
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ class IterationRecord:
         metrics: flat dict of floats: rewards, advantages, surrogate CV, ratio/clip/KL statistics
             (averaged over gradient steps; ``*_first`` / ``*_last`` keep the ends), grad norm,
             seconds per phase and NFE.
-        rewards: name -> ``(N,)`` the iteration's raw rewards.
-        samples: ``(N, *S)`` the rollout's final latents.
+        rewards: name -> ``(N,)`` the iteration's raw rewards (the global batch's, gathered from every rank).
+        samples: ``(N / W, *S)`` the rollout's final latents (this rank's samples).
     """
 
     metrics: dict[str, float]
@@ -52,7 +58,12 @@ def build_optimizer(policy: nn.Module, config: OptimConfig) -> torch.optim.Optim
 
 def minibatch_schedule(num_samples: int, minibatches: int, steps: int, generator: torch.Generator) -> list[Tensor]:
     """Sample indices for each of ``steps`` gradient steps: the whole batch when ``minibatches == 1``,
-    else consecutive parts of a permutation redrawn at the start of each pass over the batch."""
+    else consecutive parts of a permutation redrawn at the start of each pass over the batch.
+
+    Sharded, ``num_samples`` is a rank's count and every rank draws the same permutation of its own samples
+    (Flow-GRPO permutes per rank too), so a global minibatch is the union of the ranks' same-position parts:
+    as large as in one process, with an equal share from each rank, but not the same samples.
+    """
     if minibatches == 1:
         return [torch.arange(num_samples)] * steps
     size = num_samples // minibatches
@@ -84,24 +95,34 @@ def train_iteration(
     """Run one iteration on ``B`` prompts (``cond`` has ``B`` rows), ``G`` samples each.
 
     Randomness (initial noise, SDE noise, pairs, minibatches) comes from ``generator`` only, so the
-    same seed gives the same iteration.
+    same seed gives the same iteration. Sharded, every rank passes the same global ``prompts``, ``cond`` and
+    ``generator`` state; ``reward_fn`` sees the rank's samples only.
     """
+    dist = algorithm.dist
     group_size = config.rollout.group_size
     if len(prompts) != len(cond):
         raise ValueError(f"{len(prompts)} prompts but conditioning has {len(cond)} rows")
+    shard = dist.shard(len(prompts))  # whole prompt groups per rank
     device = next(policy.parameters()).device
-    sample_prompts = [p for p in prompts for _ in range(group_size)]
-    sample_cond = cond.repeat_interleave(group_size).to(device)
+    sample_prompts = [p for p in prompts[shard] for _ in range(group_size)]
+    sample_cond = cond.index(torch.arange(shard.start, shard.stop)).repeat_interleave(group_size).to(device)
     num_samples = len(sample_prompts)
+    if num_samples % config.optim.minibatches:
+        raise ValueError(
+            f"optim.minibatches={config.optim.minibatches} must divide each process's {num_samples} samples "
+            f"(rollout.prompts_per_iteration x rollout.group_size / {dist.world_size} processes)"
+        )
+    samples = slice(shard.start * group_size, shard.stop * group_size)  # this rank's block of the global batch
 
     t0 = time.perf_counter()
-    noise = torch.randn(num_samples, *latent_shape, generator=generator).to(device)
+    noise = torch.randn(len(prompts) * group_size, *latent_shape, generator=generator)[samples].to(device)
     rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
     t1 = time.perf_counter()
     rewards = {name: r.detach().float().cpu() for name, r in reward_fn(rollout.samples, sample_prompts).items()}
     for name, r in rewards.items():
         if r.shape != (num_samples,):
             raise ValueError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({num_samples},)")
+    rewards = {name: dist.gather(r) for name, r in rewards.items()}  # every rank: the global batch
     t2 = time.perf_counter()
     adv = compute_advantages(
         rewards,
@@ -113,7 +134,7 @@ def train_iteration(
         soft_clip_eta=config.advantage.soft_clip_eta,
         clamp=config.advantage.clamp,
     )
-    batch = algorithm.prepare(policy, rollout, sample_cond, adv.advantages, generator)
+    batch = algorithm.prepare(policy, rollout, sample_cond, adv.advantages[samples], generator)
     t3 = time.perf_counter()
 
     params = trainable_parameters(policy)
@@ -122,7 +143,8 @@ def train_iteration(
     schedule = minibatch_schedule(num_samples, config.optim.minibatches, config.optim.gradient_steps, generator)
     for step, idx in enumerate(schedule):
         optimizer.zero_grad(set_to_none=True)
-        step_metrics = algorithm.accumulate_gradients(policy, batch, idx, step)
+        step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, batch, idx, step))
+        dist.average_gradients(params)  # before clipping, so every rank clips and steps the same gradient
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
         _accumulate(per_step, {**step_metrics, "grad_norm": grad_norm.item()})

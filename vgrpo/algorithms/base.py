@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from vgrpo.distributed import Distributed
+from vgrpo.pairs import SharedPairs
 from vgrpo.policy import Conditioning, ParameterSnapshot
 from vgrpo.samplers import SDETrajectory, euler_ode_sample
 
@@ -50,7 +52,8 @@ class PreparedBatch:
     Attributes:
         samples: ``(N, *S)``; cond: ``N`` rows; advantages: ``(N,)``.
         extras: algorithm-specific tensors (old surrogates, pairs, trajectories, ...).
-        metrics: diagnostics measured while preparing (surrogate CV, ...).
+        metrics: diagnostics measured while preparing (surrogate CV, ...), of the global batch: the same on
+            every rank.
     """
 
     samples: Tensor
@@ -69,6 +72,9 @@ class Algorithm(ABC):
         group_size: ``G``; samples are prompt-major (sample ``i`` belongs to prompt ``i // G``).
         latent_shape: ``S``, the shape of one sample's latents.
         rollout_micro_batch, train_micro_batch: samples per model call (memory only).
+        dist: the processes sharing each iteration's batch (:mod:`vgrpo.distributed`); default one process.
+            Each rank's ``rollout``/``prepare``/``accumulate_gradients`` see its own block of ``N / W``
+            samples; what the batch shares (pairs, diagnostics) is computed for the global batch.
     """
 
     name: str = "base"
@@ -82,6 +88,7 @@ class Algorithm(ABC):
         latent_shape: tuple[int, ...],
         rollout_micro_batch: int,
         train_micro_batch: int,
+        dist: Distributed | None = None,
     ):
         self.config = config
         self.sigmas = sigmas
@@ -90,6 +97,16 @@ class Algorithm(ABC):
         self.latent_shape = latent_shape
         self.rollout_micro_batch = rollout_micro_batch
         self.train_micro_batch = train_micro_batch
+        self.dist = dist if dist is not None else Distributed()
+
+    def local_pairs(self, pairs: SharedPairs, num_local: int) -> SharedPairs:
+        """This rank's rows of the global batch's ``pairs``: rank 0's draw, broadcast (as the official code does;
+        every rank drew the same from the shared generator, so this guards rather than changes), then cut to
+        the rank's ``num_local`` samples. The identity in one process."""
+        if self.dist.world_size == 1:
+            return pairs
+        pairs = replace(pairs, t=self.dist.broadcast(pairs.t), eps=self.dist.broadcast(pairs.eps))
+        return pairs.select(self.dist.rank * num_local, num_local)
 
     def ode_rollout(self, policy: nn.Module, cond: Conditioning, noise: Tensor) -> Rollout:
         """Euler ODE sampling in micro-batches; only the final latents are kept."""

@@ -59,8 +59,8 @@ class DiffusionNFT(Algorithm):
         generator: torch.Generator,
     ) -> PreparedBatch:
         n = rollout.samples.shape[0]
-        pairs = draw_pairs(
-            num_prompts=n // self.group_size,
+        pairs = draw_pairs(  # the global batch's pairs, then this rank's rows (see Algorithm.local_pairs)
+            num_prompts=n * self.dist.world_size // self.group_size,
             group_size=self.group_size,
             n_mc=self.config.n_mc,
             latent_shape=self.latent_shape,
@@ -69,6 +69,7 @@ class DiffusionNFT(Algorithm):
             sigmas=self.sigmas,
             generator=generator,
         )
+        pairs = self.local_pairs(pairs, n)
         v_old = torch.empty(n, pairs.n_mc, *rollout.samples.shape[1:])
         with torch.no_grad(), self.old.swapped_in():
             for j in range(pairs.n_mc):
@@ -81,7 +82,7 @@ class DiffusionNFT(Algorithm):
             cond=cond,
             advantages=advantages,
             extras={"pairs": pairs, "v_old": v_old, "reward_weight": r},
-            metrics={"nft/reward_weight_mean": r.mean().item()},
+            metrics={"nft/reward_weight_mean": self.dist.gather(r).mean().item()},
         )
 
     def accumulate_gradients(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:

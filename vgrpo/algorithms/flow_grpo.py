@@ -51,7 +51,10 @@ class FlowGRPO(Algorithm):
         self, policy: nn.Module, cond: Conditioning, noise: Tensor, generator: torch.Generator, iteration: int
     ) -> Rollout:
         mask = self.sde_steps(iteration)
-        step_noise = torch.randn(noise.shape[0], self.num_steps, *noise.shape[1:], generator=generator)
+        # SDE noise of the local samples only, from a per-rank stream when sharded (drawing the global batch's
+        # (N, T, *S) noise on every rank would cost W times the memory); one process: ``generator`` itself.
+        local = self.dist.local_generator(generator)
+        step_noise = torch.randn(noise.shape[0], self.num_steps, *noise.shape[1:], generator=local)
         parts = [
             sde_sample(
                 policy,
@@ -85,7 +88,8 @@ class FlowGRPO(Algorithm):
         per_sample = max(1, int(self.config.timestep_fraction * trainable.shape[0]))
         # Each sample trains on its own random subset of the stochastic steps (Flow-GRPO's shuffle).
         n = rollout.samples.shape[0]
-        order = torch.stack([torch.randperm(trainable.shape[0], generator=generator) for _ in range(n)])
+        local = self.dist.local_generator(generator)  # per rank when sharded, like the SDE noise
+        order = torch.stack([torch.randperm(trainable.shape[0], generator=local) for _ in range(n)])
         train_steps = trainable[order[:, :per_sample]]
         return PreparedBatch(
             samples=rollout.samples,

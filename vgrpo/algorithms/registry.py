@@ -9,6 +9,7 @@ from torch import nn
 
 from vgrpo.algorithms.base import Algorithm
 from vgrpo.config import TrainConfig
+from vgrpo.distributed import Distributed
 from vgrpo.flow import timestep_grid
 
 __all__ = ["ALGORITHMS", "build_algorithm", "get_algorithm_class"]
@@ -33,8 +34,11 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
     return algorithm_class
 
 
-def build_algorithm(config: TrainConfig, *, policy: nn.Module, latent_shape: tuple[int, ...]) -> Algorithm:
-    """Instantiate ``config.algorithm`` with the plain values it needs from the rest of the config."""
+def build_algorithm(
+    config: TrainConfig, *, policy: nn.Module, latent_shape: tuple[int, ...], dist: Distributed | None = None
+) -> Algorithm:
+    """Instantiate ``config.algorithm`` with the plain values it needs from the rest of the config; ``dist``:
+    the processes sharing each batch (default one)."""
     algo_config = config.algorithm
     kwargs: dict[str, Any] = {
         "sigmas": timestep_grid(config.rollout.num_steps, shift=config.rollout.shift),
@@ -42,6 +46,7 @@ def build_algorithm(config: TrainConfig, *, policy: nn.Module, latent_shape: tup
         "latent_shape": latent_shape,
         "rollout_micro_batch": config.rollout.micro_batch_size,
         "train_micro_batch": config.optim.micro_batch_size,
+        "dist": dist,
     }
     if algo_config.name in _NEEDS_POLICY:
         kwargs["policy"] = policy

@@ -110,8 +110,11 @@ class VGRPO(Algorithm):
         generator: torch.Generator,
     ) -> PreparedBatch:
         num_samples = rollout.samples.shape[0]
+        # The pairs of the global batch (the same draw on every rank keeps the shared generator aligned), then
+        # this rank's rows; the surrogate CV is a statistic of the global batch, so it sees every rank's values.
+        global_samples = num_samples * self.dist.world_size
         pairs = draw_pairs(
-            num_prompts=num_samples // self.group_size,
+            num_prompts=global_samples // self.group_size,
             group_size=self.group_size,
             n_mc=self.config.n_mc,
             latent_shape=self.latent_shape,
@@ -122,6 +125,7 @@ class VGRPO(Algorithm):
             logit_normal_mean=self.config.logit_normal_mean,
             logit_normal_std=self.config.logit_normal_std,
         )
+        pairs = self.local_pairs(pairs, num_samples)
         old_s, old_x0_hat = self.current_surrogates(
             policy, rollout.samples, cond, pairs, torch.arange(num_samples), keep_x0_hat=self.config.kl_coef > 0
         )
@@ -130,7 +134,7 @@ class VGRPO(Algorithm):
             cond=cond,
             advantages=advantages,
             extras={"pairs": pairs, "old_surrogates": old_s, "old_x0_hat": old_x0_hat},
-            metrics=surrogate_cv(old_s, self.group_size),
+            metrics=surrogate_cv(self.dist.gather(old_s), self.group_size),
         )
 
     # 3. gradient steps -----------------------------------------------------------------------

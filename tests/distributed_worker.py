@@ -1,0 +1,114 @@
+"""One training iteration per case on the tiny SD3 transformer with LoRA, sharded over however many processes
+started it; rank 0 writes what the iteration computed (advantages, pairs, old surrogates, updated adapter).
+
+    accelerate launch --config_file configs/accelerate/cpu_2proc.yaml -m tests.distributed_worker OUT.safetensors
+
+``tests/test_distributed.py`` runs :func:`run_case` in its own process (one rank, the whole batch) and compares.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from tests.algorithms.helpers import make_config, make_policy
+from vgrpo.algorithms import build_algorithm
+from vgrpo.algorithms.base import PreparedBatch
+from vgrpo.distributed import Distributed
+from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
+from vgrpo.train_step import build_optimizer, train_iteration
+
+PROMPT_TEXTS = ["a red circle", "two blue squares", "a green star", "three yellow dots"]
+# Rollout micro-batches of one group (G = 3) cut the global batch where the ranks cut it, so every rank's
+# forward passes see the same inputs as the single process's and the samples agree bit for bit; the
+# update's micro-batches of 4 do not align (6 samples per rank: 4 + 2), which only reorders float sums.
+SECTIONS: dict[str, Any] = {
+    "rollout": {"prompts_per_iteration": len(PROMPT_TEXTS), "micro_batch_size": 3},
+    "optim": {"gradient_steps": 2, "lr": 1e-2, "micro_batch_size": 4},
+}
+CASES: dict[str, dict[str, Any]] = {
+    "vgrpo_batch": {"algorithm": {"name": "vgrpo", "share": "batch", "n_mc": 2}},
+    "vgrpo_none": {"algorithm": {"name": "vgrpo", "share": "none", "n_mc": 2, "memory_bounded": False}},
+    "diffusion_nft": {"algorithm": {"name": "diffusion_nft", "n_mc": 2}},
+    # Per-rank SDE noise and per-rank minibatches: no single-process twin, but every rank must agree.
+    "flow_grpo": {"algorithm": {"name": "flow_grpo"}, "optim": {"minibatches": 2}},
+}
+
+
+def toy_reward(samples: Tensor, prompts: object) -> dict[str, Tensor]:
+    return {"bright": samples.mean(dim=(1, 2, 3)), "contrast": samples.std(dim=(1, 2, 3))}
+
+
+def run_case(name: str, dist: Distributed) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """One iteration of case ``name``: the global batch's advantages, pairs (``t``, ``eps``, one row per
+    pair row of the global batch), old surrogates / old velocities and the updated trainable parameters,
+    identical on every rank, plus the iteration's metrics."""
+    case = CASES[name]
+    config = make_config(
+        case["algorithm"], rollout=SECTIONS["rollout"], optim={**SECTIONS["optim"], **case.get("optim", {})}
+    )
+    policy = make_policy(config)  # seeded: the same weights in every process
+    algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE, dist=dist)
+    captured: list[PreparedBatch] = []
+    prepare = algorithm.prepare
+
+    def recording_prepare(*args: Any, **kwargs: Any) -> PreparedBatch:
+        captured.append(prepare(*args, **kwargs))
+        return captured[-1]
+
+    algorithm.prepare = recording_prepare  # type: ignore[method-assign]
+    record = train_iteration(
+        policy=policy,
+        algorithm=algorithm,
+        optimizer=build_optimizer(policy, config.optim),
+        reward_fn=toy_reward,
+        prompts=PROMPT_TEXTS,
+        cond=tiny_conditioning(len(PROMPT_TEXTS)),
+        config=config,
+        latent_shape=TINY_LATENT_SHAPE,
+        generator=torch.Generator().manual_seed(0),
+        iteration=1,  # DiffusionNFT's EMA decay is 0 at iteration 0
+    )
+    batch = captured[0]
+    out = {"advantages": dist.gather(batch.advantages), "samples": dist.gather(record.samples)}
+    pairs = batch.extras.get("pairs")
+    if pairs is not None:  # one row for share=batch (already global), else the ranks' rows in order
+        gather = (lambda x: x) if pairs.share == "batch" else dist.gather
+        out |= {"pairs_t": gather(pairs.t), "pairs_eps": gather(pairs.eps)}
+    for key in ("old_surrogates", "v_old"):
+        if key in batch.extras:
+            out[key] = dist.gather(batch.extras[key])
+    for param_name, p in policy.named_parameters():
+        if p.requires_grad:
+            value = p.detach()
+            # Every rank must hold the same weights after the update: record the largest gap to rank 0's.
+            out["param_rank_gap_max"] = torch.maximum(
+                out.get("param_rank_gap_max", torch.zeros(())),
+                dist.reduce_metrics({"gap_max": (value - dist.broadcast(value)).abs().max().item()})["gap_max"]
+                * torch.ones(()),
+            )
+            out[f"param.{param_name}"] = value.clone()
+    metrics = {k: v for k, v in record.metrics.items() if not k.startswith("time/")}
+    return {f"{name}/{k}": v.contiguous() for k, v in out.items()}, metrics
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    dist = Distributed.from_environment()
+    tensors: dict[str, Tensor] = {}
+    metrics: dict[str, dict[str, float]] = {}
+    for name in CASES:
+        case_tensors, metrics[name] = run_case(name, dist)
+        tensors |= case_tensors
+    if dist.is_main:
+        save_file(tensors, argv[0], metadata={"metrics": json.dumps(metrics), "world_size": str(dist.world_size)})
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
