@@ -46,6 +46,13 @@ class IterationRecord:
     samples: Tensor
 
 
+def _clock(device: torch.device) -> float:
+    """Seconds for the phase split; waits for queued GPU work first, or a phase's kernels bill the next one."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def build_optimizer(policy: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
     """AdamW over the policy's trainable parameters (LoRA adapters, or everything)."""
     params = trainable_parameters(policy)
@@ -114,16 +121,16 @@ def train_iteration(
         )
     samples = slice(shard.start * group_size, shard.stop * group_size)  # this rank's block of the global batch
 
-    t0 = time.perf_counter()
+    t0 = _clock(device)
     noise = torch.randn(len(prompts) * group_size, *latent_shape, generator=generator)[samples].to(device)
     rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
-    t1 = time.perf_counter()
+    t1 = _clock(device)
     rewards = {name: r.detach().float().cpu() for name, r in reward_fn(rollout.samples, sample_prompts).items()}
     for name, r in rewards.items():
         if r.shape != (num_samples,):
             raise ValueError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({num_samples},)")
     rewards = {name: dist.gather(r) for name, r in rewards.items()}  # every rank: the global batch
-    t2 = time.perf_counter()
+    t2 = _clock(device)
     adv = compute_advantages(
         rewards,
         group_size=group_size,
@@ -135,7 +142,7 @@ def train_iteration(
         clamp=config.advantage.clamp,
     )
     batch = algorithm.prepare(policy, rollout, sample_cond, adv.advantages[samples], generator)
-    t3 = time.perf_counter()
+    t3 = _clock(device)
 
     params = trainable_parameters(policy)
     max_norm = config.optim.max_grad_norm if config.optim.max_grad_norm is not None else float("inf")
@@ -149,7 +156,7 @@ def train_iteration(
         optimizer.step()
         _accumulate(per_step, {**step_metrics, "grad_norm": grad_norm.item()})
     end_metrics = algorithm.end_iteration(policy, iteration)
-    t4 = time.perf_counter()
+    t4 = _clock(device)
 
     metrics: dict[str, float] = {"iteration": float(iteration), **adv.metrics, **batch.metrics, **end_metrics}
     for key, values in per_step.items():
