@@ -158,6 +158,15 @@ def test_vgrpo_step_on_flux_moves_lora_and_diffusers_loads_it(saved_flux: Path, 
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-6)  # alpha / rank travelled in the metadata
     assert (ours - untrained).abs().max() > 1e-4
 
+    # Merge-and-export (python -m vgrpo.cli export) writes a FluxPipeline that computes base + LoRA.
+    from vgrpo.cli import main
+
+    assert main(["export", str(saved_flux), "--lora", str(tmp_path / "lora"), "--out", str(tmp_path / "merged")]) == 0
+    merged = load_pipeline(tmp_path / "merged")
+    assert isinstance(merged, FluxPipeline) and not getattr(merged.transformer, "peft_config", None)
+    with torch.no_grad():
+        torch.testing.assert_close(FluxVelocity(merged.transformer)(x, t, cond), ours, rtol=1e-5, atol=1e-5)
+
 
 def test_full_fine_tuning_moves_every_transformer_weight_group(saved_flux: Path) -> None:
     policy, before, records = _train_tiny_flux(load_pipeline(saved_flux), lora=False)
