@@ -184,6 +184,14 @@ class Distributed:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (a decision every rank must take alike)."""
+        if self.world_size == 1:
+            return flag
+        value = torch.tensor([int(flag)], device=self.device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return bool(value.item())
+
     def reduce_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """Metrics of the whole batch from each rank's: the mean over ranks (each rank's value is a mean over
         the same number of samples), except keys ending in ``_min`` / ``_max``, reduced by min / max.

@@ -11,6 +11,7 @@ the same as without sharding.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from torch import Tensor, nn
 from vgrpo.advantages import compute_advantages
 from vgrpo.algorithms.base import Algorithm
 from vgrpo.config import OptimConfig, TrainConfig
+from vgrpo.distributed import Distributed
+from vgrpo.guards import NonFiniteError, check_finite, nonfinite_summary
 from vgrpo.policy import Conditioning, trainable_parameters
 
 __all__ = ["IterationRecord", "RewardFn", "build_optimizer", "minibatch_schedule", "train_iteration"]
@@ -51,6 +54,23 @@ def _clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def _prompts_at(values: Tensor, prompts: Sequence[str], group_size: int) -> list[str]:
+    """The prompts of the first non-finite samples of a global ``(B * G,)`` tensor, for the event log."""
+    bad = torch.nonzero(~torch.isfinite(values)).flatten()[:4].tolist()
+    return [prompts[i // group_size] for i in bad]
+
+
+def _check_prepared(extras: Mapping[str, object], dist: Distributed) -> None:
+    """Non-finite tensors among what ``prepare`` computed (old surrogates, log-probabilities, velocities).
+    Each rank holds its own samples', so the verdict is reduced: every rank skips, or none does."""
+    bad = {k: v for k, v in extras.items() if isinstance(v, Tensor) and v.is_floating_point()
+           and not bool(torch.isfinite(v).all())}  # fmt: skip
+    if dist.any(bool(bad)):
+        name = next(iter(bad), "prepared batch")
+        details = nonfinite_summary(bad[name]) if bad else {"on": "another rank"}
+        raise NonFiniteError(name, {**details, "rank": dist.rank})
 
 
 def build_optimizer(policy: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
@@ -130,6 +150,8 @@ def train_iteration(
         if r.shape != (num_samples,):
             raise ValueError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({num_samples},)")
     rewards = {name: dist.gather(r) for name, r in rewards.items()}  # every rank: the global batch
+    for name, r in rewards.items():  # gathered, so every rank takes the same decision
+        check_finite(f"reward/{name}", r, prompts=_prompts_at(r, prompts, group_size))
     t2 = _clock(device)
     adv = compute_advantages(
         rewards,
@@ -141,7 +163,9 @@ def train_iteration(
         soft_clip_eta=config.advantage.soft_clip_eta,
         clamp=config.advantage.clamp,
     )
+    check_finite("advantages", adv.advantages)
     batch = algorithm.prepare(policy, rollout, sample_cond, adv.advantages[samples], generator)
+    _check_prepared(batch.extras, dist)
     t3 = _clock(device)
 
     params = trainable_parameters(policy)
@@ -153,6 +177,10 @@ def train_iteration(
         step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, batch, idx, step))
         dist.average_gradients(params)  # before clipping, so every rank clips and steps the same gradient
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if not torch.isfinite(grad_norm):  # no step: this iteration is skipped (vgrpo.guards)
+            optimizer.zero_grad(set_to_none=True)
+            bad = {k: v for k, v in step_metrics.items() if not math.isfinite(v)}
+            raise NonFiniteError("loss" if bad else "gradients", {"step": step, "grad_norm": grad_norm.item(), **bad})
         optimizer.step()
         _accumulate(per_step, {**step_metrics, "grad_norm": grad_norm.item()})
     end_metrics = algorithm.end_iteration(policy, iteration)

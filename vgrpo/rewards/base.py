@@ -19,7 +19,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["Metadata", "Reward", "RewardError", "RewardOutput", "check_images"]
+from vgrpo.guards import NonFiniteError
+
+__all__ = ["Metadata", "NonFiniteRewardError", "Reward", "RewardError", "RewardOutput", "check_images"]
 
 Metadata = Mapping[str, Any]
 """Per-image prompt metadata: GenEval's ``tag`` / ``include`` / ``exclude``, the world's ``text``, ..."""
@@ -28,6 +30,13 @@ Metadata = Mapping[str, Any]
 class RewardError(RuntimeError):
     """A reward returned something unusable (wrong shape, non-finite score) or its engine failed;
     the message names the reward."""
+
+
+class NonFiniteRewardError(RewardError, NonFiniteError):
+    """A reward returned NaN or Inf scores: a training stage skips the iteration (:mod:`vgrpo.guards`).
+    ``scores`` holds what it returned, for the event log."""
+
+    scores: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,13 @@ class Reward(ABC):
                 raise RewardError(f"reward {self.name!r} returned {key} of shape {arr.shape}, expected ({n},)")
             if key == "scores" and not np.isfinite(arr).all():
                 bad = np.flatnonzero(~np.isfinite(arr)).tolist()
-                raise RewardError(f"reward {self.name!r} returned non-finite scores at images {bad[:10]}")
+                error = NonFiniteRewardError(
+                    f"reward/{self.name}",
+                    {"count": len(bad), "of": n, "indices": bad[:16]},
+                    message=f"reward {self.name!r} returned non-finite scores at images {bad[:10]}",
+                )
+                error.scores = arr
+                raise error
             checked[key] = arr
         subs = {k: checked[f"sub_scores[{k!r}]"] for k in out.sub_scores}
         return RewardOutput(scores=checked["scores"], sub_scores=subs)
