@@ -16,6 +16,8 @@ plain diffusers script.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,10 +31,13 @@ from vgrpo.policy import ParameterSnapshot
 __all__ = [
     "CheckpointError",
     "canonicalize_safetensors_header",
+    "checkpoints",
     "export_merged_pipeline",
     "latest_checkpoint",
     "load_lora_into",
     "load_training_state",
+    "prune_checkpoints",
+    "quarantine",
     "save_lora",
     "save_training_state",
 ]
@@ -83,6 +88,13 @@ def save_training_state(
     atomic_dir(path, write)
 
 
+def _read(path: Path, name: str, reader: Callable[[Path], Any]) -> Any:
+    try:
+        return reader(path / name)
+    except Exception as exc:  # safetensors and json raise their own types for a truncated or garbled file
+        raise CheckpointError(f"{path / name}: unreadable ({type(exc).__name__}: {exc})") from exc
+
+
 def load_training_state(
     path: Path,
     *,
@@ -91,51 +103,92 @@ def load_training_state(
     snapshots: Mapping[str, ParameterSnapshot],
 ) -> dict[str, Any]:
     """Restore a :func:`save_training_state` directory into ``module``, ``optimizer`` and ``snapshots``;
-    returns its ``state``."""
+    returns its ``state``.
+
+    Every file is read and checked against the model before anything is changed, so a corrupt checkpoint
+    raises :class:`CheckpointError` (naming the file) and leaves the model, optimizer and snapshots as they were.
+    """
     from safetensors.torch import load_file
 
     names = ("trainable.safetensors", "optimizer.safetensors", "optimizer.json", "snapshots.safetensors", "state.json")
     missing = [n for n in names if not (path / n).is_file()]
     if missing:
         raise CheckpointError(f"{path}: incomplete checkpoint, missing {missing}")
-    weights = load_file(path / "trainable.safetensors")
+    weights = _read(path, "trainable.safetensors", load_file)
+    tensors = _read(path, "optimizer.safetensors", load_file)
+    scalars = _read(path, "optimizer.json", lambda f: json.loads(f.read_text()))
+    snap = _read(path, "snapshots.safetensors", load_file)
+    state: dict[str, Any] = _read(path, "state.json", lambda f: json.loads(f.read_text()))
     params = _trainable(module)
     if set(weights) != set(params):
         diff = sorted(set(weights) ^ set(params))[:5]
         raise CheckpointError(f"{path}: trainable parameters do not match the model (e.g. {diff})")
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(weights[name].to(p.dtype))
-    scalars = json.loads((path / "optimizer.json").read_text())
-    tensors = load_file(path / "optimizer.safetensors")
+    bad_shape = [n for n, p in params.items() if tuple(weights[n].shape) != tuple(p.shape)]
+    if bad_shape:
+        raise CheckpointError(f"{path}: trainable parameter shapes do not match the model (e.g. {bad_shape[:3]})")
+    for name, s in snapshots.items():
+        for i in range(len(s.values)):
+            if f"{name}/{i}" not in snap:
+                raise CheckpointError(f"{path}: snapshot {name}/{i!r} missing")
     opt_state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         pid, _, name = key.partition("/")
         opt_state.setdefault(int(pid), {})[name] = value
     for pid, values in scalars["state"].items():
         opt_state.setdefault(int(pid), {}).update(values)
-    optimizer.load_state_dict({"state": opt_state, "param_groups": scalars["param_groups"]})
-    snap = load_file(path / "snapshots.safetensors")
-    for name, s in snapshots.items():
-        for i in range(len(s.values)):
-            key = f"{name}/{i}"
-            if key not in snap:
-                raise CheckpointError(f"{path}: snapshot {key!r} missing")
-            s.values[i].copy_(snap[key])
-    state: dict[str, Any] = json.loads((path / "state.json").read_text())
+    try:
+        optimizer.load_state_dict({"state": opt_state, "param_groups": scalars["param_groups"]})
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"{path / 'optimizer.json'}: does not fit the optimizer ({exc})") from exc
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(weights[name].to(p.dtype))
+        for name, s in snapshots.items():
+            for i in range(len(s.values)):
+                s.values[i].copy_(snap[f"{name}/{i}"])
     return state
+
+
+def checkpoints(root: Path, prefix: str = "iter-") -> list[Path]:
+    """Complete checkpoint directories under ``root``, newest (highest iteration) first; temporary and
+    quarantined directories (names starting with ``.``) are not listed."""
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.name.startswith(prefix) and (p / "state.json").is_file()]
+    return sorted(done, key=lambda p: int(p.name[len(prefix) :]), reverse=True)
 
 
 def latest_checkpoint(root: Path, prefix: str = "iter-", accept: Callable[[Path], bool] | None = None) -> Path | None:
     """The complete checkpoint with the highest iteration under ``root`` that ``accept`` (default: any) accepts;
     temporary directories are ignored."""
-    if not root.is_dir():
-        return None
-    done = [p for p in root.iterdir() if p.name.startswith(prefix) and (p / "state.json").is_file()]
-    for path in sorted(done, key=lambda p: int(p.name[len(prefix) :]), reverse=True):
+    for path in checkpoints(root, prefix):
         if accept is None or accept(path):
             return path
     return None
+
+
+def quarantine(path: Path) -> Path:
+    """Rename a checkpoint that failed to load to ``.corrupt-<name>`` beside it (kept for inspection, never
+    listed again); returns the new path."""
+    target = path.with_name(f".corrupt-{path.name}")
+    shutil.rmtree(target, ignore_errors=True)
+    path.rename(target)
+    return target
+
+
+def prune_checkpoints(root: Path, keep: int, *, same_run: Callable[[Path], bool], prefix: str = "iter-") -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints that ``same_run`` accepts, and temporary directories left
+    by killed writers; checkpoints of other runs (other params) are left alone. Returns what was deleted."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    removed = [p for p in checkpoints(root, prefix) if same_run(p)][keep:]
+    if root.is_dir():
+        hidden = [p for p in root.iterdir() if p.name.startswith(f".{prefix}")]  # atomic_dir's .NAME.tmp-PID
+        leftovers = [p for p in hidden if ".tmp-" in p.name or ".old-" in p.name]
+        removed += [p for p in leftovers if p.name.rsplit("-", 1)[-1] != str(os.getpid())]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
 
 
 def canonicalize_safetensors_header(path: Path) -> None:
