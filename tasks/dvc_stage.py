@@ -70,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.stage import run_tracked_stage
     from vgrpo.atomic import write_json_atomic
     from vgrpo.config import ConfigError, load_curriculum, overrides_from_pairs
+    from vgrpo.guards import TrainingDiverged
 
     try:
         spec, stages = load_curriculum(args.curriculum, overrides_from_pairs(args.set), extra=args.params)
@@ -91,10 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     tags = {"vgrpo.runner": "dvc", "vgrpo.dvc_stage": f"stage@{args.stage}"}
     if args.params:
         tags["vgrpo.extra_params"] = ",".join(args.params)
-    result = run_tracked_stage(
-        cfg.model_dump(mode="json"), init, str(run_root), tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
-        experiment=args.experiment or spec.name, tags=tags,
-    )  # fmt: skip
+    try:
+        result = run_tracked_stage(
+            cfg.model_dump(mode="json"), init, str(run_root), tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+            experiment=args.experiment or spec.name, tags=tags,
+        )  # fmt: skip
+    except TrainingDiverged as exc:  # the message names the intact checkpoint a rerun resumes from
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     metrics = stage_metrics(result, args.stage)
     write_json_atomic(Path(args.metrics), metrics)
     if args.plots:

@@ -113,11 +113,16 @@ def run_tracked_stage(
             group = cfg.evaluation.group_size
             log_image(client, run_id, grid_image(images[: 8 * group], group), f"eval/iter-{iteration:05d}.png")
 
+    def on_skip(event: dict[str, Any]) -> None:  # an iteration skipped for a NaN/Inf: what, where, how many
+        if client is not None and run_id is not None:
+            log_json(client, run_id, event, f"guard/iter-{event['iteration']:05d}.json")
+            client.set_tag(run_id, "vgrpo.guard.last_skip", f"iteration {event['iteration']}: {event['quantity']}")
+
     started = time.perf_counter()
     try:
         result = run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=Path(run_root) / "work" / cfg.name,
                            out_dir=out_dir, init_lora=Path(init_lora) if init_lora else None, root=Path(root),
-                           log=log, on_eval=on_eval)  # fmt: skip
+                           log=log, on_eval=on_eval, on_skip=on_skip)  # fmt: skip
     except BaseException:
         if bar is not None:
             bar.close()
@@ -136,6 +141,7 @@ def run_tracked_stage(
         client.set_tag(run_id, "vgrpo.output", str(out_dir.resolve()))  # the adapter, by reference and hash
         client.set_tag(run_id, "vgrpo.output_hash", out_hash)
         client.set_tag(run_id, "vgrpo.resumed_from", str(result.resumed_from))
+        client.set_tag(run_id, "vgrpo.skipped_iterations", str(len(result.skipped)))
         end_run(client, run_id)
     return {"name": cfg.name, "out_dir": str(out_dir), "hash": out_hash, "final_eval": final, "run_id": run_id,
             "resumed_from": result.resumed_from, "wall_s": time.perf_counter() - started,

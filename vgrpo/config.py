@@ -610,6 +610,10 @@ class StageConfig(TrainConfig):
     rewards: tuple[RewardConfig, ...] = Field(min_length=1)
     iterations: int = Field(ge=1, description="Iterations of the stage (paper SD3.5: 150 / 200 / 150 / 50 / 30).")
     checkpoint_every: int = Field(10, ge=1, description="Iterations between resumable checkpoints.")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints of the run kept; older ones are deleted.")
+    max_consecutive_skips: int = Field(
+        3, ge=1, description="Iterations in a row skipped for NaN/Inf (vgrpo.guards) before the stage stops."
+    )
     eval_every: int = Field(0, ge=0, description="Iterations between evaluations; 0 = only after the last one.")
     eval_prompts: str | None = Field(None, description="Evaluation prompt file; None = no evaluation.")
     evaluation: EvaluationConfig = EvaluationConfig()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,20 +27,31 @@ from torch import Tensor
 
 from vgrpo.algorithms import build_algorithm
 from vgrpo.atomic import atomic_dir
-from vgrpo.checkpoint import latest_checkpoint, load_lora_into, load_training_state, save_lora, save_training_state
+from vgrpo.checkpoint import (
+    CheckpointError,
+    checkpoints,
+    load_lora_into,
+    load_training_state,
+    prune_checkpoints,
+    quarantine,
+    save_lora,
+    save_training_state,
+)
 from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed
+from vgrpo.guards import NonFiniteError, TrainingDiverged
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
 from vgrpo.policy import trainable_parameters
-from vgrpo.prompts import load_prompts
-from vgrpo.rewards.base import Metadata
+from vgrpo.prompts import check_geneval_metadata, load_prompts
+from vgrpo.rewards.base import Metadata, NonFiniteRewardError
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.train_step import build_optimizer, train_iteration
 
 __all__ = ["StageResult", "iteration_generator", "run_stage", "sample_prompt_rows"]
 
 MetricsLog = Callable[[dict[str, float], int], None]
+SkipHook = Callable[[dict[str, Any]], None]
 EvalHook = Callable[[dict[str, Any], np.ndarray, int], None]
 
 
@@ -52,6 +64,8 @@ class StageResult:
     history: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int = 0
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    """One event per iteration skipped for a non-finite quantity (:mod:`vgrpo.guards`)."""
 
 
 def _seed(*parts: int) -> int:
@@ -84,6 +98,8 @@ def config_hash(config: StageConfig) -> str:
 
 def _rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
     rows = load_prompts(root / config.prompts)
+    if {"geneval", "geneval_server"} & {r.name for r in config.rewards}:
+        check_geneval_metadata(rows, root / config.prompts)
     if config.prompt_tags is not None:
         rows = [r for r in rows if r.get("tag") in config.prompt_tags]
         if not rows:
@@ -101,6 +117,7 @@ def run_stage(
     root: Path = Path("."),
     log: MetricsLog | None = None,
     on_eval: EvalHook | None = None,
+    on_skip: SkipHook | None = None,
     dist: Distributed | None = None,
 ) -> StageResult:
     """Train one stage from ``pipeline_dir`` (+ ``init_lora``, the previous stage's adapter) and export its
@@ -112,6 +129,9 @@ def run_stage(
         log: called with each iteration's flat metrics (rewards, every sub-score, surrogate CV, ratio and
             clip statistics, KL, grad norm, seconds per phase) and the iteration number.
         on_eval: called with each evaluation table, its images and the iteration.
+        on_skip: called with the event of each iteration skipped for a NaN or Inf (reward, advantage, surrogate,
+            loss or gradient: which, how many, where); after ``max_consecutive_skips`` in a row the stage raises
+            :class:`vgrpo.guards.TrainingDiverged` and leaves its last checkpoint as it was.
         dist: the processes sharing each iteration's batch (default: from the environment ``accelerate launch``
             sets, else one process, on the GPU when there is one); ``log``, ``on_eval``, checkpoints and the export
             happen on rank 0 only (the returned history is every rank's, evaluations rank 0's).
@@ -129,6 +149,8 @@ def run_stage(
         )
     rows = _rows(config, root)
     eval_rows = load_prompts(root / config.eval_prompts) if config.eval_prompts else None
+    if eval_rows and {"geneval", "geneval_server"} & {r.name for r in config.evaluation.rewards}:
+        check_geneval_metadata(eval_rows, root / str(config.eval_prompts))
     eval_rows = eval_rows[: config.evaluation.max_prompts] if eval_rows else None
     pipe = load_pipeline(root / pipeline_dir).to(dist.device)  # 2. model, adapter, optimizer, algorithm
     adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
@@ -164,14 +186,33 @@ def run_stage(
     result = StageResult(out_dir=out_dir, iterations=config.iterations)
 
     def same_run(checkpoint: Path) -> bool:
-        state = json.loads((checkpoint / "state.json").read_text())
+        try:
+            state = json.loads((checkpoint / "state.json").read_text())
+        except (OSError, ValueError):
+            return True  # unreadable: let loading report it and set it aside
         return bool(state.get("config_hash") == fingerprint and state.get("init_lora_hash") == init_hash)
 
-    latest = dist.broadcast_object(latest_checkpoint(ckpt_root, accept=same_run) if dist.is_main else None)
-    if latest is not None:
-        state = load_training_state(latest, module=transformer, optimizer=optimizer, snapshots=algorithm.snapshots())
-        result.history, result.evaluations = state["history"], state["evaluations"]
-        result.resumed_from = int(state["iteration"])
+    def resume() -> tuple[Path, dict[str, Any]] | None:
+        """Rank 0: load the newest checkpoint of this run that loads whole, setting corrupt ones aside."""
+        for candidate in (c for c in checkpoints(ckpt_root) if same_run(c)):
+            try:
+                return candidate, load_training_state(candidate, module=transformer, optimizer=optimizer,
+                                                      snapshots=algorithm.snapshots())  # fmt: skip
+            except CheckpointError as exc:
+                moved = quarantine(candidate)
+                warnings.warn(f"{exc}; moved to {moved.name}, resuming from an older checkpoint", stacklevel=2)
+        return None
+
+    found = resume() if dist.is_main else None
+    path = dist.broadcast_object(None if found is None else found[0])
+    resumed: dict[str, Any] | None = None
+    if path is not None:  # the other ranks load what rank 0 loaded (optimizer state and snapshots included)
+        resumed = found[1] if found is not None else load_training_state(
+            path, module=transformer, optimizer=optimizer, snapshots=algorithm.snapshots())  # fmt: skip
+        result.history, result.evaluations = resumed["history"], resumed["evaluations"]
+        result.skipped = resumed.get("skipped", [])
+        result.resumed_from = int(resumed["iteration"])
+    consecutive_skips = int(resumed.get("consecutive_skips", 0)) if resumed is not None else 0
     dist.broadcast_parameters(trainable_parameters(policy))  # as DDP does: every rank starts from rank 0's weights
 
     base_policy = None  # hybrid sampling (FLUX evaluation, p_mix): the base finishes the last steps
@@ -200,30 +241,64 @@ def run_stage(
         prompts = [str(r["prompt"]) for r in batch]
         expanded = [r for r in batch[shard] for _ in range(config.rollout.group_size)]  # this rank's samples
         scored: list[MultiRewardOutput] = []
+        reward_errors: list[str] = []
 
         def reward_fn(samples: Tensor, sample_prompts: Sequence[str], expanded: list[Metadata] = expanded,
-                      scored: list[MultiRewardOutput] = scored) -> dict[str, Tensor]:  # fmt: skip
+                      scored: list[MultiRewardOutput] = scored,
+                      reward_errors: list[str] = reward_errors) -> dict[str, Tensor]:  # fmt: skip
             with torch.no_grad():
                 images = tensor_to_images(adapter.decode(samples))
-            out = rewards(images, list(sample_prompts), expanded if rewards.needs_metadata else None)
+            try:
+                out = rewards(images, list(sample_prompts), expanded if rewards.needs_metadata else None)
+            except NonFiniteRewardError as exc:  # NaN scores for that reward, so that train_iteration's check
+                reward_errors.append(str(exc))  # (on the scores gathered from every rank) skips on all ranks
+                n = samples.shape[0]
+                bad = torch.full((n,), float("nan")) if exc.scores is None else torch.as_tensor(exc.scores)
+                return {key: bad.float() if exc.quantity == f"reward/{term.reward.name}" else torch.zeros(n)
+                        for key, term in rewards.terms.items()}  # fmt: skip
             scored.append(out)
             return out.score_tensors()
 
         t0 = time.perf_counter()
         cond = adapter.encode_prompts(prompts)
-        record = train_iteration(
-            policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=reward_fn, prompts=prompts,
-            cond=cond, config=train_config,
-            latent_shape=adapter.latent_shape, generator=iteration_generator(config.seed, iteration),
-            iteration=iteration,
-        )  # fmt: skip
-        # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
-        local_times = {k: v for k, v in scored[0].metrics().items() if k.startswith("time/")}
-        scores = MultiRewardOutput.concatenate(dist.gather_object(scored[0])).metrics() | local_times
-        metrics = {**record.metrics, **scores, "time/iteration_s": time.perf_counter() - t0}
-        result.history.append(metrics)
-        if log is not None and dist.is_main:
-            log(metrics, iteration)
+        try:
+            record = train_iteration(
+                policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=reward_fn, prompts=prompts,
+                cond=cond, config=train_config,
+                latent_shape=adapter.latent_shape, generator=iteration_generator(config.seed, iteration),
+                iteration=iteration,
+            )  # fmt: skip
+        except NonFiniteError as exc:  # no update was applied after the check failed: skip the iteration
+            consecutive_skips += 1
+            event = {"iteration": iteration, "quantity": exc.quantity, **exc.details, "consecutive": consecutive_skips,
+                     "reward_errors": reward_errors}  # fmt: skip
+            result.skipped.append(event)
+            metrics = {"iteration": float(iteration), "guard/skipped": 1.0,
+                       "guard/consecutive_skips": float(consecutive_skips)}  # fmt: skip
+            result.history.append(metrics)
+            if dist.is_main:
+                if log is not None:
+                    log(metrics, iteration)
+                if on_skip is not None:
+                    on_skip(event)
+            if consecutive_skips >= config.max_consecutive_skips:
+                kept = next((c for c in checkpoints(ckpt_root) if same_run(c)), None)
+                raise TrainingDiverged(
+                    f"stage {config.name}: {consecutive_skips} consecutive iterations skipped for non-finite values "
+                    f"({', '.join(sorted({e['quantity'] for e in result.skipped[-consecutive_skips:]}))} at "
+                    f"iterations {[e['iteration'] for e in result.skipped[-consecutive_skips:]]}); the last "
+                    f"checkpoint, {kept if kept is not None else 'none yet'}, is intact. Lower optim.lr, check the "
+                    "rewards, or raise max_consecutive_skips."
+                ) from exc
+        else:
+            consecutive_skips = 0
+            # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
+            local_times = {k: v for k, v in scored[0].metrics().items() if k.startswith("time/")}
+            scores = MultiRewardOutput.concatenate(dist.gather_object(scored[0])).metrics() | local_times
+            metrics = {**record.metrics, **scores, "guard/skipped": 0.0, "time/iteration_s": time.perf_counter() - t0}
+            result.history.append(metrics)
+            if log is not None and dist.is_main:
+                log(metrics, iteration)
         done = iteration + 1
         if config.eval_every and done % config.eval_every == 0 and done < config.iterations:
             run_evaluation(done)
@@ -231,9 +306,11 @@ def run_stage(
             if dist.is_main:
                 state = {"iteration": done, "config_hash": fingerprint, "init_lora": str(init_lora),
                          "init_lora_hash": init_hash, "history": result.history,
-                         "evaluations": result.evaluations}  # fmt: skip
+                         "evaluations": result.evaluations, "skipped": result.skipped,
+                         "consecutive_skips": consecutive_skips}  # fmt: skip
                 save_training_state(ckpt_root / f"iter-{done}", module=transformer, optimizer=optimizer,
                                     snapshots=algorithm.snapshots(), state=state)  # fmt: skip
+                prune_checkpoints(ckpt_root, config.keep_checkpoints, same_run=same_run)
             dist.barrier()  # the checkpoint is whole before any rank goes on
     if not result.evaluations or result.evaluations[-1].get("iteration") != config.iterations:
         run_evaluation(config.iterations)  # 6. final evaluation and export
