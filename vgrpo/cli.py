@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vgrpo.config import ConfigError, PretrainConfig, load_config, overrides_from_pairs
+from vgrpo.guards import TrainingDiverged
 
 __all__ = ["main"]
 
@@ -112,7 +113,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--lora {args.lora}: no {LORA_FILE} there (not an adapter directory written by a stage)")
     pipe = load_pipeline(args.pipeline)
     if args.lora is not None:  # a stage's adapter, read the way a plain diffusers script reads it
-        pipe.load_lora_weights(args.lora)
+        pipe.load_lora_weights(args.lora, use_safetensors=True)
     adapter, policy = build_adapter(pipe)
     base = None
     if cfg.base_pipeline is not None:
@@ -224,7 +225,9 @@ def cmd_train_world_preference(args: argparse.Namespace) -> None:
     metrics = evaluate_preference(trained.model, trained.tokenizer, pairs, **stats)
     from transformers import CLIPModel
 
-    init = evaluate_preference(CLIPModel.from_pretrained(clip_dir).eval(), trained.tokenizer, pairs, **stats)
+    init = evaluate_preference(
+        CLIPModel.from_pretrained(clip_dir, use_safetensors=True).eval(), trained.tokenizer, pairs, **stats
+    )
     metrics |= {
         "init_clip": init,
         "train_s": train_s,
@@ -267,12 +270,18 @@ def cmd_train(args: argparse.Namespace) -> None:
     dist = Distributed.from_environment()
 
     def log(metrics: dict[str, float], iteration: int) -> None:
+        if metrics.get("guard/skipped"):
+            return  # on_skip says why
         print(f"{cfg.name} iteration {iteration}: reward {metrics.get('reward/total_mean', float('nan')):.4f}, "
               f"{metrics['time/iteration_s']:.1f} s", flush=True)  # fmt: skip
 
+    def on_skip(event: dict[str, Any]) -> None:
+        print(f"{cfg.name} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
+              f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied", flush=True)  # fmt: skip
+
     result = run_stage(cfg, pipeline_dir=Path(args.pipeline or cfg.pipeline), work_dir=Path(args.work_dir),
                        out_dir=Path(args.out), init_lora=Path(args.init_lora) if args.init_lora else None,
-                       root=Path(args.root), log=log, dist=dist)  # fmt: skip
+                       root=Path(args.root), log=log, on_skip=on_skip, dist=dist)  # fmt: skip
     if dist.is_main:
         if args.metrics:
             summary: dict[str, Any] = {"history": result.history, "evaluations": result.evaluations}
@@ -384,6 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except TrainingDiverged as exc:  # the last checkpoint is intact; the message says where it is
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     except ValueError as exc:
         from vgrpo.models.pipeline import PipelineError
         from vgrpo.prompts import PromptFileError

@@ -73,7 +73,7 @@ def load_pipeline(path: str | Path, *, dtype: torch.dtype = torch.float32) -> An
         return load_sd3_pipeline(root, dtype=dtype)
     from diffusers import FluxPipeline
 
-    pipe = FluxPipeline.from_pretrained(root, local_files_only=True, torch_dtype=dtype)
+    pipe = FluxPipeline.from_pretrained(root, local_files_only=True, use_safetensors=True, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -98,7 +98,9 @@ def load_sd3_pipeline(path: str | Path, *, dtype: torch.dtype = torch.float32, l
     extra: dict[str, Any] = {} if (has_t5 and load_t5) else {"text_encoder_3": None, "tokenizer_3": None}
     if has_t5 and load_t5 and not (root / "text_encoder_3").is_dir():
         raise PipelineError(f"{root}: component folder text_encoder_3/ is missing (or pass load_t5=False)")
-    pipe = StableDiffusion3Pipeline.from_pretrained(root, local_files_only=True, torch_dtype=dtype, **extra)
+    pipe = StableDiffusion3Pipeline.from_pretrained(
+        root, local_files_only=True, use_safetensors=True, dtype=dtype, **extra
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -194,7 +194,7 @@ class ClipColorClassifier:
         if not Path(path).is_dir():
             raise FileNotFoundError(f"CLIP colour classifier: no model directory at {path}")
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model: Any = cast(Any, CLIPModel).from_pretrained(str(path), local_files_only=True)
+        self.model: Any = cast(Any, CLIPModel).from_pretrained(str(path), local_files_only=True, use_safetensors=True)
         self.model.to(self.device).eval()
         self.processor = CLIPProcessor.from_pretrained(str(path), local_files_only=True)
         self._classifiers: dict[str, Any] = {}
