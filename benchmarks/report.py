@@ -1,6 +1,6 @@
 """Turn the runs of ``benchmarks/compare.py`` into a markdown report with PNG plots.
 
-    python benchmarks/report.py runs/bench/full docs/benchmarks
+    python benchmarks/report.py runs/bench/full docs/benchmarks [--mlflow sqlite:////abs/runs/mlflow/mlflow.db]
 
 Every number in the report is computed here from the run records; nothing is typed in by hand.
 """
@@ -297,5 +297,50 @@ def write_report(
     (docs / "README.md").write_text("\n".join(out) + "\n")
 
 
+def log_to_mlflow(folder: Path, uri: str, experiment: str = "vgrpo-bench") -> list[str]:
+    """One MLflow run per record in ``folder`` (idempotent: a run already logged under its name is skipped):
+    the spec and the resolved stage config as params, the held-out curve as metrics at each evaluated iteration,
+    and the time split, NFE, peak memory and surrogate CV as final metrics. Returns the new run ids."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from mlflow import MlflowClient
+
+    from tasks.tracking import end_run, log_metrics, log_params, start_run
+
+    client = MlflowClient(uri)
+    known = client.get_experiment_by_name(experiment)
+    logged = set()
+    if known is not None:
+        logged = {r.info.run_name for r in client.search_runs([known.experiment_id], max_results=10_000)}
+    new = []
+    for run in load_runs(folder):
+        if run["name"] in logged:
+            continue
+        spec = run["spec"]
+        tags = {"vgrpo.bench.group": spec["group"], "vgrpo.bench.method": spec["method"],
+                "vgrpo.bench.reward": spec["reward"], "vgrpo.bench.variant": spec["variant"]}  # fmt: skip
+        run_id = start_run(client, experiment, run["name"], tags=tags)
+        log_params(client, run_id, {"spec": spec, "lr": run["lr"], "config": run.get("config", {})})
+        for point in run["curve"]:
+            log_metrics(client, run_id, {f"held_out/{k}": v for k, v in point.items() if k != "iteration"},
+                        step=int(point["iteration"]))  # fmt: skip
+        final = {f"time/{k}_s": v for k, v in run["time_split_s"].items() if v is not None}
+        final |= {"peak_rss_mb": run["peak_rss_mb"], "skipped_iterations": float(run["skipped_iterations"]),
+                  "collapsed": float(collapsed(run)), "wall_s": run["wall_s"]}  # fmt: skip
+        final |= {k: run[k] for k in ("surrogate_cv", "surrogate_cv_within_group") if run.get(k) is not None}
+        log_metrics(client, run_id, final, step=run["iterations"])
+        end_run(client, run_id)
+        new.append(run_id)
+    return new
+
+
 if __name__ == "__main__":
-    write_report(Path(sys.argv[1]), Path(sys.argv[2]), command="python benchmarks/compare.py (see runs.jsonl)")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, help="the records folder of benchmarks/compare.py")
+    parser.add_argument("docs", type=Path, help="where the page and plots go")
+    parser.add_argument("--mlflow", help="also log every record as an MLflow run to this tracking URI")
+    args = parser.parse_args()
+    write_report(args.runs, args.docs, command="python benchmarks/compare.py (see runs.jsonl)")
+    if args.mlflow:
+        print(f"{len(log_to_mlflow(args.runs, args.mlflow))} runs logged to {args.mlflow}")

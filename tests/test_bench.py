@@ -87,3 +87,25 @@ def test_a_target_never_reached_is_reported_missed() -> None:
     lines = report._targets({"vgrpo": v, "flow_grpo": f})
     assert "**not reached**" in lines[0] and "target missed" in lines[0]
     assert report.first_reaching(f, 0.2, "train_s") == 80.0
+
+
+def test_each_record_becomes_one_mlflow_run(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    from tasks.tracking import tracking_uri
+
+    records = tmp_path / "records"
+    records.mkdir()
+    for r in (_record("vgrpo", 0, [0.1, 0.2], step_s=5.0, cv=0.2), _record("naive_elbo", 0, [0.1, 0.1], step_s=5.0)):
+        (records / f"{r['name']}.json").write_text(json.dumps(r))
+    uri = tracking_uri(tmp_path / "mlflow")
+    assert len(report.log_to_mlflow(records, uri)) == 2
+    assert report.log_to_mlflow(records, uri) == []  # idempotent
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("vgrpo-bench")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"vgrpo-0", "naive_elbo-0"}
+    history = client.get_metric_history(runs["vgrpo-0"].info.run_id, "held_out/geneval_partial")
+    assert [(m.step, m.value) for m in history] == [(0, 0.1), (4, 0.2)]
+    assert runs["vgrpo-0"].data.metrics["surrogate_cv"] == 0.2
+    assert runs["vgrpo-0"].data.tags["vgrpo.bench.method"] == "vgrpo"
