@@ -159,6 +159,30 @@ def _targets(curves: dict[str, list[dict[str, float]]]) -> list[str]:
     return lines
 
 
+def _diagnosis(methods: dict[str, list[dict[str, Any]]], curves: dict[str, list[dict[str, float]]], key: str) -> str:
+    """What the numbers say about why a target is met or missed: the spread of the methods against the noise of
+    the evaluation, and where each method spends its time."""
+    finals = {m: statistics.mean(r["curve"][-1][key] for r in rs) for m, rs in methods.items()}
+    starts = [r["curve"][0][key] for rs in methods.values() for r in rs]
+    ev = next(iter(methods.values()))[0].get("config", {}).get("evaluation", {})
+    images = ev.get("max_prompts", 0) * ev.get("group_size", 0)
+    noise = 2 * (0.25 / images) ** 0.5 if images and key.startswith("geneval") else None
+    spread = max(finals.values()) - min(finals.values())
+    text = (
+        f"Diagnosis: from a common start of {statistics.mean(starts):.3f}, the methods' final held-out means span "
+        f"{min(finals.values()):.3f}..{max(finals.values()):.3f} (spread {spread:.3f})"
+    )
+    if noise is not None:
+        text += (
+            f", {'inside' if spread < noise else 'beyond'} the evaluation's noise of about {noise:.2f}: at this "
+            "budget the reward-based targets are " + ("not resolved" if spread < noise else "resolved")
+        )
+    update = {m: statistics.mean(r["time_split_s"]["update"] for r in rs) for m, rs in methods.items()}
+    total = {m: statistics.mean(r["time_split_s"]["total"] for r in rs) for m, rs in methods.items()}
+    parts = ", ".join(f"{LABELS[m]} {total[m]:.1f} s ({update[m]:.1f} s update)" for m in methods)
+    return text + f". Seconds per iteration: {parts}."
+
+
 def write_report(
     folder: Path, docs: Path, *, command: str, grid_s: float | None = None, planned: Sequence[str] = ()
 ) -> None:
@@ -238,6 +262,7 @@ def write_report(
             _plot(curves, axis, key, docs / name, f"{reward}: held-out {key} (band: min..max over seeds)")
             out.append(f"\n![{reward} vs {axis}]({name})")
         out += ["", "Targets (evaluation points only, no interpolation; mean over seeds):", *_targets(curves)]
+        out += ["", _diagnosis(methods, curves, key)]
         naive, v = methods.get("naive_elbo"), methods.get("vgrpo")
         if naive and v:
             out += [
