@@ -84,14 +84,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
-    """The worker under ``accelerate launch`` with two gloo processes, in its own process group (killed whole
-    on timeout): ``(tensors, metrics)`` written by rank 0."""
-    out = tmp_path_factory.mktemp("dist") / "two.safetensors"
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
-           "--main_process_port", str(_free_port()), "-m", "tests.distributed_worker", str(out)]  # fmt: skip
+def _launch_two_processes(module_args: list[str]) -> str:
+    """``accelerate launch`` with two gloo processes (configs/accelerate/cpu_2proc.yaml) in its own process group,
+    killed whole on timeout; returns the combined log after asserting a zero exit."""
+    config = ROOT / "configs/accelerate/cpu_2proc.yaml"
+    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file", str(config),
+           "--main_process_port", str(_free_port()), *module_args]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # fmt: skip
@@ -102,6 +100,15 @@ def two_process_run(tmp_path_factory):
         proc.communicate()
         pytest.fail(f"accelerate launch did not finish in {LAUNCH_TIMEOUT_S} s")
     assert proc.returncode == 0, log[-4000:]
+    return log
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    """The worker under ``accelerate launch`` with two gloo processes, in its own process group (killed whole
+    on timeout): ``(tensors, metrics)`` written by rank 0."""
+    out = tmp_path_factory.mktemp("dist") / "two.safetensors"
+    _launch_two_processes(["-m", "tests.distributed_worker", str(out)])
     with safe_open(str(out), "pt") as f:
         metadata = f.metadata()
     assert metadata["world_size"] == "2"
@@ -216,21 +223,9 @@ def test_two_process_stage_resumes_a_one_process_checkpoint_and_matches_one_proc
         run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world,
                   log=die_after_first)  # fmt: skip
     metrics = world / "two.json"
-    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file",
-           str(ROOT / "configs/accelerate/cpu_2proc.yaml"), "--main_process_port", str(_free_port()),
-           "-m", "vgrpo.cli", "train", "--params", str(params), "--root", str(world), "--pipeline", "base",
-           "--work-dir", str(world / "cut"), "--out", str(world / "cut_lora"), "--metrics", str(metrics),
-           "--threads", "1"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-    try:
-        log, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"accelerate launch did not finish in {LAUNCH_TIMEOUT_S} s")
-    assert proc.returncode == 0, log[-4000:]
+    log = _launch_two_processes(["-m", "vgrpo.cli", "train", "--params", str(params), "--root", str(world),
+                                 "--pipeline", "base", "--work-dir", str(world / "cut"), "--out",
+                                 str(world / "cut_lora"), "--metrics", str(metrics), "--threads", "1"])  # fmt: skip
     summary = json.loads(metrics.read_text())
     assert summary["world_size"] == 2 and summary["resumed_from"] == 1
     assert log.count("tiny iteration 1: reward") == 1  # rank 0 alone logs

@@ -252,20 +252,16 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     from vgrpo.atomic import write_json_atomic
     from vgrpo.config import StageConfig
-    from vgrpo.distributed import Distributed
+    from vgrpo.distributed import Distributed, samples_per_process
     from vgrpo.stage import run_stage
 
     cfg = load_config(args.params, overrides_from_pairs(args.set), schema=StageConfig)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # checked before the processes wait for each other
-    where, prompts = " + ".join(args.params), cfg.rollout.prompts_per_iteration
-    if prompts % world_size:
-        raise ConfigError(
-            f"{where}: rollout.prompts_per_iteration={prompts} must be divisible by the {world_size} processes"
-        )
-    if prompts // world_size * cfg.rollout.group_size % cfg.optim.minibatches:
-        raise ConfigError(
-            f"{where}: optim.minibatches={cfg.optim.minibatches} must divide each of {world_size} processes' samples"
-        )
+    try:
+        samples_per_process(cfg.rollout.prompts_per_iteration, cfg.rollout.group_size, cfg.optim.minibatches,
+                            world_size)  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(f"{' + '.join(args.params)}: {exc}") from exc
     torch.set_num_threads(args.threads)
     dist = Distributed.from_environment()
 

@@ -25,11 +25,31 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Distributed"]
+__all__ = ["Distributed", "samples_per_process"]
 
 # Gradients are averaged in flat buckets of this many elements: one collective per bucket instead of one per
 # tensor (a LoRA has hundreds of small ones), without a second full copy of a fully fine-tuned model's gradients.
 _BUCKET_NUMEL = 2**25
+
+
+def samples_per_process(prompts_per_iteration: int, group_size: int, minibatches: int, world_size: int) -> int:
+    """Samples each of ``world_size`` processes holds when the batch is split into whole prompt groups.
+
+    Raises:
+        ValueError: naming ``rollout.prompts_per_iteration`` when the prompts do not split evenly over the
+            processes, or ``optim.minibatches`` when it does not divide a process's samples.
+    """
+    if prompts_per_iteration % world_size:
+        raise ValueError(
+            f"rollout.prompts_per_iteration={prompts_per_iteration} must be divisible by the {world_size} processes"
+        )
+    samples = prompts_per_iteration // world_size * group_size
+    if samples % minibatches:
+        raise ValueError(
+            f"optim.minibatches={minibatches} must divide each of the {world_size} processes' {samples} samples "
+            "(rollout.prompts_per_iteration x rollout.group_size / processes)"
+        )
+    return samples
 
 
 class Distributed:

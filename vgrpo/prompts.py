@@ -80,12 +80,12 @@ def _clause_error(clause: Any, where: str, index: int, earlier: int) -> str | No
 
 
 def check_geneval_metadata(rows: Sequence[Mapping[str, Any]], path: str | Path) -> None:
-    """GenEval clauses of every row that has a ``tag``: ``include`` a non-empty list of ``{class, count[, color,
-    position]}``, ``exclude`` a list of ``{class, count}``. Run before any compute, so a bad line is reported
-    with its file and line instead of failing the reward in the middle of a stage.
+    """GenEval clauses of every row that has a ``tag`` and clauses: ``include`` a list of ``{class, count[, color,
+    position]}`` (``position`` pointing to an earlier include), ``exclude`` a list of ``{class, count}``. Run before
+    any compute, so a bad row is reported with its file instead of failing the reward in the middle of a stage.
 
     Raises:
-        PromptFileError: naming ``path``, the row's line and what is wrong.
+        PromptFileError: naming ``path``, the row's number among the file's prompts and what is wrong.
     """
     for lineno, row in enumerate(rows, 1):
         if "tag" not in row or ("include" not in row and "exclude" not in row):

@@ -28,6 +28,7 @@ from torch import Tensor
 from vgrpo.algorithms import build_algorithm
 from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoint import (
+    LORA_FILE,
     CheckpointError,
     checkpoints,
     load_lora_into,
@@ -37,8 +38,8 @@ from vgrpo.checkpoint import (
     save_lora,
     save_training_state,
 )
-from vgrpo.config import StageConfig
-from vgrpo.distributed import Distributed
+from vgrpo.config import RewardConfig, StageConfig
+from vgrpo.distributed import Distributed, samples_per_process
 from vgrpo.guards import NonFiniteError, TrainingDiverged
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
@@ -86,8 +87,6 @@ def sample_prompt_rows(rows: Sequence[Metadata], count: int, seed: int, iteratio
 
 def adapter_hash(lora_dir: Path) -> str:
     """SHA-256 (16 hex digits) of a LoRA directory's weights file: the identity of a stage's starting adapter."""
-    from vgrpo.checkpoint import LORA_FILE
-
     return hashlib.sha256((lora_dir / LORA_FILE).read_bytes()).hexdigest()[:16]
 
 
@@ -96,9 +95,14 @@ def config_hash(config: StageConfig) -> str:
     return hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _uses_geneval(rewards: Sequence[RewardConfig]) -> bool:
+    """Whether a reward set reads GenEval clauses (so its prompt file's clauses are checked before compute)."""
+    return any(r.name in ("geneval", "geneval_server") for r in rewards)
+
+
 def _rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
     rows = load_prompts(root / config.prompts)
-    if {"geneval", "geneval_server"} & {r.name for r in config.rewards}:
+    if _uses_geneval(config.rewards):
         check_geneval_metadata(rows, root / config.prompts)
     if config.prompt_tags is not None:
         rows = [r for r in rows if r.get("tag") in config.prompt_tags]
@@ -141,15 +145,12 @@ def run_stage(
     from vgrpo.world.data import tensor_to_images
 
     dist = dist if dist is not None else Distributed.from_environment()
-    shard = dist.shard(config.rollout.prompts_per_iteration)  # 1. validate inputs before any compute
-    if (shard.stop - shard.start) * config.rollout.group_size % config.optim.minibatches:
-        raise ValueError(
-            f"optim.minibatches={config.optim.minibatches} must divide the samples of each of {dist.world_size} "
-            "processes (rollout.prompts_per_iteration x rollout.group_size / processes)"
-        )
+    rollout = config.rollout  # 1. validate inputs before any compute
+    samples_per_process(rollout.prompts_per_iteration, rollout.group_size, config.optim.minibatches, dist.world_size)
+    shard = dist.shard(rollout.prompts_per_iteration)
     rows = _rows(config, root)
     eval_rows = load_prompts(root / config.eval_prompts) if config.eval_prompts else None
-    if eval_rows and {"geneval", "geneval_server"} & {r.name for r in config.evaluation.rewards}:
+    if eval_rows and _uses_geneval(config.evaluation.rewards):
         check_geneval_metadata(eval_rows, root / str(config.eval_prompts))
     eval_rows = eval_rows[: config.evaluation.max_prompts] if eval_rows else None
     pipe = load_pipeline(root / pipeline_dir).to(dist.device)  # 2. model, adapter, optimizer, algorithm

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from vgrpo.advantages import compute_advantages
 from vgrpo.algorithms.base import Algorithm
 from vgrpo.config import OptimConfig, TrainConfig
-from vgrpo.distributed import Distributed
+from vgrpo.distributed import Distributed, samples_per_process
 from vgrpo.guards import NonFiniteError, check_finite, nonfinite_summary
 from vgrpo.policy import Conditioning, trainable_parameters
 
@@ -129,16 +129,11 @@ def train_iteration(
     group_size = config.rollout.group_size
     if len(prompts) != len(cond):
         raise ValueError(f"{len(prompts)} prompts but conditioning has {len(cond)} rows")
+    num_samples = samples_per_process(len(prompts), group_size, config.optim.minibatches, dist.world_size)
     shard = dist.shard(len(prompts))  # whole prompt groups per rank
     device = next(policy.parameters()).device
     sample_prompts = [p for p in prompts[shard] for _ in range(group_size)]
     sample_cond = cond.index(torch.arange(shard.start, shard.stop)).repeat_interleave(group_size).to(device)
-    num_samples = len(sample_prompts)
-    if num_samples % config.optim.minibatches:
-        raise ValueError(
-            f"optim.minibatches={config.optim.minibatches} must divide each process's {num_samples} samples "
-            f"(rollout.prompts_per_iteration x rollout.group_size / {dist.world_size} processes)"
-        )
     samples = slice(shard.start * group_size, shard.stop * group_size)  # this rank's block of the global batch
 
     t0 = _clock(device)

@@ -309,3 +309,13 @@ def test_evaluate_refuses_a_base_pipeline_of_another_family(
                  "--set", "p_mix=0.5", f"base_pipeline={tmp_path / 'sd3'}"])  # fmt: skip
     assert code == 2 and not (tmp_path / "eval.json").exists()
     assert "is a StableDiffusion3Pipeline, the evaluated pipeline a FluxPipeline" in capsys.readouterr().err
+
+
+def test_build_algorithm_refuses_an_unresolved_dynamic_shift(tiny_sd3_policy: torch.nn.Module) -> None:
+    """The dynamic shift depends on the adapter's token count: an unresolved one must not become an unshifted grid."""
+    from vgrpo.algorithms import build_algorithm
+    from vgrpo.config import load_config
+
+    config = load_config(overrides={"rollout": {"shift": None, "dynamic_shift": True}})
+    with pytest.raises(ValueError, match="dynamic_shift must be resolved"):
+        build_algorithm(config, policy=tiny_sd3_policy, latent_shape=(4, 8, 8))

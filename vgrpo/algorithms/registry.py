@@ -39,6 +39,11 @@ def build_algorithm(
 ) -> Algorithm:
     """Instantiate ``config.algorithm`` with the plain values it needs from the rest of the config; ``dist``:
     the processes sharing each batch (default one)."""
+    if config.rollout.dynamic_shift:  # it depends on the adapter's token count, which this function cannot see
+        raise ValueError(
+            "rollout.dynamic_shift must be resolved to a static shift first "
+            "(PipelineAdapter.sigma_shift, as vgrpo.stage.run_stage does)"
+        )
     algo_config = config.algorithm
     kwargs: dict[str, Any] = {
         "sigmas": timestep_grid(config.rollout.num_steps, shift=config.rollout.shift),

@@ -24,12 +24,11 @@ from vgrpo.policy import Conditioning
 
 __all__ = ["PipelineAdapter", "PipelineError", "SD3Adapter", "build_adapter", "load_pipeline", "load_sd3_pipeline"]
 
+_TWO_TEXT_ENCODERS = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
 PIPELINE_COMPONENTS: dict[str, tuple[str, ...]] = {
-    "StableDiffusion3Pipeline": (
-        "transformer", "vae", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2",
-    ),
-    "FluxPipeline": ("transformer", "vae", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"),
-}  # fmt: skip
+    "StableDiffusion3Pipeline": _TWO_TEXT_ENCODERS,
+    "FluxPipeline": _TWO_TEXT_ENCODERS,
+}
 """Pipeline classes we load, and the components each must have (SD3's T5 is optional: :func:`load_sd3_pipeline`)."""
 
 
