@@ -4,9 +4,13 @@ without scoring on the background thread.
     python benchmarks/rewards.py [--images 192] [--prompts data/world/test.jsonl] [--threads 2]
 
 Images are ground-truth renders of seeded world prompts (GenEval tags and OCR), so every reward has work to
-do (text to read, objects to detect). The learned world rewards are included when their DVC stages have been
-reproduced (models/world-clip, models/world-pickscore). The overlap part samples the shipped base model (20
-Euler steps) in chunks and scores each chunk either after all sampling or while the next chunk samples.
+do (text to read, objects to detect). Three OCR readers are timed: Flow-GRPO's setting (PP-OCR's detector and
+recogniser on the whole image, ``ocr``), a smaller detector input (``ocr_det256``) and the world's reward, the
+recogniser alone on the known text band (``ocr_line``, what the embedded params use). The learned world
+rewards are included when their DVC stages have been reproduced (models/world-clip, models/world-pickscore).
+The overlap part samples the shipped base model (20 Euler steps) in chunks and scores each chunk either after
+all sampling or while the next chunk samples. The agreement part compares ``ocr_line`` with ``ocr`` on the
+base model's own samples of the OCR test prompts.
 Prints a table; run nothing else alongside a timing.
 """
 
@@ -18,6 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LINE_BOX = (0.0, 0.72, 1.0, 1.0)
+"""The world's text band, as in params/embedded/evaluate.yaml."""
 
 
 def main() -> None:
@@ -42,7 +48,8 @@ def main() -> None:
     images = np.stack([render(scene) for _, scene in records])
     prompts = [md["prompt"] for md in metadata]
     fast_ocr = {"engine_options": {"det_limit_type": "min", "det_limit_side_len": 256}}
-    specs = [{"name": "geneval"}, {"name": "ocr"}, {"name": "ocr", "key": "ocr_det256", "options": fast_ocr}]
+    specs = [{"name": "geneval"}, {"name": "ocr"}, {"name": "ocr", "key": "ocr_det256", "options": fast_ocr},
+             {"name": "ocr", "key": "ocr_line", "options": {"line_box": list(LINE_BOX)}}]  # fmt: skip
     for key, name, path in (("world_clip", "clipscore", "models/world-clip"),
                             ("world_pickscore", "pickscore", "models/world-pickscore")):  # fmt: skip
         if (ROOT / path).is_dir():
@@ -65,8 +72,38 @@ def main() -> None:
         print(f"{r['reward']:<18}{r['images']:>8}{r['seconds']:>10.2f}{r['images_per_s']:>10.1f}")
 
     overlap = _overlap(rewards, args)
-    print(json.dumps({"throughput": rows, "overlap": overlap}, indent=2))
+    agreement = _agreement(args)
+    print(json.dumps({"throughput": rows, "overlap": overlap, "ocr_agreement": agreement}, indent=2))
     rewards.close()
+
+
+def _agreement(args: argparse.Namespace) -> dict[str, float]:
+    """The world OCR reward (recogniser on the text band) against Flow-GRPO's (detector + recogniser) on the
+    base model's samples of the OCR test prompts (4 each, 20 Euler steps, seed 0)."""
+    import numpy as np
+
+    from vgrpo.evaluation import generate
+    from vgrpo.images import tensor_to_images
+    from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
+    from vgrpo.models.sd3 import SD3Velocity
+    from vgrpo.rewards.ocr import OCRReward
+    from vgrpo.world import read_jsonl
+
+    pipe = load_sd3_pipeline(ROOT / "models/embedded-base")
+    adapter, policy = SD3Adapter(pipe), SD3Velocity(pipe.transformer.eval())
+    prompts = [str(r["prompt"]) for r in read_jsonl(args.prompts) if r["tag"] == "ocr" for _ in range(4)]
+    images, _ = generate(encode=adapter.encode_prompts, decode=lambda z: tensor_to_images(adapter.decode(z)),
+                         policy=policy, prompts=prompts, latent_shape=adapter.latent_shape, num_steps=20, seed=0,
+                         shift=float(pipe.scheduler.config.shift))  # fmt: skip
+    full = OCRReward()(images, prompts).scores
+    line = OCRReward(line_box=LINE_BOX)(images, prompts).scores
+    return {
+        "images": float(len(prompts)),
+        "ocr_mean": float(full.mean()),
+        "ocr_line_mean": float(line.mean()),
+        "same_score_frac": float(np.mean(np.isclose(full, line))),
+        "mean_abs_diff": float(np.abs(full - line).mean()),
+    }
 
 
 def _overlap(rewards: object, args: argparse.Namespace) -> dict[str, float]:

@@ -1,6 +1,8 @@
-"""Seconds per training iteration of V-GRPO and each baseline on the tiny random SD3 transformer.
+"""Seconds per training iteration of V-GRPO and each baseline on the tiny random SD3 transformer, or on a
+pipeline (the embedded base) with its LoRA and the world GenEval reward.
 
     python benchmarks/step_time.py [--iterations 5] [--prompts 4] [--group 8] [--steps 10]
+    python benchmarks/step_time.py --pipeline models/embedded-base --prompts 8 --group 8 --steps 10 --method vgrpo
 
 Same batch, model and seed for every method; each method uses its params/algorithms preset on top of
 params/base.yaml. Prints the median seconds per iteration split into rollout / reward / prepare /
@@ -34,6 +36,8 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
 
     torch.set_num_threads(2)
     torch.set_flush_denormal(True)
+    if args.pipeline:
+        return run_pipeline(method, args)
     preset = "vgrpo" if method == "vgrpo_full_graph" else method
     algorithm_overrides: dict[str, object] = {"name": preset}
     if method == "vgrpo_full_graph":  # the same objective with every pair's graph alive at once
@@ -79,6 +83,62 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
+    """``method`` on ``args.pipeline`` as the embedded stages train it: params/models/embedded.yaml (LoRA r 32),
+    the world's GenEval train prompts, and the world GenEval reward on decoded samples."""
+    import torch
+
+    from vgrpo.algorithms import build_algorithm
+    from vgrpo.config import load_config
+    from vgrpo.images import tensor_to_images
+    from vgrpo.models import add_lora
+    from vgrpo.models.pipeline import build_adapter, load_pipeline
+    from vgrpo.rewards import build_reward
+    from vgrpo.train_step import build_optimizer, train_iteration
+    from vgrpo.world import GENEVAL_TAGS, read_jsonl
+
+    preset = "vgrpo" if method == "vgrpo_full_graph" else method
+    algorithm: dict[str, object] = {"name": preset}
+    if method == "vgrpo_full_graph":
+        algorithm["memory_bounded"] = False
+    config = load_config(
+        [ROOT / "params" / "base.yaml", ROOT / "params" / "models" / "embedded.yaml",
+         ROOT / "params" / "algorithms" / f"{preset}.yaml"],
+        {"rollout": {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps},
+         "algorithm": algorithm},
+    )  # fmt: skip
+    pipe = load_pipeline(args.pipeline)
+    assert config.lora is not None
+    add_lora(pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha,
+             target_modules=config.lora.target_modules)  # fmt: skip
+    adapter, policy = build_adapter(pipe)
+    rows = [r for r in read_jsonl(ROOT / "data/world/train.jsonl") if r["tag"] in GENEVAL_TAGS][: args.prompts]
+    prompts = [str(r["prompt"]) for r in rows]
+    expanded = [r for r in rows for _ in range(args.group)]
+    geneval = build_reward("geneval")
+
+    def reward_fn(samples: torch.Tensor, sample_prompts: list[str]) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            images = tensor_to_images(adapter.decode(samples))
+        return {"geneval": torch.as_tensor(geneval(images, sample_prompts, expanded).scores).float()}
+
+    built = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
+    optimizer = build_optimizer(policy, config.optim)
+    generator = torch.Generator().manual_seed(0)
+    cond = adapter.encode_prompts(prompts)
+    records = []
+    for it in range(args.iterations + 1):  # iteration 0 warms up
+        record = train_iteration(policy=policy, algorithm=built, optimizer=optimizer, reward_fn=reward_fn,
+                                 prompts=prompts, cond=cond, config=config, latent_shape=adapter.latent_shape,
+                                 generator=generator, iteration=it)  # fmt: skip
+        if it:
+            records.append(record.metrics)
+    out = {k: statistics.median(r[k] for r in records) for k in records[0] if k.startswith("time/")}
+    out["gradient_steps"] = records[0]["gradient_steps"]
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=5)
@@ -86,21 +146,24 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--pipeline", help="time on this pipeline (LoRA, world GenEval reward) instead of tiny SD3")
     parser.add_argument("--method", choices=METHODS, help="run one method in this process (internal)")
+    parser.add_argument("--only", nargs="+", choices=METHODS, default=list(METHODS), help="methods to time")
     args = parser.parse_args()
     if args.method:
         print(json.dumps(run_one(args.method, args)))
         return
-    print(
-        f"batch {args.prompts} prompts x {args.group}, {args.steps} steps, tiny SD3 ({args.layers} layers), "
-        f"median of {args.iterations} iterations"
-    )
+    model = args.pipeline or f"tiny SD3 ({args.layers} layers)"
+    print(f"batch {args.prompts} prompts x {args.group}, {args.steps} steps, {model}, median of {args.iterations} "
+          "iterations")  # fmt: skip
     columns = ("total s", "rollout", "reward", "prepare", "update")
     print(f"{'method':>16} " + " ".join(f"{c:>8}" for c in columns) + f" {'steps':>5} {'RSS MB':>7}")
-    for method in METHODS:
+    for method in args.only:
         cmd = [sys.executable, __file__, "--method", method] + [
             f"--{k}={getattr(args, k)}" for k in ("iterations", "prompts", "group", "steps", "layers")
         ]
+        if args.pipeline:
+            cmd.append(f"--pipeline={args.pipeline}")
         result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
         times = " ".join(f"{result[f'time/{k}_s']:8.3f}" for k in ("total", "rollout", "reward", "prepare", "update"))
         print(f"{method:>16} {times} {int(result['gradient_steps']):5d} {result['peak_rss_mb']:7.0f}")

@@ -23,9 +23,18 @@ from tasks.stage import code_version, train_stage
 __all__ = ["summary_table", "vgrpo"]
 
 
+def _cell(metrics: dict[str, float], column: str) -> str:
+    """``value [low, high]`` of a flat evaluation metric with its bootstrap interval, ``-`` when absent."""
+    if column not in metrics:
+        return "-"
+    low, high = metrics.get(f"{column}_ci_low"), metrics.get(f"{column}_ci_high")
+    interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+    return f"{metrics[column]:.3f}{interval}"
+
+
 def summary_table(stages: list[Any], results: list[dict[str, Any]]) -> str:
     """Each stage's final evaluation as a plain-text table: GenEval strict and partial, then each other
-    evaluation reward's mean."""
+    evaluation reward's mean, each with its 95% bootstrap interval over prompts."""
     columns: list[str] = []
     for cfg in stages:
         for reward in cfg.evaluation.rewards:
@@ -33,9 +42,8 @@ def summary_table(stages: list[Any], results: list[dict[str, Any]]) -> str:
             names = [f"eval/{key}_geneval_strict", f"eval/{key}_geneval_partial"] if reward.name == "geneval" else [
                 f"eval/{key}"]  # fmt: skip
             columns += [n for n in names if n not in columns]
-    header = ["stage", *(c.removeprefix("eval/") for c in columns)]
-    rows = [[r["name"], *(f"{r['final_eval'][c]:.3f}" if c in r["final_eval"] else "-" for c in columns)]
-            for r in results]  # fmt: skip
+    header = ["stage", *(c.removeprefix("eval/") + " [95% CI]" for c in columns)]
+    rows = [[r["name"], *(_cell(r["final_eval"], c) for c in columns)] for r in results]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows])
 

@@ -30,5 +30,15 @@ echo
 # The flow prints its per-stage table in the serving process's log: show the last one here.
 awk '/final evaluation of each stage/{p=1; buf=""} p&&/View run|Finished in state/{p=0} p{buf=buf $0 "\n"}
      END{printf "%s", buf}' "$ROOT/serve.log" | sed 's/^.*Flow run .* - //'
+if [ "$DEPLOYMENT" = embedded-curriculum ]; then
+    # The headline evaluation (every test prompt, 4 images each) of the last stage's adapter, paired with the
+    # base's (metrics/base_eval.json: same prompts, seeds and settings), so every gain carries its 95% CI.
+    OUT=runs/curriculum/embedded-curriculum
+    echo "Before/after on the held-out test split (base: metrics/base_eval.json):"
+    python -m vgrpo.cli evaluate models/embedded-base --lora "$OUT/stages/s5-ocr" --prompts data/world/test.jsonl \
+        --params params/embedded/evaluate.yaml --baseline metrics/base_eval.json --out "$OUT/eval.json" \
+        --grid "$OUT/grid.png"
+    echo "Image grid (captioned; green frame = credited by the detector or OCR): $OUT/grid.png"
+fi
 echo "MLflow runs:   mlflow ui --backend-store-uri sqlite:///$(cd "$ROOT" && pwd)/mlflow/mlflow.db --host 127.0.0.1"
 echo "Stage outputs: runs/curriculum/"

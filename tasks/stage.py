@@ -78,8 +78,8 @@ def run_tracked_stage(
     :func:`train_stage`, also called by DVC's stages (:mod:`tasks.dvc_stage`). The adapter goes to
     ``run_root/stages/<name>``, resumable checkpoints to ``run_root/work/<name>``."""
     from vgrpo.config import StageConfig
-    from vgrpo.evaluation import flat_metrics, grid_image
-    from vgrpo.schedule import progress_bar
+    from vgrpo.evaluation import flat_metrics, grid_image, grid_of
+    from vgrpo.progress import progress_bar
     from vgrpo.stage import run_stage
 
     cfg = StageConfig.model_validate(stage)
@@ -110,8 +110,7 @@ def run_tracked_stage(
         if client is not None and run_id is not None:
             log_metrics(client, run_id, flat_metrics(table), step=iteration)
             log_json(client, run_id, table, f"eval/iter-{iteration:05d}.json")
-            group = cfg.evaluation.group_size
-            log_image(client, run_id, grid_image(images[: 8 * group], group), f"eval/iter-{iteration:05d}.png")
+            log_image(client, run_id, grid_image(**grid_of(table, images, 8)), f"eval/iter-{iteration:05d}.png")
 
     def on_skip(event: dict[str, Any]) -> None:  # an iteration skipped for a NaN/Inf: what, where, how many
         if client is not None and run_id is not None:

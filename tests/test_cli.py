@@ -11,6 +11,7 @@ import pytest
 from vgrpo.cli import main
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.world import GENEVAL_TAGS, read_jsonl
+from vgrpo.world.cli import main as world_main
 
 from .models.test_embedded import TINY
 
@@ -21,8 +22,8 @@ WORLD_CLIP = Path(__file__).parents[1] / "models" / "world-clip"
 
 def test_world_splits_are_seeded_and_hold_out_pairs(tmp_path: Path) -> None:
     args = ["world-splits", "--params", str(PARAMS), "--set", "train_prompts=70", "test_prompts=35"]
-    assert main([*args, "--out", str(tmp_path / "a")]) == 0
-    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert world_main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert world_main([*args, "--out", str(tmp_path / "b")]) == 0
     train, test = read_jsonl(tmp_path / "a" / "train.jsonl"), read_jsonl(tmp_path / "a" / "test.jsonl")
     assert len(train) == 70 and len(test) == 35
     assert (tmp_path / "a" / "test.jsonl").read_bytes() == (tmp_path / "b" / "test.jsonl").read_bytes()
@@ -32,7 +33,7 @@ def test_world_splits_are_seeded_and_hold_out_pairs(tmp_path: Path) -> None:
 
 
 def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["world-splits", "--params", str(PARAMS), "--set", "test_prompts=14",
+    assert world_main(["world-splits", "--params", str(PARAMS), "--set", "test_prompts=14",
                  "train_prompts=1", "--out", str(tmp_path / "world")]) == 0  # fmt: skip
     prompts = [r["prompt"] for r in read_jsonl(tmp_path / "world" / "test.jsonl")]
     pipe = build_pipeline(TINY, train_clip_tokenizer(prompts, TINY))
@@ -73,11 +74,11 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_bad_inputs_exit_2_naming_the_culprit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["world-splits", "--params", str(PARAMS), "--set", "batchsize=3", "--out", str(tmp_path)]) == 2
+    assert world_main(["world-splits", "--params", str(PARAMS), "--set", "batchsize=3", "--out", str(tmp_path)]) == 2
     assert "batchsize" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text("pretrain:\n  model:\n    patch_size: 3\n")
-    assert main(["world-splits", "--params", str(bad), "--out", str(tmp_path)]) == 2
+    assert world_main(["world-splits", "--params", str(bad), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "patch_size" in err
     empty = tmp_path / "empty.jsonl"

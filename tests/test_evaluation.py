@@ -11,7 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from vgrpo.evaluation import evaluate, flat_metrics, generate, sample_noise, summarise, write_grid
+from vgrpo.evaluation import (
+    FRAME_COLORS,
+    compare,
+    evaluate,
+    flat_metrics,
+    generate,
+    grid_image,
+    grid_of,
+    sample_noise,
+    summarise,
+    write_grid,
+)
 from vgrpo.flow import timestep_grid
 from vgrpo.models.sd3 import SD3Velocity
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_sd3_transformer
@@ -100,14 +111,23 @@ def test_summarise_per_tag_and_per_reward_means() -> None:
     )
     table = summarise(scored, [m["prompt"] for m in metadata], metadata, rewards, group_size=2)
     g = table["rewards"]["geneval"]
-    assert g["per_tag"] == {"counting": {"strict": 0.5, "partial": 0.75, "images": 2},
-                            "colors": {"strict": 0.0, "partial": 0.0, "images": 2}}  # fmt: skip
+    assert g["per_tag"] == {
+        "counting": {"strict": 0.5, "strict_ci": [0.5, 0.5], "partial": 0.75, "images": 2},
+        "colors": {"strict": 0.0, "strict_ci": [0.0, 0.0], "partial": 0.0, "images": 2},
+    }
+    assert g["geneval_strict_ci"] == [0.25, 0.25]  # one prompt per tag: nothing to resample within a tag
+    detail = table["per_prompt"]
+    assert detail["prompt"] == ["p", "q", 'say "hi"'] and detail["tag"] == ["counting", "colors", "ocr"]
+    assert detail["geneval"]["strict"] == [0.5, 0.0, None] and detail["ocr"]["mean"] == [None, None, 1.0]
+    assert detail["credited"] == [[True, False], [False, False], [True, True]]
     assert g["geneval_strict"] == 0.25 and g["images"] == 4 and g["varied_group_frac"] == 0.5  # mean of per-tag
     o = table["rewards"]["ocr"]
     assert o["mean"] == 1.0 and o["exact"] == 1.0 and o["images"] == 2 and o["varied_group_frac"] == 0.0
     flat = flat_metrics(table)
     assert flat["eval/geneval_geneval_strict"] == 0.25 and flat["eval/ocr"] == 1.0
     assert flat["eval/geneval_counting_strict"] == 0.5
+    assert flat["eval/ocr_ci_low"] == flat["eval/ocr_ci_high"] == 1.0
+    assert flat["eval/geneval_geneval_strict_ci_low"] == 0.25
     with pytest.raises(ValueError, match="whole groups"):
         summarise(scored, ["p"] * 5, metadata[:5], rewards, group_size=2)
 
@@ -160,3 +180,60 @@ def test_world_ground_truth_renders_score_one_on_every_tag_and_noise_near_zero()
     assert g["varied_group_frac"] == 0.0  # identical samples in each group give GRPO no signal
     noise = np.random.default_rng(0).integers(0, 256, (84, 32, 32, 3), dtype=np.uint8)
     assert _world_table(noise, metadata, 2)["rewards"]["geneval"]["geneval_strict"] <= 0.05
+
+
+def _two_evaluations(gain: float) -> tuple[dict, dict]:
+    """Base and trained tables of the same 60 prompts (3 tags), the trained strict scores shifted by ``gain``."""
+    rng = np.random.default_rng(0)
+    tags = ["single_object", "two_object", "counting"] * 20
+    metadata = [{"tag": t, "prompt": f"p{i}"} for i, t in enumerate(tags) for _ in range(4)]
+    rewards = MultiReward.from_specs([{"name": "geneval"}])
+    tables = []
+    for shift in (0.0, gain):
+        strict = (rng.random(240) < 0.3 + shift).astype(float)
+        scored = MultiRewardOutput(scores={}, raw={"geneval": strict},
+                                   sub_scores={"geneval/strict": strict, "geneval/partial": strict})  # fmt: skip
+        tables.append(summarise(scored, [m["prompt"] for m in metadata], metadata, rewards, group_size=4))
+    return tables[0], tables[1]
+
+
+def test_compare_adds_paired_gains_with_intervals() -> None:
+    base, trained = _two_evaluations(0.4)
+    compare(trained, base)
+    g = trained["rewards"]["geneval"]
+    assert g["geneval_strict_gain"] == pytest.approx(g["geneval_strict"] - base["rewards"]["geneval"]["geneval_strict"])
+    low, high = g["geneval_strict_gain_ci"]
+    assert 0.2 < low < g["geneval_strict_gain"] < high  # a gain of 0.4 on 60 prompts x 4 is resolved
+    assert g["gain"] == pytest.approx(g["mean"] - base["rewards"]["geneval"]["mean"])
+    assert set(g["per_tag"]["counting"]) >= {"strict_gain", "strict_gain_ci"}
+    same, again = _two_evaluations(0.0)
+    compare(again, same)
+    low, high = again["rewards"]["geneval"]["geneval_strict_gain_ci"]
+    assert low < 0 < high  # no gain: the interval straddles 0
+
+
+def test_compare_refuses_other_prompts_or_settings() -> None:
+    base, trained = _two_evaluations(0.1)
+    other = {**base, "per_prompt": {**base["per_prompt"], "prompt": ["x", *base["per_prompt"]["prompt"][1:]]}}
+    with pytest.raises(ValueError, match="other prompts"):
+        compare(trained, other)
+    with pytest.raises(ValueError, match="group_size"):
+        compare(trained, {**base, "group_size": 2})
+    with pytest.raises(ValueError, match="no per-prompt scores"):
+        compare(trained, {k: v for k, v in base.items() if k != "per_prompt"})
+
+
+def test_grid_captions_rows_and_frames_credited_images() -> None:
+    images = np.full((4, 8, 8, 3), 128, np.uint8)
+    plain = grid_image(images, cols=2, scale=2)
+    assert plain.shape == (2 * 10 * 2, 2 * 10 * 2, 3) and (plain[0, 0] == FRAME_COLORS[None]).all()
+    table = {"group_size": 2, "per_prompt": {"prompt": ["a photo of a circle", 'a sign that says "hi"'],
+                                             "credited": [[True, False], [None, True]]}}  # fmt: skip
+    marked = grid_image(**grid_of(table, images, prompts=2), scale=2)
+    assert marked.shape == (2 * (10 * 2 + 14), 2 * 10 * 2, 3)
+    assert (marked[0, 0] == FRAME_COLORS[True]).all() and (marked[0, 20] == FRAME_COLORS[False]).all()
+    assert (marked[34, 0] == FRAME_COLORS[None]).all() and (marked[34, 20] == FRAME_COLORS[True]).all()
+    caption = marked[20:34]
+    assert (caption.max(-1) > 200).any()  # the prompt is written in light pixels under its row
+    with pytest.raises(ValueError, match="captions"):
+        grid_image(images, cols=2, captions=["one"])

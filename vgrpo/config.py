@@ -23,22 +23,17 @@ __all__ = [
     "EmbeddedModelConfig",
     "EvaluationConfig",
     "FlowGRPOConfig",
+    "FrozenConfig",
     "LoraConfig",
     "MixGRPOConfig",
     "NaiveELBOConfig",
     "OptimConfig",
     "PrecisionConfig",
-    "PretrainConfig",
     "RewardConfig",
     "RolloutConfig",
     "StageConfig",
     "TrainConfig",
-    "VAETrainConfig",
     "VGRPOConfig",
-    "WorldAugmentConfig",
-    "WorldCLIPConfig",
-    "WorldPreferenceConfig",
-    "WorldRewardModelsConfig",
     "load_config",
     "load_curriculum",
     "merge_overrides",
@@ -50,11 +45,13 @@ class ConfigError(ValueError):
     """A params file or override is invalid; the message names the file and the key."""
 
 
-class _Config(BaseModel):
+class FrozenConfig(BaseModel):
+    """Base of every config: frozen, and an unknown key is an error."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class RolloutConfig(_Config):
+class RolloutConfig(FrozenConfig):
     prompts_per_iteration: int = Field(8, ge=1, description="B: prompts per iteration (paper SD3.5: 48).")
     group_size: int = Field(8, ge=2, description="G: samples per prompt (paper SD3.5: 24; FLUX: 12).")
     num_steps: int = Field(10, ge=1, description="Sampler steps T (paper SD3.5: 40 ODE steps).")
@@ -75,7 +72,7 @@ class RolloutConfig(_Config):
         return self
 
 
-class AdvantageConfig(_Config):
+class AdvantageConfig(FrozenConfig):
     aggregation: Literal["normalize_then_sum", "sum_then_normalize"] = "normalize_then_sum"
     std_scope: Literal["group", "global"] = "group"
     delta: float = Field(1e-4, gt=0, description="Added to the std so constant groups stay finite.")
@@ -84,7 +81,7 @@ class AdvantageConfig(_Config):
     weights: dict[str, float] = Field(default_factory=dict, description="Reward weights; empty = 1 each.")
 
 
-class OptimConfig(_Config):
+class OptimConfig(FrozenConfig):
     lr: float = Field(3e-4, gt=0, description="AdamW lr (SD3.5 LoRA: 3e-4; FLUX full: 1e-5).")
     weight_decay: float = Field(1e-4, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -97,7 +94,7 @@ class OptimConfig(_Config):
     micro_batch_size: int = Field(16, ge=1, description="Samples per forward/backward (memory only).")
 
 
-class LoraConfig(_Config):
+class LoraConfig(FrozenConfig):
     rank: int = Field(32, ge=1)
     alpha: int = Field(64, ge=1)
     dropout: float = Field(0.0, ge=0, lt=1)
@@ -106,7 +103,7 @@ class LoraConfig(_Config):
     )  # fmt: skip
 
 
-class PrecisionConfig(_Config):
+class PrecisionConfig(FrozenConfig):
     """How the model computes; the surrogates, ratios and losses are always float32."""
 
     autocast: Literal["fp32", "bf16"] = Field(
@@ -115,7 +112,7 @@ class PrecisionConfig(_Config):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (memory for time).")
 
 
-class VGRPOConfig(_Config):
+class VGRPOConfig(FrozenConfig):
     """V-GRPO, algorithm.md §3: every variance-reduction technique and step control switchable."""
 
     name: Literal["vgrpo"] = "vgrpo"
@@ -143,7 +140,7 @@ class NaiveELBOConfig(VGRPOConfig):
     self_normalize: bool = False
 
 
-class FlowGRPOConfig(_Config):
+class FlowGRPOConfig(FrozenConfig):
     """Flow-GRPO (MDP over SDE steps), algorithm.md §5."""
 
     name: Literal["flow_grpo"] = "flow_grpo"
@@ -163,7 +160,7 @@ class MixGRPOConfig(FlowGRPOConfig):
     kl_coef: float = Field(0.0, ge=0)
 
 
-class DiffusionNFTConfig(_Config):
+class DiffusionNFTConfig(FrozenConfig):
     """DiffusionNFT (likelihood-free, positive/negative velocities), algorithm.md §5."""
 
     name: Literal["diffusion_nft"] = "diffusion_nft"
@@ -181,7 +178,7 @@ AlgorithmConfig = Annotated[
 ]
 
 
-class TrainConfig(_Config):
+class TrainConfig(FrozenConfig):
     seed: int = 0
     rollout: RolloutConfig = RolloutConfig()
     advantage: AdvantageConfig = AdvantageConfig()
@@ -213,7 +210,7 @@ class TrainConfig(_Config):
         return self
 
 
-class EmbeddedModelConfig(_Config):
+class EmbeddedModelConfig(FrozenConfig):
     """Architecture of the embedded default pipeline (:mod:`vgrpo.models.embedded`)."""
 
     resolution: int = Field(32, ge=8, description="Image side in pixels.")
@@ -250,55 +247,6 @@ class EmbeddedModelConfig(_Config):
         if self.text_hidden_size % self.text_heads:
             raise ValueError(f"text_heads={self.text_heads} must divide text_hidden_size={self.text_hidden_size}")
         return self
-
-
-class VAETrainConfig(_Config):
-    """Stage 1 of pretraining: the autoencoder, on rendered world images."""
-
-    steps: int = Field(800, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(4e-3, gt=0)
-    kl_weight: float = Field(1e-6, ge=0, description="Weight of the KL to N(0, I) (SD-VAE scale).")
-
-
-class PretrainConfig(_Config):
-    """Pretraining of the embedded base pipeline on freshly rendered world pairs."""
-
-    seed: int = 0
-    model: EmbeddedModelConfig = EmbeddedModelConfig()
-    vae: VAETrainConfig = VAETrainConfig()
-    steps: int = Field(1900, ge=1, description="Transformer optimizer steps.")
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    warmup_steps: int = Field(200, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    ema_decay: float = Field(
-        0.99, ge=0, lt=1, description="EMA of the transformer weights that is saved (0.999 lags ~1000 steps)."
-    )
-    train_text_encoders: bool = Field(
-        True, description="Train the CLIP encoders with the transformer (False: random and frozen)."
-    )
-    logit_normal_mean: float = Field(0.0, description="SD3 timestep density: t = sigmoid(N(mean, std)).")
-    logit_normal_std: float = Field(1.0, gt=0)
-    tags: tuple[str, ...] = Field(
-        ("single_object", "two_object", "counting", "colors", "position", "color_attr", "ocr", "preference"),
-        min_length=1,
-        description="World prompt tags of the pretraining mix, drawn uniformly.",
-    )
-    held_out_pairs: tuple[tuple[str, str], ...] = (("red", "triangle"), ("blue", "circle"))
-    split_tags: tuple[str, ...] = Field(
-        ("single_object", "two_object", "counting", "colors", "position", "color_attr", "ocr"),
-        min_length=1,
-        description="Tags of the written train/test splits (the RL and evaluation prompts), cycled.",
-    )
-    train_prompts: int = Field(20000, ge=1, description="Size of the written train split.")
-    test_prompts: int = Field(480, ge=1, description="Size of the written test split (GenEval tags + ocr).")
-    eval_every: int = Field(500, ge=1)
-    eval_prompts: int = Field(48, ge=1, description="Prompts of the periodic evaluation (x eval_group).")
-    eval_group: int = Field(4, ge=1)
-    sample_steps: int = Field(20, ge=1, description="Euler steps when sampling for evaluation.")
-    checkpoint_every: int = Field(200, ge=1)
 
 
 def overrides_from_pairs(pairs: Sequence[str]) -> dict[str, Any]:
@@ -419,127 +367,10 @@ def load_config(
         raise ConfigError(f"invalid params in {', '.join(sources) or 'defaults'}:\n{_describe(exc)}") from exc
 
 
-# --- Learned reward models of the embedded world (vgrpo/rewards/world_models.py) -------------------------------
-
-
-class WorldAugmentConfig(_Config):
-    """Mild perturbations put on every training render so that scores transfer to generated images
-    (:func:`vgrpo.rewards.world_degrade.augment`); kept weaker than the preference degradations."""
-
-    shift_px: int = Field(1, ge=0, description="Largest translation in pixels.")
-    color_jitter: float = Field(0.06, ge=0, lt=1, description="Per-channel gain drawn from 1 +- this.")
-    blur_prob: float = Field(0.5, ge=0, le=1)
-    blur_sigma_max: float = Field(0.7, ge=0.3, description="Blur sigma drawn from [0.3, this] when blurred.")
-    noise_std_max: float = Field(6.0, ge=0, description="Gaussian noise std (0-255 units) drawn from [0, this].")
-
-
-class WorldCLIPConfig(_Config):
-    """A tiny ``transformers.CLIPModel`` trained contrastively on world image-caption pairs (the CLIPScore
-    reward of the embedded world)."""
-
-    seed: int = 0
-    image_size: int = Field(32, ge=8, description="The world's native resolution; no resizing.")
-    patch_size: int = Field(4, ge=1, description="8 x 8 = 64 image tokens at 32 px.")
-    vision_hidden_size: int = Field(96, ge=8)
-    vision_layers: int = Field(3, ge=1)
-    vision_heads: int = Field(4, ge=1)
-    text_hidden_size: int = Field(64, ge=8)
-    text_layers: int = Field(2, ge=1)
-    text_heads: int = Field(4, ge=1)
-    projection_dim: int = Field(64, ge=4)
-    vocab_size: int = Field(1000, ge=300, description="BPE cap (the world's captions need about 430).")
-    max_text_tokens: int = Field(24, ge=4, description="Context length; a longer caption is an error.")
-    image_mean: tuple[float, float, float] = Field((0.5, 0.5, 0.5), description="Processor normalisation.")
-    image_std: tuple[float, float, float] = Field((0.5, 0.5, 0.5))
-    logit_scale_init: float = Field(2.6592, description="log(1 / 0.07), CLIP's initial temperature.")
-    steps: int = Field(3000, ge=1)
-    batch_size: int = Field(128, ge=2)
-    lr: float = Field(1e-3, gt=0)
-    warmup_steps: int = Field(150, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    hard_negatives: int = Field(
-        1, ge=0, description="Attribute-swapped captions per image added to the image->text softmax (NegCLIP)."
-    )
-    tags: tuple[str, ...] = Field(
-        ("single_object", "two_object", "counting", "colors", "position", "color_attr", "ocr", "preference"),
-        min_length=1,
-        description="World prompt tags of the training captions, drawn uniformly.",
-    )
-    held_out_pairs: tuple[tuple[str, str], ...] = (("red", "triangle"), ("blue", "circle"))
-    augment: WorldAugmentConfig = WorldAugmentConfig()
-    eval_seed: int = Field(1234, description="Seed of the held-out negatives and the extra preference prompts.")
-    eval_preference_prompts: int = Field(
-        96, ge=0, description="Preference captions added to the test split's prompts for evaluation."
-    )
-    eval_negatives: int = Field(4, ge=1, description="Hard-negative captions per image in caption retrieval.")
-    eval_batch: int = Field(64, ge=2, description="Batch of the in-batch image->text top-1 accuracy.")
-
-    @model_validator(mode="after")
-    def _check_shapes(self) -> WorldCLIPConfig:
-        if self.image_size % self.patch_size:
-            raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
-        if self.vision_hidden_size % self.vision_heads:
-            raise ValueError(f"vision_heads={self.vision_heads} must divide vision_hidden_size")
-        if self.text_hidden_size % self.text_heads:
-            raise ValueError(f"text_heads={self.text_heads} must divide text_hidden_size")
-        return self
-
-
-class WorldPreferenceConfig(_Config):
-    """A PickScore-style preference model: the world CLIP fine-tuned with a Bradley-Terry loss on (clean render,
-    degraded render) pairs (Kirstain et al. 2023, Sec. 4)."""
-
-    seed: int = 0
-    steps: int = Field(1200, ge=1)
-    batch_size: int = Field(64, ge=1, description="Pairs per step.")
-    lr: float = Field(3e-4, gt=0)
-    warmup_steps: int = Field(60, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    degradations: tuple[
-        Literal["blur", "noise", "color_shift", "clutter", "wrong_color", "wrong_shape", "wrong_position"], ...
-    ] = Field(
-        ("blur", "noise", "color_shift", "clutter", "wrong_color", "wrong_shape", "wrong_position"),
-        min_length=1,
-        description="Kinds of rejected image, drawn uniformly per pair.",
-    )
-    tags: tuple[str, ...] = Field(
-        ("single_object", "two_object", "counting", "colors", "position", "color_attr", "preference"),
-        min_length=1,
-        description="World prompt tags of the pairs' captions.",
-    )
-    held_out_pairs: tuple[tuple[str, str], ...] = (("red", "triangle"), ("blue", "circle"))
-    blur_sigma: tuple[float, float] = Field((1.0, 1.6), description="Degradation ranges (low, high).")
-    noise_std: tuple[float, float] = Field((20.0, 40.0), description="0-255 units.")
-    color_shift: tuple[float, float] = Field((40.0, 80.0), description="Per-channel offset, 0-255 units.")
-    clutter_objects: tuple[int, int] = Field((1, 2), description="Extra distractor shapes.")
-    augment: WorldAugmentConfig = WorldAugmentConfig()
-    eval_seed: int = 4321
-    eval_pairs_per_kind: int = Field(200, ge=1)
-
-    @model_validator(mode="after")
-    def _check_ranges(self) -> WorldPreferenceConfig:
-        for key in ("blur_sigma", "noise_std", "color_shift", "clutter_objects"):
-            lo, hi = getattr(self, key)
-            if not 0 <= lo <= hi:
-                raise ValueError(f"{key}=({lo}, {hi}) must satisfy 0 <= low <= high")
-        if self.clutter_objects[0] < 1:
-            raise ValueError("clutter_objects low must be >= 1 (a clutter pair must differ)")
-        return self
-
-
-class WorldRewardModelsConfig(_Config):
-    """The whole of ``params/embedded/rewards.yaml``: one section per learned reward model."""
-
-    world_clip: WorldCLIPConfig = WorldCLIPConfig()
-    world_pickscore: WorldPreferenceConfig = WorldPreferenceConfig()
-
-
 # --- Rewards and evaluation (vgrpo/rewards/, vgrpo/evaluation.py) ------------------------------------------------
 
 
-class RewardConfig(_Config):
+class RewardConfig(FrozenConfig):
     """One reward of a set (:class:`vgrpo.rewards.multi.RewardTerm`), built by name from the registry."""
 
     name: str = Field(description="Registry name (vgrpo.rewards.registry.REWARDS): geneval, ocr, pickscore, ...")
@@ -569,7 +400,7 @@ def _unique_reward_keys(rewards: Sequence[RewardConfig]) -> None:
         raise ValueError(f"reward keys {dupes} are used twice; give one of them another `key`")
 
 
-class EvaluationConfig(_Config):
+class EvaluationConfig(FrozenConfig):
     """The evaluation routine (:func:`vgrpo.evaluation.evaluate`): fixed prompts, fixed seeds, a table."""
 
     group_size: int = Field(4, ge=1, description="Samples per prompt (GenEval: 4).")
@@ -626,7 +457,7 @@ class StageConfig(TrainConfig):
         return self
 
 
-class CurriculumConfig(_Config):
+class CurriculumConfig(FrozenConfig):
     """Stages in order, each starting from the previous one's adapter: params files merged as
     ``base files -> model file -> stage file -> overrides``."""
 

@@ -141,8 +141,8 @@ def run_stage(
             happen on rank 0 only (the returned history is every rank's, evaluations rank 0's).
     """
     from vgrpo.evaluation import evaluate
+    from vgrpo.images import tensor_to_images
     from vgrpo.models.pipeline import build_adapter, load_pipeline
-    from vgrpo.world.data import tensor_to_images
 
     dist = dist if dist is not None else Distributed.from_environment()
     rollout = config.rollout  # 1. validate inputs before any compute

@@ -109,11 +109,11 @@ def test_adapter_caches_prompts_and_matches_encode_prompt(saved_pipeline: Path) 
     assert SD3Adapter(pipe, resolution=8).latent_shape == (4, 4, 4)  # rollout.resolution, SD3 side
     with pytest.raises(ValueError, match="not a positive multiple of 4"):
         SD3Adapter(pipe, resolution=10)
-    cond = adapter.encode_prompts(["a photo of a cross", "a photo of a ring", "a photo of a cross"])
+    cond = adapter.encode_prompts(["a photo of a square", "a photo of a circle", "a photo of a square"])
     assert cond.prompt_embeds.shape == (3, TINY.max_text_tokens, 2 * TINY.text_hidden_size)
     assert cond.pooled_prompt_embeds is not None and cond.pooled_prompt_embeds.shape == (3, 16)
     assert torch.equal(cond.prompt_embeds[0], cond.prompt_embeds[2])
-    direct, _, pooled, _ = pipe.encode_prompt("a photo of a ring", None, None, do_classifier_free_guidance=False,
+    direct, _, pooled, _ = pipe.encode_prompt("a photo of a circle", None, None, do_classifier_free_guidance=False,
                                               max_sequence_length=0)  # fmt: skip
     torch.testing.assert_close(cond.prompt_embeds[1], direct[0], rtol=0, atol=1e-6)  # batched vs single
     torch.testing.assert_close(cond.pooled_prompt_embeds[1], pooled[0], rtol=0, atol=1e-6)

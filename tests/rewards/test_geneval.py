@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from vgrpo.clauses import Detection, relative_position
 from vgrpo.rewards import build_reward
 from vgrpo.rewards.detectors import (
     GENEVAL_COLORS,
@@ -21,14 +22,7 @@ from vgrpo.rewards.detectors import (
     geneval_classnames,
     parse_mmdet_result,
 )
-from vgrpo.rewards.geneval import (
-    Detection,
-    GenEvalReward,
-    GenEvalThresholds,
-    relative_position,
-    score_detections,
-    select_objects,
-)
+from vgrpo.rewards.geneval import GenEvalReward, GenEvalThresholds, score_detections, select_objects
 
 
 def det(label: str, x: float, y: float = 0.0, score: float = 0.9, color: str | None = None, side: float = 20):
@@ -300,8 +294,7 @@ def test_every_shipped_geneval_prompt_scores_one_when_satisfied_and_fails_withou
 
 
 def test_shaping_detectors_credit_a_rough_shape_and_leave_the_verdicts_alone() -> None:
-    from vgrpo.rewards.detectors import WorldDetector
-    from vgrpo.world.detect import best_fit
+    from vgrpo.world.detect import WorldDetector, best_fit
     from vgrpo.world.render import shape_mask
     from vgrpo.world.scene import PALETTE
 

@@ -49,6 +49,37 @@ def test_ocr_reward_on_ground_truth_renders_is_at_least_09() -> None:
     assert reward.applies_to('a sign that says "stop"', None) and not reward.applies_to("a photo of a ring", None)
 
 
+LINE_BOX = [0.0, 0.72, 1.0, 1.0]  # the world's text band (params/embedded/evaluate.yaml)
+
+
+def test_line_reader_reads_every_world_word_exactly_and_noise_as_nothing() -> None:
+    from vgrpo.world.prompts import OCR_WORDS
+    from vgrpo.world.scene import Scene
+
+    reward = build_reward("ocr", {"line_box": LINE_BOX})
+    prompts = [f'a sign that says "{w}"' for w in OCR_WORDS]
+    out = reward(np.stack([render(Scene(objects=(), text=w)) for w in OCR_WORDS]), prompts)
+    assert out.scores.tolist() == [1.0] * len(OCR_WORDS)
+    noise = np.random.default_rng(0).integers(0, 256, (len(prompts), 32, 32, 3), dtype=np.uint8)
+    assert reward(noise, prompts).scores.mean() <= 0.05
+    _, test = make_splits(3, 1, 16, tags=("ocr",))  # objects above the band do not disturb the read
+    scenes = np.stack([render(scene) for _, scene in test])
+    assert reward(scenes, [md["prompt"] for md, _ in test]).scores.tolist() == [1.0] * 16
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"line_box": [0.0, 0.8, 1.0, 0.7]}, "line_box"),
+        ({"line_box": [0.0, 0.72, 1.0]}, "line_box"),
+        ({"line_box": LINE_BOX, "engine": "paddleocr"}, "rapidocr recogniser only"),
+    ],
+)
+def test_line_reader_rejects_bad_boxes(options: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        OCRReward(**options)
+
+
 def test_ocr_reward_takes_any_reader() -> None:
     class Fixed:
         def read(self, images: np.ndarray) -> list[str]:

@@ -133,3 +133,31 @@ def test_detector_recovers_every_object(splits) -> None:
     for _, scene in test[:120]:
         got = sorted((d.label, d.color) for d in detect(render(scene)))
         assert got == sorted((o.shape, o.color) for o in scene.objects)
+
+
+def test_detector_quality_meets_the_world_targets(splits) -> None:
+    from vgrpo.world.quality import detector_quality
+
+    _, test = splits
+    q = detector_quality(test)
+    assert q["ground_truth"] == 1.0 and q["noise"] <= 0.01 and q["wrong_prompt"] <= 0.05, q
+    assert all(row["wrong_prompt"] <= 0.2 for row in q["per_tag"].values()), q["per_tag"]
+    blurred = detector_quality(test[:60], roundtrip=lambda images: np.zeros_like(images))
+    assert blurred["vae_roundtrip"] == 0.0  # a round trip that loses the image loses every object
+
+
+def test_wrong_prompts_ask_for_something_else(splits) -> None:
+    from vgrpo.world.quality import wrong_prompts
+
+    metadata = [md for md, _ in splits[1]]
+    for md, wrong in zip(metadata, wrong_prompts(metadata), strict=True):
+        assert wrong is not None and wrong["tag"] == md["tag"] and wrong["include"] != md["include"]
+
+
+def test_objects_sit_in_grid_cells_without_touching(splits) -> None:
+    from vgrpo.world.scene import CELL_CENTERS, GRID, OBJECT_SIZE
+
+    for _, scene in splits[0]:
+        cells = {(CELL_CENTERS.index(o.x), CELL_CENTERS.index(o.y)) for o in scene.objects}
+        assert len(cells) == len(scene.objects) <= GRID * GRID
+        assert all(o.size == OBJECT_SIZE for o in scene.objects)

@@ -8,7 +8,7 @@ assembled into a ``StableDiffusion3Pipeline``, saved with ``save_pretrained`` an
 length, which is what drives cost on a CPU.
 
 Everything here builds offline from :class:`~vgrpo.config.EmbeddedModelConfig`; training lives in
-:mod:`vgrpo.pretrain`.
+:mod:`vgrpo.world.pretrain`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Object detectors that feed :mod:`vgrpo.rewards.geneval`: one interface, three sources of detections.
 
-* :class:`WorldDetector` -- the embedded world's exact detector (:func:`vgrpo.world.detect`).
+* ``world`` -- the embedded world's exact detector (:class:`vgrpo.world.detect.WorldDetector`).
 * :class:`Mask2FormerDetector` -- GenEval's detector for real images: Mask2Former (Swin-S, COCO) through
   ``mmdet``, and CLIP ViT-L/14 zero-shot colour on the masked crop (:class:`ClipColorClassifier`), loaded
   from local paths. ``mmdet`` is an optional extra (``pip install "vgrpo[geneval]"`` on a GPU machine); it
@@ -13,16 +13,17 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 import numpy as np
 
+from vgrpo.clauses import Detection
 from vgrpo.rewards.base import Metadata
-from vgrpo.rewards.geneval import Detection
 from vgrpo.rewards.preference import pooled_features
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "Detector",
     "Mask2FormerDetector",
     "RecordedDetector",
-    "WorldDetector",
     "build_detector",
     "colored_detections",
     "geneval_classnames",
@@ -77,27 +77,6 @@ def image_sha256(image: np.ndarray) -> str:
     """Content key of one image: SHA-256 of its shape and bytes."""
     arr = np.ascontiguousarray(image)
     return hashlib.sha256(repr(arr.shape).encode() + arr.tobytes()).hexdigest()
-
-
-class WorldDetector:
-    """The embedded world's exact detector (every detection has its colour and confidence 1).
-
-    Args:
-        min_iou: template IoU a component needs to be an object; below the default (0.7, the calibrated one)
-            a looser detector for reward shaping.
-    """
-
-    def __init__(self, min_iou: float | None = None):
-        from vgrpo.world.detect import MIN_IOU
-
-        self.min_iou = MIN_IOU if min_iou is None else float(min_iou)
-        if not 0 < self.min_iou <= 1:
-            raise ValueError(f"world detector: min_iou must be in (0, 1], got {min_iou!r}")
-
-    def detect(self, images: np.ndarray, metadata: Sequence[Metadata]) -> list[list[Detection]]:
-        from vgrpo.world.detect import detect
-
-        return [detect(image, min_iou=self.min_iou) for image in images]
 
 
 class RecordedDetector:
@@ -294,7 +273,11 @@ def colored_detections(
     return [Detection(d.label, d.box, d.score, names.get(id(d))) for d, _ in kept]
 
 
-DETECTORS: dict[str, Callable[..., Detector]] = {"world": WorldDetector, "mask2former": Mask2FormerDetector}
+DETECTORS: dict[str, str] = {
+    "world": "vgrpo.world.detect:WorldDetector",
+    "mask2former": "vgrpo.rewards.detectors:Mask2FormerDetector",
+}
+"""Detector names (what ``params/`` files say) to classes, imported only when selected."""
 
 
 def build_detector(name: str, options: Mapping[str, Any] | None = None) -> Detector:
@@ -305,5 +288,6 @@ def build_detector(name: str, options: Mapping[str, Any] | None = None) -> Detec
         return RecordedDetector.from_jsonl(opts.pop("path"))
     if name not in DETECTORS:
         raise KeyError(f"unknown GenEval detector {name!r}; valid names: {sorted([*DETECTORS, 'recorded'])}")
-    detector: Detector = DETECTORS[name](**opts)
+    module, _, attr = DETECTORS[name].partition(":")
+    detector: Detector = getattr(importlib.import_module(module), attr)(**opts)
     return detector

@@ -26,52 +26,24 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from vgrpo.clauses import GENEVAL_TAGS, Box, Detection, relative_position
 from vgrpo.rewards.base import Metadata, Reward, RewardOutput
 
 if TYPE_CHECKING:
     from vgrpo.rewards.detectors import Detector
 
 __all__ = [
-    "GENEVAL_TAGS",
-    "Detection",
     "GenEvalReward",
     "GenEvalScore",
     "GenEvalThresholds",
     "flow_grpo_reward",
     "geneval_correct",
-    "relative_position",
     "score_detections",
     "select_objects",
 ]
 
-GENEVAL_TAGS: tuple[str, ...] = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
-
-Box = tuple[float, float, float, float]
-Objects = dict[str, list["Detection"]]
+Objects = dict[str, list[Detection]]
 """Class name -> the kept detections of that class, most confident first (GenEval's ``detected``)."""
-
-
-@dataclass(frozen=True)
-class Detection:
-    """One detected object.
-
-    Attributes:
-        label: class name (GenEval's ``object_names.txt`` for real images; the world's shapes).
-        box: ``(x0, y0, x1, y1)`` in pixels.
-        score: detector confidence in [0, 1].
-        color: colour name when known (the world detector reads it exactly; the Mask2Former detector fills it
-            with CLIP zero-shot colour on the masked crop for classes a colour clause asks about), else None.
-    """
-
-    label: str
-    box: Box
-    score: float = 1.0
-    color: str | None = None
-
-    @property
-    def center(self) -> tuple[float, float]:
-        x0, y0, x1, y1 = self.box
-        return ((x0 + x1) / 2, (y0 + y1) / 2)
 
 
 @dataclass(frozen=True)
@@ -134,29 +106,6 @@ def select_objects(
                 ordering = [d for d in ordering if _iou(best.box, d.box) < thresholds.nms_iou]
         objects[label] = kept
     return objects
-
-
-def relative_position(a: Detection, b: Detection, threshold: float = 0.1) -> set[str]:
-    """GenEval's ``relative_position``: relations of ``a`` to ``b`` from box centres, the offset shrunk by
-    ``threshold * (dim_a + dim_b)`` per axis; a relation holds when its normalised component exceeds 0.5."""
-    boxes = np.array([a.box, b.box], dtype=np.float64).reshape(2, 2, 2)
-    center_a, center_b = boxes.mean(axis=-2)
-    dim_a, dim_b = np.abs(np.diff(boxes, axis=-2))[..., 0, :]
-    offset = center_a - center_b
-    revised = np.maximum(np.abs(offset) - threshold * (dim_a + dim_b), 0) * np.sign(offset)
-    if np.all(np.abs(revised) < 1e-3):
-        return set()
-    dx, dy = revised / np.linalg.norm(offset)
-    rels: set[str] = set()
-    if dx < -0.5:
-        rels.add("left of")
-    if dx > 0.5:
-        rels.add("right of")
-    if dy < -0.5:
-        rels.add("above")
-    if dy > 0.5:
-        rels.add("below")
-    return rels
 
 
 def _colors(found: Sequence[Detection], req: Mapping[str, Any]) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from vgrpo.atomic import write_text_atomic
-from vgrpo.rewards.geneval import GENEVAL_TAGS, Detection, relative_position
+from vgrpo.clauses import GENEVAL_TAGS, Detection, relative_position
 from vgrpo.world.render import FONT_CHARS, max_text_chars, pixel_box
 from vgrpo.world.scene import (
     COLORS,
@@ -26,15 +26,31 @@ from vgrpo.world.scene import (
     SHAPES,
     ObjectSpec,
     Scene,
-    boxes_clear,
+    grid_cells,
+    object_at,
     place_objects,
-    sample_object,
 )
 
 EXTRA_TAGS: tuple[str, ...] = ("ocr", "preference")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
 NUMBERS: dict[int, str] = {2: "two", 3: "three", 4: "four"}
-OCR_WORDS: tuple[str, ...] = ("hi", "go", "yes", "no", "stop", "open", "sale", "cat", "dog", "sun", "2024", "42")
+OCR_WORDS: tuple[str, ...] = (
+    "hi", "go", "yes", "no", "stop", "open", "sale", "cat", "dog", "sun", "2024", "42", "exit", "push", "pull",
+    "park", "taxi", "bus", "cafe", "shop", "love", "home", "wifi", "free", "menu", "bar", "hot", "cold", "milk",
+    "fish", "play", "fire", "help", "jazz", "king", "quiz", "vote", "box", "gym", "sky", "moon", "rain", "snow",
+    "wind", "100", "365", "911", "777", "ice", "map", "web", "pet", "art", "ink", "joy", "key", "fun", "toy", "hat",
+    "cup", "win", "run", "eat", "bike", "boat", "car", "city", "club", "cook", "desk", "door", "east", "west",
+    "north", "south", "farm", "film", "fox", "gift", "gold", "hill", "hope", "idea", "jump", "kite", "lake", "lamp",
+    "leaf", "lion", "mail", "mask", "mint", "note", "pie", "pink", "pizza", "plan", "port", "queen", "rock", "rose",
+    "ruby", "salt", "ship", "silk", "star", "tent", "time", "town", "tree", "wolf", "yard", "zero", "one", "two",
+    "six", "ten", "bank", "bell", "bird", "blue", "cake", "camp", "card", "coin", "corn", "crab", "deer", "dish",
+    "duck", "egg", "fast", "frog", "game", "girl", "glow", "hand", "harp", "hen", "hero", "jet", "kid", "kiwi",
+    "lime", "loud", "max", "meal", "mind", "net", "new", "owl", "pan", "pear", "pen", "pig", "pine", "pop", "rice",
+    "ring", "road", "roof", "rope", "sock", "soup", "taco", "tiger", "tip", "top", "tub", "vet", "wall", "wax",
+    "wing", "wish", "yak", "12", "25", "50", "64", "404", "500", "1984", "2000", "3000"
+)  # fmt: skip
+"""184 words of at most 5 glyphs (one line at 32 px), each read exactly from its ground-truth render by PP-OCR with
+and without the text detector; enough of them that the base does not memorise every one (docs/world.md)."""
 OCR_TEMPLATES: tuple[str, ...] = (
     'a sign that says "{t}"',
     'a black poster with the word "{t}" in white letters',
@@ -142,18 +158,20 @@ def scene_for(metadata: dict[str, Any], rng: np.random.Generator, allowed: list[
         return Scene(objects=place_objects(rng, kinds, has_text=True), text=text)
     includes = metadata.get("include", [])
     if any("position" in r for r in includes):
-        # Position prompts have one object per clause (as in GenEval); rejection-sample the layout.
-        for _ in range(5000):
-            objs: list[ObjectSpec] = []
-            for req in includes:
-                objs.append(sample_object(rng, req["class"], color_for(req)))
-            clear = all(boxes_clear(a, b) for i, a in enumerate(objs) for b in objs[:i])
+        # Position prompts have one object per clause (as in GenEval): draw cell pairs until every relation
+        # holds unambiguously.
+        cells = grid_cells()
+        for _ in range(1000):
+            order = rng.permutation(len(cells))[: len(includes)]
+            objs = [
+                object_at(cells[int(i)], req["class"], color_for(req)) for i, req in zip(order, includes, strict=True)
+            ]
             rels_ok = all(
                 _relation_holds(o, objs[int(r["position"][1])], r["position"][0])
                 for o, r in zip(objs, includes, strict=True)
                 if "position" in r
             )
-            if clear and rels_ok:
+            if rels_ok:
                 return Scene(objects=tuple(objs), text=None)
         raise RuntimeError(f"could not satisfy {metadata['prompt']!r}")
     kinds = [(req["class"], color_for(req)) for req in includes for _ in range(int(req["count"]))]

@@ -73,17 +73,9 @@ def shape_mask(shape: str, n: int) -> np.ndarray:
         return np.ones((n, n), dtype=bool)
     if shape == "circle":
         return r2 <= (n / 2) ** 2 - 0.25 * n / 7
-    if shape == "ring":
-        thick = max(2.0, n / 4)
-        return (r2 <= (n / 2) ** 2 - 0.25 * n / 7) & (r2 >= (n / 2 - thick) ** 2)
     if shape == "triangle":
         half = c * yy / (n - 1) + (0.5 if n % 2 == 0 else 0.0)
         return np.abs(xx - c) <= half + 1e-9
-    if shape == "cross":
-        t = n // 3 if (n - n // 3) % 2 == 0 else n // 3 + 1
-        lo = (n - t) // 2
-        band = (idx >= lo) & (idx < lo + t)
-        return band[:, None] | band[None, :]
     raise ValueError(f"unknown shape {shape!r}")
 
 

@@ -12,40 +12,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "cross", "ring")
-"""Object classes; each is separable at 32x32 by bounding-box fill, row profile and holes."""
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
+"""Object classes; their bounding-box fills (about 0.7, 1 and 0.55) keep them apart at 9 px."""
 
-PLURALS: dict[str, str] = {
-    "circle": "circles",
-    "square": "squares",
-    "triangle": "triangles",
-    "cross": "crosses",
-    "ring": "rings",
-}
+PLURALS: dict[str, str] = {"circle": "circles", "square": "squares", "triangle": "triangles"}
 
 PALETTE: dict[str, tuple[int, int, int]] = {
     "red": (230, 30, 30),
     "green": (30, 200, 40),
     "blue": (40, 70, 235),
     "yellow": (240, 225, 30),
-    "purple": (160, 40, 210),
-    "orange": (250, 140, 20),
 }
-"""Object colours: well separated in RGB (min pairwise distance > 90) and far from background and text."""
+"""Object colours: well separated in RGB (min pairwise distance > 190) and far from background and text."""
 
 COLORS: tuple[str, ...] = tuple(PALETTE)
 BACKGROUND: tuple[int, int, int] = (0, 0, 0)
 TEXT_COLOR: tuple[int, int, int] = (255, 255, 255)
 
-MIN_SIZE = 0.28
-"""Smallest object side as a canvas fraction (9 px at 32x32): objects span about three 4-pixel transformer
-patches, so a small model can learn their outlines (at 7 px it drew blobs)."""
-MAX_SIZE = 0.36
-GAP = 0.07
-"""Minimum empty margin between object boxes (about 2 px at 32x32) so components never touch."""
+GRID = 3
+"""Objects sit in the cells of a ``GRID x GRID`` layout (docs/world.md explains the choice)."""
+CELL_CENTERS: tuple[float, ...] = (6 / 32, 16 / 32, 26 / 32)
+"""Cell centres as canvas fractions: 10-pixel cells from pixel 1 at 32x32."""
+OBJECT_SIZE = 9 / 32
+"""Object side as a canvas fraction: 9 px at 32x32, a pixel of margin inside each 10-pixel cell."""
 TEXT_BAND = 0.28
 """Bottom fraction of the canvas reserved for rendered text when a scene has any (9 px at 32x32: a 7 px glyph
-row and a pixel above and below)."""
+row and a pixel above and below); text scenes use the two upper rows of cells only."""
+GAP = 0.02
+"""Minimum empty margin between object boxes (the one-pixel gap between neighbouring cells at 32x32)."""
 
 
 @dataclass(frozen=True)
@@ -80,39 +74,27 @@ def boxes_clear(a: ObjectSpec, b: ObjectSpec, gap: float = GAP) -> bool:
     return ax1 + gap <= bx0 or bx1 + gap <= ax0 or ay1 + gap <= by0 or by1 + gap <= ay0
 
 
-def sample_object(
-    rng: np.random.Generator, shape: str, color: str, *, has_text: bool = False, margin: float = 0.03
-) -> ObjectSpec:
-    """Sample size and position for one object that fits inside the canvas (above the text band if any)."""
-    size = float(rng.uniform(MIN_SIZE, MAX_SIZE))
-    lo = margin + size / 2
-    y_hi = (1.0 - TEXT_BAND if has_text else 1.0) - margin - size / 2
-    x = float(rng.uniform(lo, 1.0 - lo))
-    y = float(rng.uniform(lo, y_hi))
-    return ObjectSpec(shape=shape, color=color, x=x, y=y, size=size)
+def grid_cells(has_text: bool = False) -> list[tuple[int, int]]:
+    """``(column, row)`` of every free cell; a scene with text leaves the bottom row to the text band."""
+    rows = GRID - 1 if has_text else GRID
+    return [(col, row) for row in range(rows) for col in range(GRID)]
+
+
+def object_at(cell: tuple[int, int], shape: str, color: str) -> ObjectSpec:
+    """The object ``shape`` of ``color`` centred in ``cell``."""
+    col, row = cell
+    return ObjectSpec(shape=shape, color=color, x=CELL_CENTERS[col], y=CELL_CENTERS[row], size=OBJECT_SIZE)
 
 
 def place_objects(
-    rng: np.random.Generator,
-    kinds: list[tuple[str, str]],
-    *,
-    has_text: bool = False,
-    max_tries: int = 2000,
+    rng: np.random.Generator, kinds: list[tuple[str, str]], *, has_text: bool = False
 ) -> tuple[ObjectSpec, ...]:
-    """Place ``(shape, color)`` objects without overlap by rejection sampling (restarting on dead ends)."""
-    for _ in range(max_tries):
-        placed: list[ObjectSpec] = []
-        for shape, color in kinds:
-            for _ in range(50):
-                cand = sample_object(rng, shape, color, has_text=has_text)
-                if all(boxes_clear(cand, p) for p in placed):
-                    placed.append(cand)
-                    break
-            else:
-                break
-        if len(placed) == len(kinds):
-            return tuple(placed)
-    raise RuntimeError(f"could not place {len(kinds)} objects without overlap")
+    """Put each ``(shape, color)`` in its own cell, cells drawn uniformly without replacement."""
+    cells = grid_cells(has_text)
+    if len(kinds) > len(cells):
+        raise ValueError(f"{len(kinds)} objects do not fit in {len(cells)} cells")
+    order = rng.permutation(len(cells))[: len(kinds)]
+    return tuple(object_at(cells[int(i)], shape, color) for i, (shape, color) in zip(order, kinds, strict=True))
 
 
 def random_scene(rng: np.random.Generator, n_objects: int, text: str | None = None) -> Scene:

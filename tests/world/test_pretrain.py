@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from vgrpo.config import PretrainConfig, VAETrainConfig
 from vgrpo.flow import interpolate
 from vgrpo.models.embedded import build_text_encoder
 from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.policy import Conditioning
-from vgrpo.pretrain import flow_matching_loss, logit_normal_timesteps, pretrain
+from vgrpo.world.config import PretrainConfig, VAETrainConfig
+from vgrpo.world.pretrain import flow_matching_loss, logit_normal_timesteps, pretrain
 
 from .models.test_embedded import TINY
 

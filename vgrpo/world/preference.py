@@ -1,5 +1,5 @@
 """PickScore-style preference model of the embedded world (Kirstain et al. 2023): the world CLIP fine-tuned with
-a Bradley-Terry loss on (clean render, degraded render) pairs of :mod:`vgrpo.rewards.world_degrade`."""
+a Bradley-Terry loss on (clean render, degraded render) pairs of :mod:`vgrpo.world.degrade`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vgrpo.config import WorldPreferenceConfig
-from vgrpo.rewards.world_degrade import augment, sample_pair
-from vgrpo.rewards.world_models import TrainedRewardModel, embed_images, embed_texts, fit, pixel_values
+from vgrpo.world.clip import TrainedRewardModel, embed_images, embed_texts, fit, pixel_values
+from vgrpo.world.config import WorldPreferenceConfig
+from vgrpo.world.degrade import augment, sample_pair
 from vgrpo.world.prompts import Pair, allowed_pairs
 
 __all__ = [
@@ -57,7 +57,7 @@ def bradley_terry_loss(
 
 
 def degradation_strength(config: WorldPreferenceConfig) -> dict[str, tuple[float, float]]:
-    """The ``strength`` ranges of :func:`vgrpo.rewards.world_degrade.degrade` from ``config``."""
+    """The ``strength`` ranges of :func:`vgrpo.world.degrade.degrade` from ``config``."""
     return {
         "blur": config.blur_sigma,
         "noise": config.noise_std,

@@ -6,7 +6,7 @@ preference model, trained here on freshly rendered world images.
   softmax (NegCLIP, Yuksekgonul et al. 2023, Sec. 4) so that it reads colours, counts and relations.
 * :func:`train_world_preference` starts from that CLIP and fine-tunes it with PickScore's Bradley-Terry loss
   (Kirstain et al. 2023, Eq. 1): a softmax over ``logit_scale * cos(text, image)`` of the two images of a pair
-  against the preferred one, here a clean render against a degraded one (:mod:`vgrpo.rewards.world_degrade`).
+  against the preferred one, here a clean render against a degraded one (:mod:`vgrpo.world.degrade`).
 
 A saved model directory holds ``CLIPModel.save_pretrained`` (safetensors), the ``CLIPTokenizer`` (vocab.json +
 merges.txt) and a ``CLIPImageProcessor`` at the world's native size, so that ``from_pretrained`` of the three
@@ -27,11 +27,13 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.atomic import atomic_dir
-from vgrpo.config import EmbeddedModelConfig, WorldAugmentConfig, WorldCLIPConfig
-from vgrpo.rewards.world_degrade import hard_negative
-from vgrpo.schedule import one_cycle, progress_bar
+from vgrpo.config import EmbeddedModelConfig
+from vgrpo.progress import progress_bar
+from vgrpo.world.config import WorldAugmentConfig, WorldCLIPConfig
+from vgrpo.world.degrade import hard_negative
 from vgrpo.world.prompts import allowed_pairs, sample_metadata, scene_for
 from vgrpo.world.render import render
+from vgrpo.world.schedule import one_cycle
 
 __all__ = [
     "TrainedRewardModel",
@@ -182,7 +184,7 @@ def render_batch(
     rng: np.random.Generator, n: int, tags: tuple[str, ...], allowed: Any, size: int, aug: WorldAugmentConfig | None
 ) -> tuple[list[str], np.ndarray]:
     """``n`` fresh captions (tags uniform) and their renders ``(n, size, size, 3)`` uint8, augmented if ``aug``."""
-    from vgrpo.rewards.world_degrade import augment
+    from vgrpo.world.degrade import augment
 
     captions, images = [], []
     for _ in range(n):

@@ -23,7 +23,7 @@ import numpy as np
 
 from vgrpo.world.prompts import NUMBERS, OCR_WORDS, Pair, sample_metadata, scene_for
 from vgrpo.world.render import render
-from vgrpo.world.scene import COLORS, PLURALS, SHAPES, Scene, boxes_clear, sample_object
+from vgrpo.world.scene import CELL_CENTERS, COLORS, PLURALS, SHAPES, Scene, grid_cells, object_at
 
 __all__ = [
     "DEGRADATIONS",
@@ -201,14 +201,14 @@ def degrade(
     objs = list(scene.objects)
     clauses = [c for c in metadata.get("include", []) for _ in range(int(c["count"]))]
     if kind == "clutter":
-        want = len(objs) + int(rng.integers(int(lo), int(hi) + 1))
-        for _ in range(400):
-            color, shape = allowed[int(rng.integers(len(allowed)))]
-            cand = sample_object(rng, shape, color, has_text=scene.text is not None)
-            if len(objs) < want and all(boxes_clear(cand, o) for o in objs):
-                objs.append(cand)
-        if len(objs) == len(scene.objects):
+        taken = {(CELL_CENTERS.index(o.x), CELL_CENTERS.index(o.y)) for o in objs}
+        free = [cell for cell in grid_cells(scene.text is not None) if cell not in taken]
+        if not free:
             raise NoRoomError(f"no room for a distractor in the scene of {metadata.get('prompt')!r}")
+        extra = min(len(free), int(rng.integers(int(lo), int(hi) + 1)))
+        for i in rng.permutation(len(free))[:extra]:
+            color, shape = allowed[int(rng.integers(len(allowed)))]
+            objs.append(object_at(free[int(i)], shape, color))
     elif kind == "wrong_color":
         i = _choice_index(rng, [j for j, c in enumerate(clauses) if "color" in c])
         options = [c for c, s in allowed if s == objs[i].shape and c != objs[i].color]

@@ -31,16 +31,18 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.atomic import atomic_dir
-from vgrpo.config import PretrainConfig
 from vgrpo.flow import interpolate, timestep_grid, velocity_target
+from vgrpo.images import images_to_tensor
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.models.pipeline import SD3Adapter
 from vgrpo.models.sd3 import SD3Velocity
 from vgrpo.policy import Conditioning
+from vgrpo.progress import progress_bar
 from vgrpo.samplers import euler_ode_sample
-from vgrpo.schedule import one_cycle, progress_bar
-from vgrpo.world.data import images_to_tensor, world_batch
+from vgrpo.world.config import PretrainConfig
+from vgrpo.world.data import world_batch
 from vgrpo.world.prompts import allowed_pairs
+from vgrpo.world.schedule import one_cycle
 
 __all__ = [
     "PretrainState",
@@ -116,7 +118,7 @@ def sample_images(
     micro_batch: int = 64,
 ) -> np.ndarray:
     """Euler ODE samples for ``prompts`` decoded to uint8 ``(N, H, W, 3)``, with the same sampler as RL rollouts."""
-    from vgrpo.world.data import tensor_to_images
+    from vgrpo.images import tensor_to_images
 
     sigmas = timestep_grid(num_steps, shift=shift)
     out = []

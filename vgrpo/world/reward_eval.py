@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vgrpo.rewards.world_degrade import hard_negative
-from vgrpo.rewards.world_models import embed_images, embed_texts, pixel_values
+from vgrpo.world.clip import embed_images, embed_texts, pixel_values
+from vgrpo.world.degrade import hard_negative
 from vgrpo.world.prompts import Record, allowed_pairs, sample_metadata, scene_for
 from vgrpo.world.render import render
 
