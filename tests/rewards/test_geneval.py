@@ -298,19 +298,19 @@ def test_shaping_detectors_credit_a_rough_shape_and_leave_the_verdicts_alone() -
     from vgrpo.world.render import shape_mask
     from vgrpo.world.scene import PALETTE
 
-    rough = shape_mask("square", 12).copy()  # a square with 55% of its inner pixels missing
-    holes = np.random.default_rng(1).random((12, 12)) < 0.55
+    rough = shape_mask("square", 12).copy()  # a square with 65% of its inner pixels missing
+    holes = np.random.default_rng(1).random((12, 12)) < 0.65
     holes[[0, -1], :] = False
     holes[:, [0, -1]] = False
     rough &= ~holes
     shape, iou = best_fit(rough)
-    assert shape == "square" and 0.6 < iou < 0.7  # below the calibrated 0.7, above every looser level
+    assert shape == "square" and 0.5 < iou < 0.6  # below the calibrated 0.6, above every looser level
     exact = np.zeros((32, 32, 3), np.uint8)
     exact[10:22, 10:22][shape_mask("square", 12)] = PALETTE["red"]
     blob = np.zeros((32, 32, 3), np.uint8)
     blob[10:22, 10:22][rough] = PALETTE["red"]
     md = {"tag": "single_object", "include": [{"class": "square", "count": 1}], "prompt": "a photo of a square"}
-    levels = [{"min_iou": 0.4}, {"min_iou": 0.5}, {"min_iou": 0.6}]
+    levels = [{"min_iou": 0.3}, {"min_iou": 0.4}, {"min_iou": 0.5}]
     shaped = build_reward("geneval", {"shaping_detectors": levels})
     out = shaped(np.stack([exact, blob]), [md["prompt"]] * 2, [md, md])
     assert out.sub_scores["strict"].tolist() == [1.0, 0.0]  # GenEval's verdicts: the main detector only

@@ -16,7 +16,7 @@ from vgrpo.policy import Conditioning
 from vgrpo.world.config import PretrainConfig, VAETrainConfig
 from vgrpo.world.pretrain import flow_matching_loss, logit_normal_timesteps, pretrain
 
-from .models.test_embedded import TINY
+from ..models.test_embedded import TINY
 
 
 def tiny_pretrain_config(**overrides: object) -> PretrainConfig:

@@ -52,7 +52,9 @@ _QUOTED = re.compile(r'"([^"]*)"')
 
 
 class NoRoomError(RuntimeError):
-    """A ``clutter`` degradation found no free place for a distractor (a scene of four objects can be full)."""
+    """A scene leaves a degradation nothing to do: ``clutter`` finds no free cell, or ``wrong_shape`` /
+    ``wrong_color`` no allowed value the prompt does not name (with 3 shapes, a two-shape prompt leaves one
+    shape, which a held-out pair may exclude for the object's colour)."""
 
 
 def _article(word: str) -> str:
@@ -184,7 +186,7 @@ def degrade(
 
     Raises:
         ValueError: for an unknown ``kind`` or one that ``metadata`` gives nothing to violate.
-        NoRoomError: when ``clutter`` finds no free place for any distractor.
+        NoRoomError: when the scene leaves the degradation nothing to change (see :class:`NoRoomError`).
     """
     if kind not in DEGRADATIONS:
         raise ValueError(f"unknown degradation {kind!r}; valid: {DEGRADATIONS}")
@@ -212,11 +214,15 @@ def degrade(
     elif kind == "wrong_color":
         i = _choice_index(rng, [j for j, c in enumerate(clauses) if "color" in c])
         options = [c for c, s in allowed if s == objs[i].shape and c != objs[i].color]
+        if not options:
+            raise NoRoomError(f"no allowed colour left for the {objs[i].shape} of {metadata.get('prompt')!r}")
         objs[i] = replace(objs[i], color=_choice(rng, options))
     elif kind == "wrong_shape":
         i = _choice_index(rng, list(range(len(clauses))))
         named = {c["class"] for c in clauses}
         options = [s for c, s in allowed if c == objs[i].color and s not in named]
+        if not options:
+            raise NoRoomError(f"no allowed shape left for the {objs[i].color} object of {metadata.get('prompt')!r}")
         objs[i] = replace(objs[i], shape=_choice(rng, options))
     else:  # wrong_position: swapping the two centres flips every relation and keeps the boxes apart
         a, b = objs[0], objs[1]
