@@ -87,9 +87,10 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     """``method`` on ``args.pipeline`` as the embedded stages train it: params/models/embedded.yaml (LoRA r 32),
     the world's GenEval train prompts, and the world GenEval reward on decoded samples."""
     import torch
+    import yaml
 
     from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
+    from vgrpo.config import load_config, merge_overrides
     from vgrpo.images import tensor_to_images
     from vgrpo.models import add_lora
     from vgrpo.models.pipeline import build_adapter, load_pipeline
@@ -101,12 +102,14 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     algorithm: dict[str, object] = {"name": preset}
     if method == "vgrpo_full_graph":
         algorithm["memory_bounded"] = False
+    # The model file's training sections (its pipeline and evaluation keys belong to a stage, not a run).
+    model = yaml.safe_load((ROOT / "params" / "models" / "embedded.yaml").read_text())
+    model = {k: v for k, v in model.items() if k in ("rollout", "optim", "lora", "precision")}
+    rollout = {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps}
     config = load_config(
-        [ROOT / "params" / "base.yaml", ROOT / "params" / "models" / "embedded.yaml",
-         ROOT / "params" / "algorithms" / f"{preset}.yaml"],
-        {"rollout": {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps},
-         "algorithm": algorithm},
-    )  # fmt: skip
+        [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{preset}.yaml"],
+        merge_overrides(model, {"rollout": rollout, "algorithm": algorithm}),
+    )
     pipe = load_pipeline(args.pipeline)
     assert config.lora is not None
     add_lora(pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha,

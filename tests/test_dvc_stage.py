@@ -48,9 +48,10 @@ def test_the_flow_prints_one_row_per_stage() -> None:
     from vgrpo.config import load_curriculum
 
     _, stages = load_curriculum(CURRICULUM, root=REPO)
-    results = [{"name": c.name, "final_eval": {"eval/geneval_geneval_strict": 0.1 * i, "eval/ocr": 0.5}}
+    results = [{"name": c.name, "final_eval": {"eval/geneval_geneval_strict": 0.1 * i, "eval/ocr": 0.5,
+                                               "eval/ocr_ci_low": 0.4, "eval/ocr_ci_high": 0.6}}
                for i, c in enumerate(stages[:2])]  # fmt: skip
     table = summary_table(stages[:2], results).splitlines()
-    assert table[0].split() == ["stage", "geneval_geneval_strict", "geneval_geneval_partial", "ocr",
-                                "world_clipscore", "world_pickscore"]  # fmt: skip
-    assert table[2].split() == ["s2-geneval", "0.100", "-", "0.500", "-", "-"]
+    header = ["geneval_geneval_strict", "geneval_geneval_partial", "ocr", "world_clipscore", "world_pickscore"]
+    assert table[0].split() == ["stage", *(w for h in header for w in (h, "[95%", "CI]"))]
+    assert table[2].split() == ["s2-geneval", "0.100", "-", "0.500", "[0.400,", "0.600]", "-", "-"]
