@@ -77,6 +77,11 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
         )
         if it:
             rows.append(record.metrics)
+    return _summary(rows)
+
+
+def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Median seconds of each phase over the timed iterations, gradient steps and this process's peak RSS."""
     out = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}
     out["gradient_steps"] = rows[0]["gradient_steps"]
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -136,10 +141,7 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
                                  generator=generator, iteration=it)  # fmt: skip
         if it:
             records.append(record.metrics)
-    out = {k: statistics.median(r[k] for r in records) for k in records[0] if k.startswith("time/")}
-    out["gradient_steps"] = records[0]["gradient_steps"]
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return out
+    return _summary(records)
 
 
 def main() -> None:
