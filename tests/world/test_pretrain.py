@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from vgrpo.flow import interpolate
-from vgrpo.models.embedded import build_text_encoder
+from vgrpo.models.embedded import build_text_encoder, train_clip_tokenizer
 from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.policy import Conditioning
 from vgrpo.world.config import PretrainConfig, VAETrainConfig
-from vgrpo.world.pretrain import flow_matching_loss, logit_normal_timesteps, pretrain
+from vgrpo.world.pretrain import _prompt_corpus, flow_matching_loss, logit_normal_timesteps, pretrain
 
 from ..models.test_embedded import TINY
 
@@ -72,7 +72,9 @@ class _Crash(RuntimeError):
 def test_resumed_pretraining_is_bit_identical(tmp_path: Path) -> None:
     cfg = tiny_pretrain_config(steps=30)
     assert cfg.train_text_encoders
-    straight = pretrain(cfg, tmp_path / "straight", log=lambda _: None)
+    # One tokenizer for both runs: the BPE trainer breaks frequency ties in hash order (pretrain's docstring).
+    tokenizer = train_clip_tokenizer(_prompt_corpus(cfg), cfg.model)
+    straight = pretrain(cfg, tmp_path / "straight", log=lambda _: None, tokenizer=tokenizer)
 
     def crash_at_30(adapter: object, velocity: object, step: int) -> dict[str, float]:
         if step == 30:  # after the step-30 update, before its checkpoint
@@ -80,7 +82,7 @@ def test_resumed_pretraining_is_bit_identical(tmp_path: Path) -> None:
         return {}
 
     with pytest.raises(_Crash):
-        pretrain(cfg, tmp_path / "resumed", evaluate=crash_at_30, log=lambda _: None)
+        pretrain(cfg, tmp_path / "resumed", evaluate=crash_at_30, log=lambda _: None, tokenizer=tokenizer)
     assert [p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()] == ["step-20"]
     logs: list[str] = []
     resumed = pretrain(cfg, tmp_path / "resumed", log=logs.append)

@@ -151,6 +151,7 @@ def pretrain(
     *,
     evaluate: Callable[[SD3Adapter, nn.Module, int], dict[str, float]] | None = None,
     log: Log = print,
+    tokenizer: Any = None,
 ) -> Path:
     """Pretrain the embedded pipeline described by ``config``; returns the pipeline directory.
 
@@ -161,6 +162,8 @@ def pretrain(
         evaluate: called every ``config.eval_every`` steps and at the end with the adapter, the EMA velocity
             model and the step; returns metrics to record.
         log: line logger.
+        tokenizer: a CLIP tokenizer to use instead of training one on the prompt corpus (the BPE trainer of
+            ``tokenizers`` breaks frequency ties in hash order, so two trainings can differ).
     """
     torch.set_flush_denormal(True)  # stack-notes: denormals slow CPU training ~5x after a few hundred steps
     ckpt_root = Path(work_dir) / "checkpoints"
@@ -184,7 +187,8 @@ def pretrain(
         pipe = load_sd3_pipeline(latest / "pipeline")
     else:
         log("training the tokenizer and the VAE")
-        tokenizer = train_clip_tokenizer(_prompt_corpus(config), config.model)
+        if tokenizer is None:
+            tokenizer = train_clip_tokenizer(_prompt_corpus(config), config.model)
         pipe = build_pipeline(config.model, tokenizer, seed=config.seed)
         pipe.set_progress_bar_config(disable=True)
         t0 = time.perf_counter()
