@@ -87,24 +87,31 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         )
 
 
+def _records_with_scenes(path: Path) -> list[Any]:
+    """``(metadata, scene)`` of every row of a world split file; a row without its ground-truth ``scene`` is a
+    :class:`ConfigError` naming the file and line."""
+    from vgrpo.world.prompts import scene_from_dict
+
+    rows = load_prompts(path)
+    for i, md in enumerate(rows, 1):
+        if "scene" not in md:
+            raise ConfigError(f"{path}:{i}: a record needs its ground-truth 'scene' (a world split file)")
+    return [(md, scene_from_dict(md["scene"])) for md in rows]
+
+
 def cmd_train_world_clip(args: argparse.Namespace) -> None:
     import torch
 
     from vgrpo.atomic import write_json_atomic
     from vgrpo.world.clip import final_metrics, save_reward_model, train_world_clip
     from vgrpo.world.config import WorldCLIPConfig
-    from vgrpo.world.prompts import scene_from_dict
     from vgrpo.world.reward_eval import evaluate_clip, preference_records
 
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="world_clip", schema=WorldCLIPConfig)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     test_path = Path(args.splits) / "test.jsonl"
-    metadata = load_prompts(test_path)
-    for i, md in enumerate(metadata, 1):
-        if "scene" not in md:
-            raise ConfigError(f"{test_path}:{i}: a test record needs its ground-truth 'scene'")
-    records = [(md, scene_from_dict(md["scene"])) for md in metadata]
+    records = _records_with_scenes(test_path)
     records += preference_records(cfg.eval_seed, cfg.eval_preference_prompts)
     t0 = time.perf_counter()
     trained = train_world_clip(cfg, log=print)
@@ -182,14 +189,10 @@ def cmd_detector_check(args: argparse.Namespace) -> None:
 
     from vgrpo.atomic import write_json_atomic
     from vgrpo.images import images_to_tensor, tensor_to_images
-    from vgrpo.world.prompts import scene_from_dict
     from vgrpo.world.quality import detector_quality
 
     path = Path(args.prompts)
-    rows = load_prompts(path)
-    for i, md in enumerate(rows, 1):
-        if "scene" not in md:
-            raise ConfigError(f"{path}:{i}: a record needs its ground-truth 'scene' (a world split file)")
+    records = _records_with_scenes(path)
     roundtrip = None
     if args.pipeline is not None:
         from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
@@ -202,7 +205,7 @@ def cmd_detector_check(args: argparse.Namespace) -> None:
             latents = adapter.encode_images(images_to_tensor(images), generator=generator)
             return tensor_to_images(adapter.decode(latents))
 
-    quality = detector_quality([(md, scene_from_dict(md["scene"])) for md in rows], roundtrip=roundtrip)
+    quality = detector_quality(records, roundtrip=roundtrip)
     quality |= {"prompts": str(path), "pipeline": args.pipeline}
     write_json_atomic(args.out, quality)
     print(" ".join(f"{k}={quality[k]:.3f}" for k in ("ground_truth", "vae_roundtrip", "noise", "wrong_prompt")
