@@ -45,6 +45,23 @@ def test_iteration_randomness_depends_only_on_seed_and_iteration() -> None:
     assert torch.equal(torch.randn(3, generator=a), torch.randn(3, generator=b))
 
 
+def test_tag_weights_set_each_tags_share_of_the_drawn_prompts() -> None:
+    rows = [{"prompt": f"a{i}", "tag": "a"} for i in range(900)] + [{"prompt": f"b{i}", "tag": "b"} for i in range(100)]
+    drawn = [r["tag"] for it in range(400) for r in sample_prompt_rows(rows, 8, 0, it, {"a": 1.0, "b": 3.0})]
+    assert drawn.count("b") / len(drawn) == pytest.approx(0.75, abs=0.03)  # uniform over rows would give 0.10
+    assert sample_prompt_rows(rows, 8, 0, 7, {"a": 1.0, "b": 3.0}) == sample_prompt_rows(
+        rows, 8, 0, 7, {"a": 1, "b": 3}
+    )
+
+
+def test_tag_weights_must_cover_every_kept_tag(world: Path) -> None:
+    config = _config(prompt_tag_weights={"single_object": 1.0})
+    with pytest.raises(ValueError, match="no weight for the tags"):
+        run_stage(config, pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora", root=world)
+    with pytest.raises(ValueError, match="must all be > 0"):
+        _config(prompt_tag_weights={"single_object": 0.0})
+
+
 def test_stage_exports_lora_that_diffusers_loads(world: Path) -> None:
     from diffusers import StableDiffusion3Pipeline
 

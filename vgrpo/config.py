@@ -125,6 +125,12 @@ class VGRPOConfig(FrozenConfig):
     self_normalize: bool = Field(True, description="Technique 4: divide by sg(mean |residual|).")
     clip_range: float | None = Field(None, gt=0, description="PPO ratio clip (FLUX: 1e-2 / 6e-3); None = off.")
     kl_coef: float = Field(0.0, ge=0, description="beta of the x-space KL to the behaviour policy (stage 5: 0.3).")
+    ref_kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="beta_ref of the same x-space KL to the stage's starting weights (the frozen reference, as "
+        "Flow-GRPO's KL); 0 = off, as in the paper.",
+    )
     memory_bounded: bool = Field(True, description="Two-pass update (one graph at a time) vs one full graph.")
     logit_normal_mean: float = 0.0
     logit_normal_std: float = Field(1.0, gt=0)
@@ -438,6 +444,11 @@ class StageConfig(TrainConfig):
     pipeline: str = Field("models/embedded-base", description="Base pipeline directory (the model params file's).")
     prompts: str = Field(description="Training prompt file (.jsonl metadata or .txt), relative to the project root.")
     prompt_tags: tuple[str, ...] | None = Field(None, description="Keep only rows with these `tag`s; None = all.")
+    prompt_tag_weights: dict[str, float] | None = Field(
+        None,
+        description="Share of each `tag` among the prompts drawn (rows uniform within a tag; every kept tag "
+        "needs a weight > 0); None = every row equally likely.",
+    )
     rewards: tuple[RewardConfig, ...] = Field(min_length=1)
     iterations: int = Field(ge=1, description="Iterations of the stage (paper SD3.5: 150 / 200 / 150 / 50 / 30).")
     checkpoint_every: int = Field(10, ge=1, description="Iterations between resumable checkpoints.")
@@ -452,6 +463,8 @@ class StageConfig(TrainConfig):
     @model_validator(mode="after")
     def _check_stage(self) -> StageConfig:
         _unique_reward_keys(self.rewards)
+        if self.prompt_tag_weights is not None and any(w <= 0 for w in self.prompt_tag_weights.values()):
+            raise ValueError(f"prompt_tag_weights must all be > 0, got {self.prompt_tag_weights}")
         if self.advantage.weights:
             raise ValueError("a stage weights its rewards with rewards[].weight; leave advantage.weights empty")
         return self

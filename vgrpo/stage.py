@@ -16,7 +16,8 @@ import hashlib
 import json
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,23 @@ def iteration_generator(seed: int, iteration: int) -> torch.Generator:
     return torch.Generator().manual_seed(_seed(seed, iteration, 1))
 
 
-def sample_prompt_rows(rows: Sequence[Metadata], count: int, seed: int, iteration: int) -> list[Metadata]:
-    """``count`` prompt rows for one iteration, without replacement when there are enough."""
+def sample_prompt_rows(
+    rows: Sequence[Metadata],
+    count: int,
+    seed: int,
+    iteration: int,
+    tag_weights: Mapping[str, float] | None = None,
+) -> list[Metadata]:
+    """``count`` prompt rows for one iteration, without replacement when there are enough. With ``tag_weights``
+    each row's probability is its tag's weight shared among the tag's rows (every row's tag needs a weight)."""
     rng = np.random.default_rng(_seed(seed, iteration, 0))
-    idx = rng.choice(len(rows), size=count, replace=len(rows) < count)
+    p = None
+    if tag_weights is not None:
+        tags = [str(r.get("tag")) for r in rows]
+        per_tag = Counter(tags)
+        p = np.array([tag_weights[t] / per_tag[t] for t in tags])
+        p = p / p.sum()
+    idx = rng.choice(len(rows), size=count, replace=len(rows) < count, p=p)
     return [rows[int(i)] for i in idx]
 
 
@@ -108,6 +122,13 @@ def _rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
         rows = [r for r in rows if r.get("tag") in config.prompt_tags]
         if not rows:
             raise ValueError(f"{config.prompts}: no prompt has a tag in prompt_tags={list(config.prompt_tags)}")
+    if config.prompt_tag_weights is not None:
+        unweighted = sorted({str(r.get("tag")) for r in rows} - set(config.prompt_tag_weights))
+        if unweighted:
+            raise ValueError(
+                f"{config.prompts}: prompt_tag_weights has no weight for the tags {unweighted} "
+                "(give them one, or leave them out with prompt_tags)"
+            )
     return rows
 
 
@@ -238,7 +259,9 @@ def run_stage(
     if result.resumed_from == 0 and config.eval_every:
         run_evaluation(0)
     for iteration in range(result.resumed_from, config.iterations):  # 4. iterate
-        batch = sample_prompt_rows(rows, config.rollout.prompts_per_iteration, config.seed, iteration)
+        batch = sample_prompt_rows(
+            rows, config.rollout.prompts_per_iteration, config.seed, iteration, config.prompt_tag_weights
+        )
         prompts = [str(r["prompt"]) for r in batch]
         expanded = [r for r in batch[shard] for _ in range(config.rollout.group_size)]  # this rank's samples
         scored: list[MultiRewardOutput] = []

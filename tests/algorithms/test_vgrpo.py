@@ -48,7 +48,7 @@ def test_full_graph_ratio_is_exactly_one_at_the_first_step():
 
 
 def test_memory_bounded_update_equals_full_graph_with_clip_and_kl_active():
-    algo_cfg = {"name": "vgrpo", "n_mc": 3, "clip_range": 0.002, "kl_coef": 0.3}
+    algo_cfg = {"name": "vgrpo", "n_mc": 3, "clip_range": 0.002, "kl_coef": 0.3, "ref_kl_coef": 0.7}
     config = make_config(algo_cfg, optim={"micro_batch_size": 4})
     policy = make_policy(config)
     algorithm, batch = prepared(config, policy)
@@ -62,7 +62,7 @@ def test_memory_bounded_update_equals_full_graph_with_clip_and_kl_active():
     g_bounded = grads(policy)
     full_graph = VGRPO(
         make_config({**algo_cfg, "memory_bounded": False}).algorithm,  # type: ignore[arg-type]
-        sigmas=algorithm.sigmas, group_size=3, latent_shape=algorithm.latent_shape,
+        policy=policy, sigmas=algorithm.sigmas, group_size=3, latent_shape=algorithm.latent_shape,
         rollout_micro_batch=4, train_micro_batch=4,
     )  # fmt: skip
     policy.zero_grad(set_to_none=True)
@@ -70,12 +70,46 @@ def test_memory_bounded_update_equals_full_graph_with_clip_and_kl_active():
     g_full = grads(policy)
 
     assert 0 < bounded["clip_frac"] < 1, "the test must have clipped and unclipped samples"
-    assert bounded["kl"] > 0
+    assert bounded["kl"] > 0 and bounded["kl_ref"] > 0
+    assert bounded["kl_ref"] == pytest.approx(full["kl_ref"], rel=1e-5)
     assert bounded["loss"] == pytest.approx(full["loss"], rel=1e-5)
     assert bounded["ratio_max"] == pytest.approx(full["ratio_max"], rel=1e-6)
     scale = max(g.abs().max().item() for g in g_full)
     for a, b in zip(g_bounded, g_full, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6 * max(scale, 1.0))
+
+
+def test_reference_kl_is_zero_at_the_start_and_pulls_back_to_the_starting_weights():
+    config = make_config({"name": "vgrpo", "n_mc": 2, "ref_kl_coef": 1.0})
+    policy = make_policy(config)
+    zero = torch.zeros(N)
+    algorithm, batch = prepared(config, policy, zero)
+    start = [p.detach().clone() for p in policy.parameters() if p.requires_grad]
+    assert set(algorithm.snapshots()) == {"reference"}  # saved with checkpoints, so a resumed run keeps it
+    policy.zero_grad(set_to_none=True)
+    metrics = algorithm.accumulate_gradients(policy, batch, torch.arange(N), step=0)
+    assert metrics["kl_ref"] == 0.0 and all(g.abs().max() == 0 for g in grads(policy))
+
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # move away from the reference, then prepare a batch under the moved weights
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    batch = algorithm.prepare(policy, algorithm.rollout(policy, batch.cond, batch.samples, g, 1), batch.cond, zero, g)
+    optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
+    distances, kls = [], []
+    for step in range(3):  # zero advantages: the reference KL is the whole objective
+        policy.zero_grad(set_to_none=True)
+        kls.append(algorithm.accumulate_gradients(policy, batch, torch.arange(N), step=step)["kl_ref"])
+        optimizer.step()
+        distances.append(
+            sum(
+                (p - s).pow(2).sum().item()
+                for p, s in zip([p for p in policy.parameters() if p.requires_grad], start, strict=True)
+            )
+        )
+    assert kls[0] > 0 and kls[2] < kls[1] < kls[0]
+    assert distances[2] < distances[0]
 
 
 def test_flipping_advantages_flips_the_gradient():

@@ -23,7 +23,7 @@ ALGORITHMS: dict[str, str] = {
 }
 
 # Algorithms that keep a copy of the trainable weights (reference or old policy) need the policy.
-_NEEDS_POLICY = {"flow_grpo", "mixgrpo", "diffusion_nft"}
+_NEEDS_POLICY = {"vgrpo", "naive_elbo", "flow_grpo", "mixgrpo", "diffusion_nft"}
 
 
 def get_algorithm_class(name: str) -> type[Algorithm]:

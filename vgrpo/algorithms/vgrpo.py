@@ -5,8 +5,10 @@ Read next to algorithm.md §3. Per iteration:
 1. rollout: Euler ODE from noise; only the final latents ``o_i`` are kept (the whole generation is
    one action, so any sampler works);
 2. prepare: draw the N_MC shared timestep-noise pairs and compute, without gradient, the old
-   surrogates ``s_ij(theta_old)`` (and ``x0_hat_old`` when the KL is on);
-3. gradient steps on the clipped objective with ``rho_i = exp(mean_j s_ij - mean_j s_ij_old)``.
+   surrogates ``s_ij(theta_old)`` (and ``x0_hat_old`` when the KL is on, ``x0_hat_ref`` under the
+   stage's starting weights when the reference KL is on);
+3. gradient steps on the clipped objective with ``rho_i = exp(mean_j s_ij - mean_j s_ij_old)``,
+   plus ``beta KL(theta, theta_old) + beta_ref KL(theta, theta_ref)``, both in Eq. (16)'s x-space form.
 
 Memory-bounded update (``memory_bounded=True``): the objective is a function of the per-sample
 means ``mean_j s_ij`` only, so its gradient is ``sum_ij c_i grad s_ij`` with
@@ -20,6 +22,8 @@ equals the full-graph gradient.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -27,7 +31,7 @@ from vgrpo.algorithms.base import Algorithm, PreparedBatch, Rollout, micro_batch
 from vgrpo.config import NaiveELBOConfig, VGRPOConfig
 from vgrpo.losses import clipped_policy_loss, vgrpo_loss, vgrpo_ratio, vgrpo_surrogate_coefficients
 from vgrpo.pairs import SharedPairs, draw_pairs
-from vgrpo.policy import Conditioning
+from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
 from vgrpo.surrogate import SurrogateTerms, elbo_surrogate
 
 __all__ = ["VGRPO", "surrogate_cv"]
@@ -55,6 +59,15 @@ class VGRPO(Algorithm):
 
     name = "vgrpo"
     config: VGRPOConfig | NaiveELBOConfig
+
+    def __init__(self, config: VGRPOConfig | NaiveELBOConfig, *, policy: nn.Module, **kwargs: Any):
+        super().__init__(config, **kwargs)
+        # The reference is the weights at construction: the stage's starting adapter (for the first stage of a
+        # LoRA run, the base model). The paper's V-GRPO has no reference term; it is an option against drift.
+        self.reference = ParameterSnapshot(trainable_parameters(policy)) if config.ref_kl_coef > 0 else None
+
+    def snapshots(self) -> dict[str, ParameterSnapshot]:
+        return {} if self.reference is None else {"reference": self.reference}
 
     # 1. rollout ------------------------------------------------------------------------------
     def rollout(
@@ -126,14 +139,19 @@ class VGRPO(Algorithm):
             logit_normal_std=self.config.logit_normal_std,
         )
         pairs = self.local_pairs(pairs, num_samples)
+        every = torch.arange(num_samples)
         old_s, old_x0_hat = self.current_surrogates(
-            policy, rollout.samples, cond, pairs, torch.arange(num_samples), keep_x0_hat=self.config.kl_coef > 0
+            policy, rollout.samples, cond, pairs, every, keep_x0_hat=self.config.kl_coef > 0
         )
+        ref_x0_hat = None
+        if self.reference is not None:
+            with self.reference.swapped_in():
+                ref_x0_hat = self.current_surrogates(policy, rollout.samples, cond, pairs, every, keep_x0_hat=True)[1]
         return PreparedBatch(
             samples=rollout.samples,
             cond=cond,
             advantages=advantages,
-            extras={"pairs": pairs, "old_surrogates": old_s, "old_x0_hat": old_x0_hat},
+            extras={"pairs": pairs, "old_surrogates": old_s, "old_x0_hat": old_x0_hat, "ref_x0_hat": ref_x0_hat},
             metrics=surrogate_cv(self.dist.gather(old_s), self.group_size),
         )
 
@@ -143,32 +161,37 @@ class VGRPO(Algorithm):
             return self._two_pass(policy, batch, idx, step)
         return self._full_graph(policy, batch, idx)
 
-    def _kl(self, terms: SurrogateTerms, old_x0_hat: Tensor | None, pos: slice, j: int) -> Tensor | None:
-        """Eq. (16) per sample: ``mean_d (x0_hat_theta - x0_hat_old)^2`` at pair j, ``(b,)``."""
-        if old_x0_hat is None:
+    @staticmethod
+    def _kl(terms: SurrogateTerms, other_x0_hat: Tensor | None, pos: slice, j: int) -> Tensor | None:
+        """Eq. (16) per sample: ``mean_d (x0_hat_theta - x0_hat_other)^2`` at pair j, ``(b,)``; ``other`` is the
+        behaviour policy's (``x0_hat_old``) or the reference's (``x0_hat_ref``) prediction."""
+        if other_x0_hat is None:
             return None
-        diff = terms.x0_hat - old_x0_hat[pos, j].to(terms.x0_hat.device)
+        diff = terms.x0_hat - other_x0_hat[pos, j].to(terms.x0_hat.device)
         return (diff**2).mean(dim=tuple(range(1, diff.ndim)))
 
     def _full_graph(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor) -> dict[str, float]:
         """Reference path: every pair's graph alive at once (micro-batched forwards, one backward),
         loss by :func:`vgrpo.losses.vgrpo_loss`."""
         pairs: SharedPairs = batch.extras["pairs"]
-        old_x0_hat: Tensor | None = batch.extras["old_x0_hat"]
-        if old_x0_hat is not None:
-            old_x0_hat = old_x0_hat[idx]
-        s_cols, kl_cols = [], []
+        old_x0_hat, ref_x0_hat = self._targets(batch, idx)
+        s_cols, kl_cols, ref_cols = [], [], []
         for j in range(pairs.n_mc):
-            s_parts, kl_parts = [], []
+            s_parts, kl_parts, ref_parts = [], [], []
             for mb, pos in micro_batches(idx, self.train_micro_batch):
                 terms = self.pair_terms(policy, batch.samples, batch.cond, pairs, j, mb)
                 s_parts.append(terms.surrogate)
                 kl = self._kl(terms, old_x0_hat, pos, j)
                 if kl is not None:
                     kl_parts.append(kl)
+                kl_ref = self._kl(terms, ref_x0_hat, pos, j)
+                if kl_ref is not None:
+                    ref_parts.append(kl_ref)
             s_cols.append(torch.cat(s_parts))
             if kl_parts:
                 kl_cols.append(torch.cat(kl_parts))
+            if ref_parts:
+                ref_cols.append(torch.cat(ref_parts))
         s = torch.stack(s_cols, dim=1)
         loss, metrics = vgrpo_loss(
             surrogates=s,
@@ -178,15 +201,23 @@ class VGRPO(Algorithm):
             kl=torch.stack(kl_cols, dim=1) if kl_cols else None,
             kl_coef=self.config.kl_coef,
         )
+        if ref_cols:
+            kl_ref_mean = torch.stack(ref_cols, dim=1).mean()
+            loss = loss + self.config.ref_kl_coef * kl_ref_mean
+            metrics.update({"kl_ref": kl_ref_mean.item(), "loss": loss.item()})
         loss.backward()
         return metrics
+
+    @staticmethod
+    def _targets(batch: PreparedBatch, idx: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """``x0_hat_old`` and ``x0_hat_ref`` of the minibatch ``idx`` (None where that KL is off)."""
+        old, ref = batch.extras["old_x0_hat"], batch.extras.get("ref_x0_hat")
+        return (None if old is None else old[idx]), (None if ref is None else ref[idx])
 
     def _two_pass(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:
         pairs: SharedPairs = batch.extras["pairs"]
         old_s: Tensor = batch.extras["old_surrogates"][idx]
-        old_x0_hat: Tensor | None = batch.extras["old_x0_hat"]
-        if old_x0_hat is not None:
-            old_x0_hat = old_x0_hat[idx]
+        old_x0_hat, ref_x0_hat = self._targets(batch, idx)
         advantages = batch.advantages[idx].float().cpu()
         # Pass 1: rho and dL/ds without a graph (theta == theta_old at step 0, so rho = 1 exactly).
         s_now = old_s if step == 0 else self.current_surrogates(policy, batch.samples, batch.cond, pairs, idx)[0]
@@ -200,17 +231,24 @@ class VGRPO(Algorithm):
             num_samples=idx.shape[0],
         )
         # Pass 2: one graph per (pair, micro-batch), gradients accumulate in .grad.
-        kl_sum = 0.0
-        kl_weight = self.config.kl_coef / (pairs.n_mc * idx.shape[0])
+        kl_sum = ref_sum = 0.0
+        terms_count = pairs.n_mc * idx.shape[0]
         for j in range(pairs.n_mc):
             for mb, pos in micro_batches(idx, self.train_micro_batch):
                 terms = self.pair_terms(policy, batch.samples, batch.cond, pairs, j, mb)
                 objective = (coef[pos].to(terms.surrogate.device) * terms.surrogate).sum()
                 kl = self._kl(terms, old_x0_hat, pos, j)
                 if kl is not None:
-                    objective = objective + kl_weight * kl.sum()
+                    objective = objective + self.config.kl_coef / terms_count * kl.sum()
                     kl_sum += kl.detach().sum().item()
+                kl_ref = self._kl(terms, ref_x0_hat, pos, j)
+                if kl_ref is not None:
+                    objective = objective + self.config.ref_kl_coef / terms_count * kl_ref.sum()
+                    ref_sum += kl_ref.detach().sum().item()
                 objective.backward()
-        kl_mean = kl_sum / (pairs.n_mc * idx.shape[0])
-        metrics.update({"kl": kl_mean, "loss": metrics["policy_loss"] + self.config.kl_coef * kl_mean})
+        kl_mean, ref_mean = kl_sum / terms_count, ref_sum / terms_count
+        loss = metrics["policy_loss"] + self.config.kl_coef * kl_mean + self.config.ref_kl_coef * ref_mean
+        metrics.update({"kl": kl_mean, "loss": loss})
+        if ref_x0_hat is not None:
+            metrics["kl_ref"] = ref_mean
         return metrics
