@@ -31,7 +31,10 @@ COLOUR_TAGS = ("colors", "color_attr")
 
 def _per_prompt(path: Path) -> tuple[dict[str, Any], int | None]:
     data = json.loads(path.read_text())
-    table = data["evaluations"][-1] if "evaluations" in data else data
+    table = data["evaluations"][-1] if data.get("evaluations") else data
+    if "per_prompt" not in table:
+        raise SystemExit(f"{path}: no per-prompt scores (neither a train --metrics file with an evaluation nor "
+                         "an evaluation table)")  # fmt: skip
     return table["per_prompt"], table.get("iteration")
 
 
@@ -81,7 +84,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for path in args.runs:
         per_prompt, iteration = _per_prompt(path)
-        r = paired_row(per_prompt, base, held_out)
+        try:
+            r = paired_row(per_prompt, base, held_out)
+        except ValueError as err:
+            raise SystemExit(f"{path} against {args.base}: {err}") from err
         tags = ", ".join(f"{t} {g:+.2f}" for t, g in r["per_tag_gain"].items())
         print(
             f"| {path.stem} | {iteration} | {r['strict']:.3f} ({r['base_strict']:.3f}) | {r['gain']:+.3f} "
