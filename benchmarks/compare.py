@@ -1,18 +1,27 @@
-"""V-GRPO against naive ELBO-GRPO, Flow-GRPO, MixGRPO and DiffusionNFT, and the paper's ablations, side by side
-on the embedded base: same model, prompts, rewards, seeds and rollout budget (prompts x group x iterations).
+"""V-GRPO against naive ELBO-GRPO, Flow-GRPO, MixGRPO and DiffusionNFT, and the paper's ablations, on the
+embedded base, under the protocol written at the top of the report (benchmarks/report.py, ``PROTOCOL``).
 
-    python benchmarks/compare.py --quick        # under 15 min: GenEval reward, one seed, each method's own lr
-    python benchmarks/compare.py                # the full grid (resumable; run it again to continue)
-    python benchmarks/compare.py --report-only  # rewrite the report from the runs already done
+    python benchmarks/compare.py --quick        # V-GRPO against naive ELBO-GRPO on the GenEval reward
+    python benchmarks/compare.py                # the full grid (resumable: run it again to continue)
+    python benchmarks/compare.py --report-only  # rewrite the report and the MLflow runs from the records
 
-Each run is one subprocess training one stage (:func:`vgrpo.stage.run_stage`) from ``models/embedded-base`` with
+The grid runs in phases; each phase's cells are independent subprocesses (``--workers`` at a time), and a phase
+that needs an earlier one's result (each method's learning rate) is planned when that phase is done:
+
+1. ``base``: the base model's evaluation on the test and validation prompt files (what every curve starts from:
+   a fresh LoRA is the base exactly, so no cell evaluates its start again).
+2. ``sweep``: each method at three learning rates, one seed, scored on the *validation* prompts.
+3. ``methods``: each method at its own best learning rate, ``--seeds`` seeds, held-out curve on the test prompts.
+4. ``stability``: V-GRPO and naive ELBO-GRPO at twice V-GRPO's best learning rate, five seeds.
+5. ``ablation``: V-GRPO's variance-reduction techniques one at a time (N_MC 2 and 8, v- and eps-prediction).
+6. ``preference``: V-GRPO and naive ELBO-GRPO on the preference stage's rewards.
+
+Each cell trains one stage (:func:`vgrpo.stage.run_stage`) from ``models/embedded-base`` with
 ``params/base.yaml`` + ``params/models/embedded.yaml`` + the reward's stage file + the method's
-``params/algorithms`` preset + the bench's overrides (below). Every ``--eval-every`` iterations the held-out
-reward is measured on the first ``--eval-prompts`` test prompts (fixed seeds, ODE sampling). A run records its
-curve against training wall time (evaluation excluded), gradient steps and model evaluations (NFE: every
-transformer row in training, counted by a hook), its per-iteration time split, the process's peak memory and
-the surrogate CV statistics. Results go to ``--out`` as one JSON per run, written atomically; the report
-(``docs/benchmarks.md`` and PNGs) is made by :mod:`benchmarks.report`.
+``params/algorithms`` preset + the bench's overrides, and writes one JSON record (atomically): its held-out curve
+against training wall time, gradient steps and transformer evaluations (NFE, counted by a hook), the per-image
+scores of every evaluation point (what the report's bootstrap resamples), its per-iteration time split, peak
+memory and surrogate-CV statistics. A cell whose record exists is skipped, so a killed grid resumes.
 """
 
 from __future__ import annotations
@@ -30,17 +39,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("vgrpo", "naive_elbo", "flow_grpo", "mixgrpo", "diffusion_nft")
+GENEVAL_TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 
-# The two reward settings: the GenEval stage's world GenEval reward (shaped as the shipped stage trains it) and
-# the preference stage's mix of world PickScore and world CLIPScore. The held-out number is the first metric.
+# The two reward settings: the GenEval stage (world GenEval, GenEval's strict verdict as the stage trains it) and
+# the preference stage's mix of world PickScore and world CLIPScore. ``score`` is the per-prompt number the report
+# resamples: the strict credit of each image, or the prompt's mean PickScore.
 REWARDS: dict[str, dict[str, Any]] = {
     "geneval": {
         "stage": "params/stages/embedded/2-geneval.yaml",
         "eval_rewards": [{"name": "geneval"}],
-        "held_out": {
-            "geneval_partial": ("geneval", "geneval_partial"),
-            "geneval_strict": ("geneval", "geneval_strict"),
-        },
+        "tags": GENEVAL_TAGS,
     },
     "preference": {
         "stage": "params/stages/embedded/1-preference.yaml",
@@ -48,74 +56,148 @@ REWARDS: dict[str, dict[str, Any]] = {
             {"name": "pickscore", "key": "world_pickscore", "options": {"path": "models/world-pickscore"}},
             {"name": "clipscore", "key": "world_clipscore", "options": {"path": "models/world-clip"}},
         ],
-        "held_out": {"world_pickscore": ("world_pickscore", "mean"), "world_clipscore": ("world_clipscore", "mean")},
+        "tags": (*GENEVAL_TAGS, "ocr"),
     },
 }
 
-# Each method's own recipe (its params/algorithms preset) scaled to this model: the same rollout (10 Euler/SDE
-# steps), N_MC 4 for the ELBO methods (the paper's default), MixGRPO's window moved every 2 iterations so that it
-# sweeps the 10 steps within a short run. The base learning rate is the embedded stage's (3e-4 GenEval, 5e-4
-# preference: the paper's LoRA rate, which Flow-GRPO and DiffusionNFT also use with LoRA); the sweep multiplies it.
+# Each method's own recipe (its params/algorithms preset) on the GenEval stage's rollout (8 prompts x 8 samples,
+# 10 Euler/SDE steps, two half-batch gradient steps per iteration): N_MC 4 for the ELBO methods (the paper's
+# default); MixGRPO's window advances every 3 iterations so that it sweeps the 10 steps within a run.
 METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
     "vgrpo": {"algorithm": {"n_mc": 4}},
     "naive_elbo": {"algorithm": {"n_mc": 4}},
     "flow_grpo": {},
-    "mixgrpo": {"algorithm": {"shift_interval": 2}},
+    "mixgrpo": {"algorithm": {"shift_interval": 3}},
     "diffusion_nft": {},
 }
 
-# The paper's ablation grid on V-GRPO (GenEval reward): each technique off, N_MC, and the step-control regimes.
+# The paper's variance-reduction ablations on V-GRPO (its Fig. 4 / Table 3 rows).
 ABLATIONS: dict[str, dict[str, Any]] = {
-    "no_shared_pairs": {"algorithm": {"share": "none"}},
-    "no_stratified": {"algorithm": {"timestep_sampling": "uniform"}},
-    "v_prediction": {"algorithm": {"prediction": "v"}},
-    "eps_prediction": {"algorithm": {"prediction": "eps"}},
-    "no_self_normalization": {"algorithm": {"self_normalize": False}},
     "n_mc_2": {"algorithm": {"n_mc": 2}},
     "n_mc_8": {"algorithm": {"n_mc": 8}},
-    "one_step_clip": {"algorithm": {"clip_range": 1e-2}, "advantage": {"soft_clip_eta": None}},
-    "one_step_kl": {"algorithm": {"kl_coef": 0.3}, "advantage": {"soft_clip_eta": None}},
-    "one_step_soft_clip": {},  # the reference: soft-clip eta 3, no ratio clip, no KL
-    "multi_step_clip": {
-        "algorithm": {"clip_range": 1e-2},
-        "advantage": {"soft_clip_eta": None},
-        "optim": {"gradient_steps": 2, "minibatches": 2},
-    },
-    "multi_step_kl": {
-        "algorithm": {"kl_coef": 0.3},
-        "advantage": {"soft_clip_eta": None},
-        "optim": {"gradient_steps": 2, "minibatches": 2},
-    },
-    "multi_step_soft_clip": {"optim": {"gradient_steps": 2, "minibatches": 2}},
+    "v_prediction": {"algorithm": {"prediction": "v"}},
+    "eps_prediction": {"algorithm": {"prediction": "eps"}},
 }
+
+SWEEP_LRS = (1e-4, 2e-4, 4e-4)  # around the GenEval stage's 2e-4, a factor 2 apart
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How long each phase's cells train and what they are scored on."""
+
+    iterations: int = 50  # methods, ablations
+    eval_every: int = 10
+    preference_iterations: int = 30
+    sweep_iterations: int = 15
+    stability_iterations: int = 20
+    seeds: int = 3
+    stability_seeds: int = 5
+    test_prompts: int = 128  # x eval_group images on the test split (GenEval tags only)
+    val_prompts: int = 64  # x eval_group images on the validation split
+    eval_group: int = 4
+    eval_steps: int = 10
+    prompts: int = 8  # per iteration
+    group: int = 8
+
+
+QUICK = Sizes(iterations=30, eval_every=30, seeds=1)
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run of the grid."""
+    """One cell of the grid."""
 
-    group: str  # methods | lr_sweep | ablation
+    phase: str  # base | sweep | methods | stability | ablation | preference
     method: str
-    reward: str
-    lr_scale: float = 1.0
+    reward: str = "geneval"
+    lr: float = 2e-4
     seed: int = 0
     variant: str = "default"
+    iterations: int = 30
+    eval_every: int = 10
+    split: str = "test"  # the prompts its evaluations score: test | val
     overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        return f"{self.reward}-{self.method}-{self.variant}-lr{self.lr_scale:g}-s{self.seed}"
+        if self.phase == "base":
+            return f"base-{self.reward}-{self.split}"
+        return f"{self.phase}-{self.reward}-{self.method}-{self.variant}-lr{self.lr:g}-s{self.seed}"
 
 
-def plan(quick: bool) -> list[RunSpec]:
-    """The runs, most informative first, so that a grid stopped early has the head-to-head comparison."""
+def eval_prompt_file(out: Path, reward: str, split: str, sizes: Sizes) -> Path:
+    """The fixed evaluation prompts every cell of ``reward`` shares: the first test prompts of the reward's tags,
+    or a validation split drawn from the world's generator with its own seed (never the test split)."""
+    from vgrpo.config import load_config
+    from vgrpo.world import make_splits, read_jsonl, scene_to_dict, write_jsonl
+    from vgrpo.world.config import PretrainConfig
+
+    path = out / "prompts" / f"{reward}-{split}.jsonl"
+    if path.is_file():
+        return path
+    tags = REWARDS[reward]["tags"]
+    if split == "test":
+        rows = [r for r in read_jsonl(ROOT / "data/world/test.jsonl") if r["tag"] in tags][: sizes.test_prompts]
+    else:
+        world = load_config([ROOT / "params/embedded/pretrain.yaml"], section="pretrain", schema=PretrainConfig)
+        # Drawn like the test split (held-out colour pairs included) from a seed no other split uses.
+        _, records = make_splits(world.seed + 7919, 0, 4 * sizes.val_prompts, held_out_pairs=world.held_out_pairs,
+                                 tags=world.split_tags)  # fmt: skip
+        rows = [{**md, "scene": scene_to_dict(sc)} for md, sc in records if md["tag"] in tags][: sizes.val_prompts]
+    write_jsonl(path, rows)
+    return path
+
+
+def plan_phase(phase: str, sizes: Sizes, best_lr: dict[str, float], quick: bool) -> list[RunSpec]:
+    """The cells of one phase (``best_lr``: each method's learning rate from the sweep)."""
+    it, every = sizes.iterations, sizes.eval_every
+    if phase == "base":
+        splits = ("test",) if quick else ("test", "val")
+        rewards = ("geneval",) if quick else ("geneval", "preference")
+        return [RunSpec("base", "base", r, split=s) for r in rewards for s in splits if (r, s) != ("preference", "val")]
     if quick:
-        return [RunSpec("methods", m, "geneval") for m in METHODS]
-    runs = [RunSpec("methods", m, "geneval", seed=s) for s in (0, 1, 2) for m in METHODS]
-    runs += [RunSpec("lr_sweep", m, "geneval", lr_scale=k) for k in (0.5, 2.0) for m in METHODS]
-    runs += [RunSpec("methods", m, "preference") for m in METHODS]
-    runs += [RunSpec("ablation", "vgrpo", "geneval", variant=v, overrides=o) for v, o in ABLATIONS.items()]
-    return runs
+        if phase != "methods":
+            return []
+        return [RunSpec("methods", m, lr=lr, iterations=it, eval_every=every)
+                for lr in (2e-4, 4e-4) for m in ("vgrpo", "naive_elbo")]  # fmt: skip
+    if phase == "sweep":
+        return [RunSpec("sweep", m, lr=lr, iterations=sizes.sweep_iterations, eval_every=sizes.sweep_iterations,
+                        split="val") for m in METHODS for lr in SWEEP_LRS]  # fmt: skip
+    if phase == "methods":
+        return [RunSpec("methods", m, lr=best_lr[m], seed=s, iterations=it, eval_every=every)
+                for s in range(sizes.seeds) for m in METHODS]  # fmt: skip
+    if phase == "stability":
+        lr = 2 * best_lr["vgrpo"]
+        n = sizes.stability_iterations
+        return [RunSpec("stability", m, lr=lr, seed=s, iterations=n, eval_every=n)
+                for s in range(sizes.stability_seeds) for m in ("vgrpo", "naive_elbo")]  # fmt: skip
+    if phase == "ablation":
+        return [RunSpec("ablation", "vgrpo", lr=best_lr["vgrpo"], variant=v, overrides=o, iterations=it,
+                        eval_every=every) for v, o in ABLATIONS.items()]  # fmt: skip
+    if phase == "preference":
+        n = sizes.preference_iterations
+        return [RunSpec("preference", m, "preference", lr=5e-4, seed=s, iterations=n, eval_every=every)
+                for s in range(sizes.seeds) for m in ("vgrpo", "naive_elbo")]  # fmt: skip
+    raise ValueError(f"unknown phase {phase!r}")
+
+
+PHASES = ("base", "sweep", "methods", "stability", "ablation", "preference")
+
+
+def best_learning_rates(out: Path) -> dict[str, float]:
+    """Each method's sweep learning rate with the highest validation strict credit (ties: the smaller rate)."""
+    best: dict[str, tuple[float, float]] = {}
+    for path in sorted(out.glob("sweep-*.json")):
+        rec = json.loads(path.read_text())
+        score = rec["curve"][-1]["score"] if rec["curve"] else float("-inf")
+        method, lr = rec["spec"]["method"], rec["spec"]["lr"]
+        if method not in best or (score, -lr) > (best[method][0], -best[method][1]):
+            best[method] = (score, lr)
+    missing = [m for m in METHODS if m not in best]
+    if missing:
+        raise RuntimeError(f"the sweep has no finished cell for {missing}: run the grid again to finish it")
+    return {m: lr for m, (_, lr) in best.items()}
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -125,35 +207,67 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def stage_config(spec: RunSpec, args: argparse.Namespace) -> Any:
+def stage_config(spec: RunSpec, sizes: Sizes, eval_prompts: Path) -> Any:
     from vgrpo.config import StageConfig, load_config
 
     reward = REWARDS[spec.reward]
     files = [ROOT / "params/base.yaml", ROOT / "params/models/embedded.yaml", ROOT / reward["stage"],
              ROOT / "params/algorithms" / f"{spec.method}.yaml"]  # fmt: skip
-    base_lr = load_config(files[:3], schema=StageConfig).optim.lr
     overrides: dict[str, Any] = {
-        "name": spec.name, "seed": spec.seed, "iterations": args.iterations, "checkpoint_every": args.iterations,
-        "eval_every": args.eval_every, "eval_prompts": "data/world/test.jsonl",
-        "rollout": {"prompts_per_iteration": args.prompts, "group_size": args.group, "micro_batch_size": 64},
-        "optim": {"lr": base_lr * spec.lr_scale, "micro_batch_size": 64},
-        "evaluation": {"group_size": 2, "num_steps": 10, "max_prompts": args.eval_prompts, "seed": 0,
-                       "rewards": reward["eval_rewards"]},
+        "name": spec.name, "seed": spec.seed, "iterations": spec.iterations, "checkpoint_every": spec.iterations,
+        "eval_every": spec.eval_every, "eval_at_start": False, "eval_prompts": str(eval_prompts),
+        "rollout": {"prompts_per_iteration": sizes.prompts, "group_size": sizes.group, "micro_batch_size": 64},
+        "optim": {"lr": spec.lr, "micro_batch_size": 64},
+        "evaluation": {"group_size": sizes.eval_group, "num_steps": sizes.eval_steps, "max_prompts": None,
+                       "seed": 0, "rewards": reward["eval_rewards"]},
     }  # fmt: skip
     overrides = _merge(_merge(overrides, METHOD_OVERRIDES[spec.method]), spec.overrides)
     return load_config(files, overrides, schema=StageConfig)
 
 
-def run_one(spec: RunSpec, args: argparse.Namespace) -> dict[str, Any]:
-    """Train one run in this process and return its record (see the module docstring)."""
+def scores_of(table: dict[str, Any], reward: str) -> dict[str, Any]:
+    """What the report needs from an evaluation table: the headline numbers and the per-prompt scores."""
+    pp = table["per_prompt"]
+    if reward == "geneval":
+        g = table["rewards"]["geneval"]
+        credited = pp["credited"]
+        return {"score": float(g["geneval_strict"]), "partial": float(g["geneval_partial"]),
+                "per_prompt": [sum(map(bool, c)) / len(c) for c in credited], "tags": pp["tag"]}  # fmt: skip
+    pick = table["rewards"]["world_pickscore"]
+    return {"score": float(pick["mean"]), "clipscore": float(table["rewards"]["world_clipscore"]["mean"]),
+            "per_prompt": [float(v) for v in pp["world_pickscore"]["mean"]], "tags": pp["tag"]}  # fmt: skip
+
+
+def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
+    """The base model's evaluation (the start of every curve)."""
+    from vgrpo.evaluation import evaluate
+    from vgrpo.models.pipeline import build_adapter, load_pipeline
+    from vgrpo.rewards.multi import MultiReward
+    from vgrpo.world import read_jsonl
+
+    pipe = load_pipeline(ROOT / "models/embedded-base")
+    adapter, policy = build_adapter(pipe)
+    rows = read_jsonl(eval_prompt_file(out, spec.reward, spec.split, sizes))
+    rewards = MultiReward.from_specs(REWARDS[spec.reward]["eval_rewards"])
+    t0 = time.perf_counter()
+    table, _ = evaluate(adapter=adapter, policy=policy, metadata=rows, rewards=rewards, group_size=sizes.eval_group,
+                        num_steps=sizes.eval_steps, seed=0, shift=adapter.sigma_shift(None, dynamic=False))  # fmt: skip
+    point = {"iteration": 0.0, "train_s": 0.0, "gradient_steps": 0.0, "nfe": 0.0, **scores_of(table, spec.reward)}
+    return {"spec": asdict(spec), "name": spec.name, "curve": [point], "wall_s": time.perf_counter() - t0}
+
+
+def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, Any]:
+    """Train one cell in this process and return its record (see the module docstring)."""
     import torch
     from diffusers import SD3Transformer2DModel
 
-    from vgrpo.stage import run_stage
+    from vgrpo.stage import TrainingDiverged, run_stage
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
-    config = stage_config(spec, args)
+    if spec.phase == "base":
+        return run_base(spec, sizes, out)
+    config = stage_config(spec, sizes, eval_prompt_file(out, spec.reward, spec.split, sizes))
     counted = {"rows": 0}
     forward = SD3Transformer2DModel.forward
 
@@ -162,94 +276,124 @@ def run_one(spec: RunSpec, args: argparse.Namespace) -> dict[str, Any]:
         return forward(self, hidden_states, *a, **kw)
 
     SD3Transformer2DModel.forward = counting_forward  # type: ignore[method-assign]
-    curve: list[dict[str, float]] = []
-    clock = {"train_s": 0.0, "eval_rows": 0, "rows_at_log": 0, "steps": 0}
-    per_iteration = float(config.optim.gradient_steps)
+    curve: list[dict[str, Any]] = []
+    history: list[dict[str, float]] = []
+    clock = {"train_s": 0.0, "eval_rows": 0, "rows_at_log": 0, "steps": 0.0}
+    steps_per_iteration = float(config.optim.gradient_steps)
 
     def log(metrics: dict[str, float], iteration: int) -> None:
+        history.append(metrics)
         clock["train_s"] += metrics.get("time/iteration_s", 0.0)
-        clock["steps"] += per_iteration if not metrics.get("guard/skipped") else 0
+        clock["steps"] += steps_per_iteration if not metrics.get("guard/skipped") else 0.0
         clock["rows_at_log"] = counted["rows"]
 
     def on_eval(table: dict[str, Any], images: Any, iteration: int) -> None:
         clock["eval_rows"] += counted["rows"] - clock["rows_at_log"]
         clock["rows_at_log"] = counted["rows"]
-        held_out = {name: float(table["rewards"][key][field]) for name, (key, field)
-                    in REWARDS[spec.reward]["held_out"].items()}  # fmt: skip
         curve.append({"iteration": float(iteration), "train_s": clock["train_s"], "gradient_steps": clock["steps"],
-                      "nfe": float(counted["rows"] - clock["eval_rows"]), **held_out})  # fmt: skip
+                      "nfe": float(counted["rows"] - clock["eval_rows"]), **scores_of(table, spec.reward)})  # fmt: skip
 
-    work = Path(args.out) / "work" / spec.name
+    work = out / "work" / spec.name
     started = time.perf_counter()
-    result = run_stage(config, pipeline_dir=Path(config.pipeline), work_dir=work, out_dir=work / "adapter",
-                       root=ROOT, log=log, on_eval=on_eval)  # fmt: skip
-    history = [h for h in result.history if not h.get("guard/skipped")]
-    mean = lambda key: sum(h[key] for h in history) / len(history) if history and key in history[0] else None  # noqa: E731
+    diverged = None
+    try:
+        run_stage(config, pipeline_dir=Path(config.pipeline), work_dir=work, out_dir=work / "adapter", root=ROOT,
+                  log=log, on_eval=on_eval)  # fmt: skip
+    except TrainingDiverged as exc:  # a collapse is a result of the grid, not a failure of it
+        diverged = str(exc)
+    ok = [h for h in history if not h.get("guard/skipped")]
+
+    def mean(key: str) -> float | None:
+        values = [h[key] for h in ok if key in h]
+        return sum(values) / len(values) if values else None
+
     return {
         "spec": asdict(spec), "name": spec.name, "curve": curve, "wall_s": time.perf_counter() - started,
-        "iterations": config.iterations, "samples_per_iteration": config.rollout.prompts_per_iteration
-        * config.rollout.group_size, "lr": config.optim.lr, "gradient_steps_per_iteration": per_iteration,
-        "skipped_iterations": len(result.skipped),
-        "time_split_s": {k: mean(f"time/{k}_s") for k in ("rollout", "reward", "prepare", "update", "total")},
+        "diverged": diverged, "skipped_iterations": len(history) - len(ok),
+        "samples_per_iteration": config.rollout.prompts_per_iteration * config.rollout.group_size,
+        "gradient_steps_per_iteration": steps_per_iteration, "threads": threads,
+        "time_split_s": {k: mean(f"time/{k}_s") for k in ("rollout", "reward", "prepare", "update", "iteration")},
         "surrogate_cv": mean("surrogate/cv"), "surrogate_cv_within_group": mean("surrogate/cv_within_group"),
+        "train_reward": [h.get("reward/total_mean") for h in history],
+        "surrogate_cv_per_iteration": [h.get("surrogate/cv") for h in ok],
+        "surrogate_cv_within_group_per_iteration": [h.get("surrogate/cv_within_group") for h in ok],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "train_reward_first": history[0].get("reward/total_mean") if history else None,
-        "train_reward_last": history[-1].get("reward/total_mean") if history else None,
         "config": config.model_dump(mode="json"),
     }  # fmt: skip
 
 
+def run_phase(specs: list[RunSpec], args: argparse.Namespace, out: Path, started: float) -> None:
+    """Run the phase's missing cells, ``args.workers`` subprocesses at a time."""
+    todo = [s for s in specs if not (out / f"{s.name}.json").is_file()]
+    running: list[tuple[RunSpec, subprocess.Popen[bytes], float]] = []
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    while todo or running:
+        while todo and len(running) < args.workers:
+            spec = todo.pop(0)
+            cmd = [sys.executable, __file__, "--cell", json.dumps(asdict(spec)), "--out", str(out),
+                   "--threads", str(args.threads)] + (["--quick"] if args.quick else [])  # fmt: skip
+            with open(out / "logs" / f"{spec.name}.log", "wb") as log:
+                proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+            running.append((spec, proc, time.perf_counter()))
+        time.sleep(2)
+        for item in list(running):
+            spec, proc, t0 = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            status = "ok" if proc.returncode == 0 else f"FAILED (rc {proc.returncode}; logs/{spec.name}.log)"
+            print(f"[{(time.perf_counter() - started) / 60:5.1f} min] {spec.name}: {status} in "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the under-15-minute subset (GenEval, one seed)")
-    parser.add_argument("--out", default=None, help="results folder (default runs/bench/quick or runs/bench/full)")
-    parser.add_argument("--iterations", type=int, default=None, help="per run (quick 10, full 16)")
-    parser.add_argument("--eval-every", type=int, default=None, help="iterations (quick 5, full 4)")
-    parser.add_argument("--eval-prompts", type=int, default=24, help="held-out test prompts (x 2 samples)")
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per iteration")
-    parser.add_argument("--group", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--only", nargs="*", default=None, help="run only these run names (or substrings)")
+    parser.add_argument("--quick", action="store_true", help="V-GRPO against naive ELBO-GRPO only (GenEval)")
+    parser.add_argument("--out", default=None, help="records folder (default runs/bench/quick or runs/bench/full)")
+    parser.add_argument("--workers", type=int, default=1, help="cells trained at once")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per cell")
+    parser.add_argument("--phases", nargs="*", default=list(PHASES), choices=PHASES, help="phases to run")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--docs", default=None, help="report folder (default docs/benchmarks[-quick])")
-    parser.add_argument("--run", help="(internal) run this spec JSON in this process")
+    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="MLflow store for the cells (default sqlite under the records folder)")  # fmt: skip
+    parser.add_argument("--cell", help="(internal) run this cell's spec JSON in this process")
     args = parser.parse_args()
-    mode = "quick" if args.quick else "full"
-    args.iterations = args.iterations or (10 if args.quick else 16)
-    args.out = args.out or str(ROOT / "runs" / "bench" / mode)
-    args.eval_every = args.eval_every or (5 if args.quick else 4)
-    if args.run:
+    sizes = QUICK if args.quick else Sizes()
+    out = Path(args.out or ROOT / "runs" / "bench" / ("quick" if args.quick else "full")).resolve()
+    if args.cell:
         from vgrpo.atomic import write_json_atomic
 
-        spec = RunSpec(**json.loads(args.run))
-        record = run_one(spec, args)
-        write_json_atomic(Path(args.out) / f"{spec.name}.json", record)
+        spec = RunSpec(**json.loads(args.cell))
+        write_json_atomic(out / f"{spec.name}.json", run_cell(spec, sizes, out, args.threads))
         return
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = plan(args.quick)
-    if args.only:
-        runs = [r for r in runs if any(o in r.name for o in args.only)]
     started = time.perf_counter()
-    if not args.report_only:
-        for i, spec in enumerate(runs, 1):
-            if (out / f"{spec.name}.json").is_file():
-                continue  # done in an earlier invocation: the grid resumes
-            t0 = time.perf_counter()
-            cmd = [sys.executable, __file__, "--run", json.dumps(asdict(spec)), "--out", str(out),
-                   "--iterations", str(args.iterations), "--eval-every", str(args.eval_every),
-                   "--eval-prompts", str(args.eval_prompts), "--prompts", str(args.prompts),
-                   "--group", str(args.group), "--threads", str(args.threads)]  # fmt: skip
-            proc = subprocess.run(
-                cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-            )
-            status = "ok" if proc.returncode == 0 else f"FAILED ({proc.stderr.strip().splitlines()[-1:]})"
-            print(f"[{i}/{len(runs)}] {spec.name}: {status} in {time.perf_counter() - t0:.0f} s", flush=True)
+    planned: list[str] = []
+    for phase in PHASES if args.quick else args.phases:
+        needs_lr = phase in ("methods", "stability", "ablation") and not args.quick
+        if needs_lr and not any(out.glob("sweep-*.json")):
+            continue
+        specs = plan_phase(phase, sizes, best_learning_rates(out) if needs_lr else {}, args.quick)
+        planned += [s.name for s in specs]
+        if not args.report_only:
+            run_phase(specs, args, out, started)
+    if not args.report_only:  # the grid's elapsed time is the sum of its invocations (it resumes)
+        from vgrpo.atomic import write_json_atomic
+
+        grid = out / "grid.json"
+        history = json.loads(grid.read_text()) if grid.is_file() else []
+        history.append({"ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "elapsed_s": time.perf_counter() - started,
+                        "workers": args.workers, "threads": args.threads})  # fmt: skip
+        write_json_atomic(grid, history)
     from report import write_report  # benchmarks/report.py, beside this script
 
     docs = Path(args.docs) if args.docs else ROOT / "docs" / ("benchmarks-quick" if args.quick else "benchmarks")
     command = "python benchmarks/compare.py" + (" --quick" if args.quick else "")
-    write_report(out, docs, command=command, grid_s=time.perf_counter() - started, planned=[r.name for r in runs])
+    tracking = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
+    write_report(out, docs, command=command, planned=planned, quick=args.quick, tracking_uri=tracking, sizes=sizes,
+                 workers=args.workers, threads=args.threads)  # fmt: skip
     print(f"report: {docs / 'README.md'}")
 
 

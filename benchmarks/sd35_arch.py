@@ -1,4 +1,5 @@
-"""Per-iteration time and peak memory of V-GRPO vs Flow-GRPO at the SD3.5-Medium transformer architecture.
+"""Per-iteration time and peak memory of V-GRPO, Flow-GRPO and MixGRPO at the SD3.5-Medium transformer
+architecture.
 
     python benchmarks/sd35_arch.py                                   # GPU: the real config, 512 px, group 24
     python benchmarks/sd35_arch.py --device cpu --layers 2 --resolution 128 --group 4 --steps 8 --text-tokens 77
@@ -8,8 +9,9 @@ dual-attention blocks included), LoRA r 32 / alpha 64 on both streams' attention
 conditioning of SD3's width (333 tokens = 77 CLIP + 256 T5 by default), and a reward computed on the latents
 (no VAE, no reward model: this measures the policy's cost). Each method runs in its own process: V-GRPO with the
 paper's recipe (40-step ODE rollout, N_MC 4, one gradient step), Flow-GRPO with its own (SDE rollout, 0.99 of
-its steps trained). Prints the median seconds per iteration split into rollout / prepare / update, images per
-second per device, and peak memory (CUDA allocator peak on GPU, resident set size on CPU).
+its steps trained), MixGRPO with its own (SDE and training in a 4-step window). Prints the median seconds per
+iteration split into rollout / prepare / update, images per second per device, and peak memory (CUDA allocator
+peak on GPU, resident set size on CPU).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("vgrpo", "flow_grpo")
+METHODS = ("vgrpo", "flow_grpo", "mixgrpo")
 
 # SD3.5-Medium's transformer/config.json (diffusers SD3Transformer2DModel).
 SD35M = {
@@ -70,6 +72,8 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
             },
             "optim": {"micro_batch_size": args.micro_batch},
             "lora": {"rank": 32, "alpha": 64},
+            # MixGRPO's SDE window cannot be wider than the rollout
+            "algorithm": {"window_size": min(4, args.steps)} if method == "mixgrpo" else {},
             "precision": {"autocast": args.precision, "gradient_checkpointing": args.gradient_checkpointing},
         },
     )

@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--pipeline", help="time on this pipeline (LoRA, world GenEval reward) instead of tiny SD3")
     parser.add_argument("--method", choices=METHODS, help="run one method in this process (internal)")
     parser.add_argument("--only", nargs="+", choices=METHODS, default=list(METHODS), help="methods to time")
+    parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     if args.method:
         print(json.dumps(run_one(args.method, args)))
@@ -163,6 +164,7 @@ def main() -> None:
           "iterations")  # fmt: skip
     columns = ("total s", "rollout", "reward", "prepare", "update")
     print(f"{'method':>16} " + " ".join(f"{c:>8}" for c in columns) + f" {'steps':>5} {'RSS MB':>7}")
+    results = {}
     for method in args.only:
         cmd = [sys.executable, __file__, "--method", method] + [
             f"--{k}={getattr(args, k)}" for k in ("iterations", "prompts", "group", "steps", "layers")
@@ -172,6 +174,9 @@ def main() -> None:
         result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
         times = " ".join(f"{result[f'time/{k}_s']:8.3f}" for k in ("total", "rollout", "reward", "prepare", "update"))
         print(f"{method:>16} {times} {int(result['gradient_steps']):5d} {result['peak_rss_mb']:7.0f}")
+        results[method] = result
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

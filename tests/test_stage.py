@@ -191,3 +191,11 @@ def test_stage_evaluation_uses_hybrid_sampling_when_configured(world: Path) -> N
     result = run_stage(_config(iterations=1, evaluation=evaluation), pipeline_dir=Path("base"),
                        work_dir=world / "hybrid", out_dir=world / "hybrid-lora", root=world)  # fmt: skip
     assert result.evaluations[-1]["sampling"]["p_mix"] == 0.5
+
+
+@pytest.mark.parametrize("at_start", [True, False])
+def test_periodic_evaluation_includes_the_start_unless_it_is_switched_off(world: Path, at_start: bool) -> None:
+    config = _config(iterations=2, eval_every=1, eval_at_start=at_start)
+    result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / f"start-{at_start}",
+                       out_dir=world / f"start-{at_start}-lora", root=world)  # fmt: skip
+    assert [e["iteration"] for e in result.evaluations] == ([0, 1, 2] if at_start else [1, 2])

@@ -457,6 +457,9 @@ class StageConfig(TrainConfig):
         3, ge=1, description="Iterations in a row skipped for NaN/Inf (vgrpo.guards) before the stage stops."
     )
     eval_every: int = Field(0, ge=0, description="Iterations between evaluations; 0 = only after the last one.")
+    eval_at_start: bool = Field(
+        True, description="With eval_every, also evaluate before the first iteration (off when the start is known)."
+    )
     eval_prompts: str | None = Field(None, description="Evaluation prompt file; None = no evaluation.")
     evaluation: EvaluationConfig = EvaluationConfig()
 

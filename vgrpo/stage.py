@@ -256,7 +256,7 @@ def run_stage(
         if on_eval is not None:
             on_eval(table, images, iteration)
 
-    if result.resumed_from == 0 and config.eval_every:
+    if result.resumed_from == 0 and config.eval_every and config.eval_at_start:
         run_evaluation(0)
     for iteration in range(result.resumed_from, config.iterations):  # 4. iterate
         batch = sample_prompt_rows(
