@@ -80,6 +80,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 }
 
 SWEEP_LRS = (1e-4, 2e-4, 4e-4)  # around the GenEval stage's 2e-4, a factor 2 apart
+SWEEP_BOUNDS = (5e-5, 8e-4)  # a best rate at an edge of the sweep is tried one factor 2 further, within these
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,25 @@ def plan_phase(phase: str, sizes: Sizes, best_lr: dict[str, float], quick: bool)
 
 
 PHASES = ("base", "sweep", "methods", "stability", "ablation", "preference")
+
+
+def sweep_extensions(out: Path, sizes: Sizes) -> list[RunSpec]:
+    """Sweep cells one factor 2 beyond a method's best rate when that rate is at the edge of what it tried (a best
+    at the edge says the optimum may lie outside), within :data:`SWEEP_BOUNDS`."""
+    tried: dict[str, dict[float, float]] = {}
+    for path in sorted(out.glob("sweep-*.json")):
+        rec = json.loads(path.read_text())
+        score = rec["curve"][-1]["score"] if rec["curve"] else float("-inf")
+        tried.setdefault(rec["spec"]["method"], {})[rec["spec"]["lr"]] = score
+    specs = []
+    for method, scores in tried.items():
+        best = max(scores, key=lambda lr: (scores[lr], -lr))
+        for lr in (best * 2, best / 2):
+            edge = best == (max(scores) if lr > best else min(scores))
+            if edge and lr not in scores and SWEEP_BOUNDS[0] <= lr <= SWEEP_BOUNDS[1]:
+                specs.append(RunSpec("sweep", method, lr=lr, iterations=sizes.sweep_iterations,
+                                     eval_every=sizes.sweep_iterations, split="val"))  # fmt: skip
+    return specs
 
 
 def best_learning_rates(out: Path) -> dict[str, float]:
@@ -345,6 +365,19 @@ def run_phase(specs: list[RunSpec], args: argparse.Namespace, out: Path, started
             status = "ok" if proc.returncode == 0 else f"FAILED (rc {proc.returncode}; logs/{spec.name}.log)"
             print(f"[{(time.perf_counter() - started) / 60:5.1f} min] {spec.name}: {status} in "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+            record_elapsed(out, args, started)
+
+
+def record_elapsed(out: Path, args: argparse.Namespace, started: float) -> None:
+    """This invocation's elapsed time in ``grid.json`` (one entry per invocation: a killed grid's time counts)."""
+    from vgrpo.atomic import write_json_atomic
+
+    grid = out / "grid.json"
+    history = json.loads(grid.read_text()) if grid.is_file() else []
+    entry = {"started_at": args.started_at, "elapsed_s": time.perf_counter() - started, "workers": args.workers,
+             "threads": args.threads}  # fmt: skip
+    history = [h for h in history if h.get("started_at") != args.started_at] + [entry]
+    write_json_atomic(grid, history)
 
 
 def main() -> None:
@@ -370,6 +403,7 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    args.started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     planned: list[str] = []
     for phase in PHASES if args.quick else args.phases:
         needs_lr = phase in ("methods", "stability", "ablation") and not args.quick
@@ -379,14 +413,16 @@ def main() -> None:
         planned += [s.name for s in specs]
         if not args.report_only:
             run_phase(specs, args, out, started)
+        while phase == "sweep" and not args.report_only:
+            extra = [s for s in sweep_extensions(out, sizes) if s.name not in planned]  # a failed cell: not again
+            if not extra:
+                break
+            planned += [s.name for s in extra]
+            run_phase(extra, args, out, started)
+        if phase == "sweep" and args.report_only:
+            planned += [p.stem for p in sorted(out.glob("sweep-*.json")) if p.stem not in planned]
     if not args.report_only:  # the grid's elapsed time is the sum of its invocations (it resumes)
-        from vgrpo.atomic import write_json_atomic
-
-        grid = out / "grid.json"
-        history = json.loads(grid.read_text()) if grid.is_file() else []
-        history.append({"ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "elapsed_s": time.perf_counter() - started,
-                        "workers": args.workers, "threads": args.threads})  # fmt: skip
-        write_json_atomic(grid, history)
+        record_elapsed(out, args, started)
     from report import write_report  # benchmarks/report.py, beside this script
 
     docs = Path(args.docs) if args.docs else ROOT / "docs" / ("benchmarks-quick" if args.quick else "benchmarks")

@@ -56,6 +56,14 @@ def test_the_sweep_picks_each_methods_best_validation_score(tmp_path: Path) -> N
     best = compare.best_learning_rates(tmp_path)
     assert best["vgrpo"] == 2e-4  # a tie goes to the smaller rate
     assert best["mixgrpo"] == 4e-4
+    # MixGRPO's best is the highest rate tried: the sweep goes one factor 2 further (and no further than 8e-4).
+    extra = compare.sweep_extensions(tmp_path, compare.Sizes())
+    assert [(s.method, s.lr) for s in extra] == [("mixgrpo", 8e-4)]
+    spec = extra[0]
+    (tmp_path / f"{spec.name}.json").write_text(json.dumps({"spec": {"method": "mixgrpo", "lr": 8e-4},
+                                                            "curve": [{"score": 0.7}]}))  # fmt: skip
+    assert compare.sweep_extensions(tmp_path, compare.Sizes()) == []  # 1.6e-3 is outside the bounds
+    assert compare.best_learning_rates(tmp_path)["mixgrpo"] == 8e-4
     for p in tmp_path.glob("sweep-geneval-diffusion_nft-*"):
         p.unlink()
     with pytest.raises(RuntimeError, match="diffusion_nft"):
@@ -144,7 +152,7 @@ def test_report_reads_the_claims_off_the_records(tmp_path: Path) -> None:
     assert "| +0.100 [+0.100, +0.100] | reproduced |" in text  # V-GRPO ends 0.1 above naive
     assert "0/5 against 5/5 (Fisher exact p = 0.01) | reproduced |" in text
     assert "0.400 -> 0.100 (ratio 0.25 [0.25, 0.25]) | reproduced |" in text
-    assert "| N_MC 2 fails to converge (final strict, N_MC 2 minus N_MC 4) | N_MC 2 fails to converge | " in text
+    assert "| N_MC 2 fails to converge (final strict, N_MC 4 minus N_MC 2) | N_MC 2 fails to converge | +0.200 " in text
     assert "| naive ELBO-GRPO | 0.0002 | 3 | 0.600 [0.600, 0.600] | +0.100 [+0.100, +0.100] |" in text
     assert "Not run yet (1; the command resumes the grid): x" in text
     assert all((docs / f"geneval-vs-{a}.png").stat().st_size > 1000 for a in ("train_s", "gradient_steps", "nfe"))
