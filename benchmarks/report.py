@@ -403,6 +403,25 @@ def _methods_table(an: Analysis, records: dict[str, dict[str, Any]], lines: list
     word = {"met": "met", "missed": "missed"}.get(verdict(low, high, above=GAIN_TARGET - 1e-12), "unresolved")
     lines += ["", f"Budget check: the largest gain, {LABELS[top]}'s {gains[top]:+.3f} {fmt_ci(low, high, sign=True)}, "
               f"against the protocol's +{GAIN_TARGET:.2f} for the best method: {word}.", ""]  # fmt: skip
+    if "vgrpo" not in an.groups:
+        return
+    v = an.groups["vgrpo"]
+    lines += ["V-GRPO minus each method, paired on prompts and images: at the last point, and averaged over the "
+              "evaluation points after the start (the curve's mean height at equal iterations, less noisy than one "
+              "point).", "", "| V-GRPO minus | final [95% CI] | | curve mean [95% CI] | |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for m, g in an.groups.items():
+        if m == "vgrpo":
+            continue
+        d_reps = an.reps("vgrpo", v) - an.reps(m, g)
+        d = v.mean_curve() - g.mean_curve()
+        cells_ = []
+        for est, rep in ((d[-1], d_reps[:, -1]), (d[1:].mean(), d_reps[:, 1:].mean(axis=1))):
+            low, high = interval(rep)
+            word = {"met": "V-GRPO higher", "missed": "V-GRPO lower"}.get(verdict(low, high, above=0.0), "unresolved")
+            cells_ += [f"{est:+.3f} {fmt_ci(low, high, sign=True)}", word]
+        lines.append(f"| {LABELS[m]} | " + " | ".join(cells_) + " |")
+    lines.append("")
 
 
 def _images_per_prompt(records: dict[str, dict[str, Any]]) -> int:
