@@ -33,7 +33,7 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -387,6 +387,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="cells trained at once")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per cell")
     parser.add_argument("--phases", nargs="*", default=list(PHASES), choices=PHASES, help="phases to run")
+    parser.add_argument("--seeds", type=int, default=None, help="training seeds per method (default 3; quick 1)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--docs", default=None, help="report folder (default docs/benchmarks[-quick])")
     parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
@@ -394,6 +395,8 @@ def main() -> None:
     parser.add_argument("--cell", help="(internal) run this cell's spec JSON in this process")
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
+    if args.seeds is not None:
+        sizes = replace(sizes, seeds=args.seeds)
     out = Path(args.out or ROOT / "runs" / "bench" / ("quick" if args.quick else "full")).resolve()
     if args.cell:
         from vgrpo.atomic import write_json_atomic

@@ -534,7 +534,8 @@ def write_report(out: Path, docs: Path, *, command: str, planned: Sequence[str],
         for axis in AXES:
             _plot(an, axis, docs / f"geneval-vs-{axis}.png", f"held-out GenEval strict vs {AXES[axis].split(' (')[0]}")
             lines += [f"![GenEval vs {axis}](geneval-vs-{axis}.png)", ""]
-        lines += ["Bands: 95% bootstrap intervals over prompts and seeds at each evaluation point.", ""]
+        lines += ["Bands: each method's own 95% interval over prompts and seeds at each evaluation point; they include "
+                  "the prompts' shared difficulty, which the paired differences above remove.", ""]  # fmt: skip
         _stability_and_ablations(an, records, lines)
     elif an.base and quick:
         pass

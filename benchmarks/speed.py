@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("vgrpo", "flow_grpo", "mixgrpo")
 LABELS = {"vgrpo": "V-GRPO", "flow_grpo": "Flow-GRPO", "mixgrpo": "MixGRPO"}
-SD35_SCALE = ["--device", "cpu", "--layers", "2", "--resolution", "128", "--group", "4", "--text-tokens", "77",
+SD35_SCALE = ["--device", "cpu", "--layers", "2", "--resolution", "128", "--group", "2", "--text-tokens", "77",
               "--precision", "fp32", "--iterations", "1"]  # fmt: skip
 
 
