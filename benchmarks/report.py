@@ -67,6 +67,17 @@ PROTOCOL = """\
 """
 
 
+QUICK_PROTOCOL = """\
+## Protocol (quick)
+
+V-GRPO and naive ELBO-GRPO on the GenEval stage (world GenEval, strict verdict as the reward), {prompts} prompts x
+{group} samples per iteration, {iterations} iterations, seed 0, at the stage's learning rate and twice it (no sweep).
+Each cell is scored once at the end on the same {test_prompts} held-out test prompts x {eval_group} images =
+{images} images as the full grid. The difference carries a 95% bootstrap interval ({n_boot} replicates) over
+prompts, resampled within each tag and paired on prompts and images; it is *resolved* when the interval excludes 0.
+"""
+
+
 def load_records(source: Path) -> dict[str, dict[str, Any]]:
     """The cell records of a grid folder (one JSON per cell), or of the ``cells.jsonl`` a report committed."""
     if source.is_file():
@@ -510,7 +521,11 @@ def write_report(out: Path, docs: Path, *, command: str, planned: Sequence[str],
              f"Produced by `{command}`; the report alone, from the committed records: `python benchmarks/report.py "
              f"{folder}/cells.jsonl {folder}{' --quick' if quick else ''}`. "
              "Machine: 2 CPU cores, no GPU.", ""]  # fmt: skip
-    if sizes is not None:
+    if sizes is not None and quick:
+        lines.append(QUICK_PROTOCOL.format(
+            prompts=sizes.prompts, group=sizes.group, iterations=sizes.iterations, test_prompts=sizes.test_prompts,
+            eval_group=sizes.eval_group, images=sizes.test_prompts * sizes.eval_group, n_boot=N_BOOT))  # fmt: skip
+    elif sizes is not None:
         from compare import SWEEP_LRS
 
         lines.append(PROTOCOL.format(
@@ -523,12 +538,13 @@ def write_report(out: Path, docs: Path, *, command: str, planned: Sequence[str],
     done = [n for n in planned if n in records]
     missing = [n for n in planned if n not in records]
     elapsed, cell_s = _grid_time(out, records)
-    lines += [f"Cells done: {len(done)} of {len(planned)}; the grid's elapsed time {elapsed / 60:.1f} min "
-              f"(cells' own wall time summed: {cell_s / 60:.1f} min).", ""]  # fmt: skip
+    lines += [f"Cells done: {len(done)} of {len(planned)}; the invocations recorded in grid.json took "
+              f"{elapsed / 60:.1f} min; the cells' own wall time (model loading, training, evaluations) sums to "
+              f"{cell_s / 60:.1f} min.", ""]  # fmt: skip
     if missing:
         lines += [f"Not run yet ({len(missing)}; the command resumes the grid): {', '.join(missing)}", ""]
     rows: list[dict[str, Any]] = []
-    if an.base and an.groups:
+    if an.base and an.groups and not quick:
         rows = _claims(an, records, lines)
         _methods_table(an, records, lines)
         for axis in AXES:
@@ -537,8 +553,6 @@ def write_report(out: Path, docs: Path, *, command: str, planned: Sequence[str],
         lines += ["Bands: each method's own 95% interval over prompts and seeds at each evaluation point; they include "
                   "the prompts' shared difficulty, which the paired differences above remove.", ""]  # fmt: skip
         _stability_and_ablations(an, records, lines)
-    elif an.base and quick:
-        pass
     _sweep_table(records, lines)
     if quick:
         _quick_table(an, records, lines)
@@ -555,7 +569,7 @@ def _quick_table(an: Analysis, records: dict[str, dict[str, Any]], lines: list[s
     """``--quick``: V-GRPO against naive ELBO-GRPO at each learning rate, final minus final, paired."""
     if not an.base:
         return
-    lines += ["## V-GRPO against naive ELBO-GRPO (quick)", "",
+    lines += ["## V-GRPO against naive ELBO-GRPO (quick)", "", f"Base: strict {an.base['curve'][0]['score']:.3f}.", "",
               "| lr | V-GRPO final | naive final | V-GRPO minus naive [95% CI] | verdict |",
               "|---|---|---|---|---|"]  # fmt: skip
     lrs = sorted({r["spec"]["lr"] for r in cells(records, "methods")})

@@ -73,7 +73,7 @@ def table(results: dict[int, dict[str, Any]]) -> list[str]:
             lines.append(f"| {steps} | {LABELS[m]} | {x['wall_s']:.2f} | {x['time/rollout_s']:.2f} | "
                          f"{x['time/prepare_s']:.2f} | {x['time/update_s']:.2f} | {x['peak_mem_gb']:.2f} | "
                          f"{x['params_m']:.0f} |")  # fmt: skip
-    lines += ["", "## Update time relative to T = the smallest T", ""]
+    lines += ["", "## Update time relative to the smallest T", ""]
     lo = min(results)
     for where, key in (("embedded", "time/update_s"), ("sd35_arch", "time/update_s")):
         parts = []
