@@ -186,17 +186,27 @@ def plan_phase(phase: str, sizes: Sizes, best_lr: dict[str, float], quick: bool)
 PHASES = ("base", "sweep", "methods", "stability", "ablation", "preference")
 
 
-def sweep_extensions(out: Path, sizes: Sizes) -> list[RunSpec]:
-    """Sweep cells one factor 2 beyond a method's best rate when that rate is at the edge of what it tried (a best
-    at the edge says the optimum may lie outside), within :data:`SWEEP_BOUNDS`."""
+def sweep_scores(out: Path) -> dict[str, dict[float, float]]:
+    """Each method's validation strict credit per learning rate tried, from the sweep's records."""
     tried: dict[str, dict[float, float]] = {}
     for path in sorted(out.glob("sweep-*.json")):
         rec = json.loads(path.read_text())
         score = rec["curve"][-1]["score"] if rec["curve"] else float("-inf")
         tried.setdefault(rec["spec"]["method"], {})[rec["spec"]["lr"]] = score
+    return tried
+
+
+def best_rate(scores: dict[float, float]) -> float:
+    """The rate with the highest score (ties: the smaller rate)."""
+    return max(scores, key=lambda lr: (scores[lr], -lr))
+
+
+def sweep_extensions(out: Path, sizes: Sizes) -> list[RunSpec]:
+    """Sweep cells one factor 2 beyond a method's best rate when that rate is at the edge of what it tried (a best
+    at the edge says the optimum may lie outside), within :data:`SWEEP_BOUNDS`."""
     specs = []
-    for method, scores in tried.items():
-        best = max(scores, key=lambda lr: (scores[lr], -lr))
+    for method, scores in sweep_scores(out).items():
+        best = best_rate(scores)
         for lr in (best * 2, best / 2):
             edge = best == (max(scores) if lr > best else min(scores))
             if edge and lr not in scores and SWEEP_BOUNDS[0] <= lr <= SWEEP_BOUNDS[1]:
@@ -207,17 +217,11 @@ def sweep_extensions(out: Path, sizes: Sizes) -> list[RunSpec]:
 
 def best_learning_rates(out: Path) -> dict[str, float]:
     """Each method's sweep learning rate with the highest validation strict credit (ties: the smaller rate)."""
-    best: dict[str, tuple[float, float]] = {}
-    for path in sorted(out.glob("sweep-*.json")):
-        rec = json.loads(path.read_text())
-        score = rec["curve"][-1]["score"] if rec["curve"] else float("-inf")
-        method, lr = rec["spec"]["method"], rec["spec"]["lr"]
-        if method not in best or (score, -lr) > (best[method][0], -best[method][1]):
-            best[method] = (score, lr)
-    missing = [m for m in METHODS if m not in best]
+    tried = sweep_scores(out)
+    missing = [m for m in METHODS if m not in tried]
     if missing:
         raise RuntimeError(f"the sweep has no finished cell for {missing}: run the grid again to finish it")
-    return {m: lr for m, (_, lr) in best.items()}
+    return {m: best_rate(scores) for m, scores in tried.items()}
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -431,8 +435,7 @@ def main() -> None:
     docs = Path(args.docs) if args.docs else ROOT / "docs" / ("benchmarks-quick" if args.quick else "benchmarks")
     command = "python benchmarks/compare.py" + (" --quick" if args.quick else "")
     tracking = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
-    write_report(out, docs, command=command, planned=planned, quick=args.quick, tracking_uri=tracking, sizes=sizes,
-                 workers=args.workers, threads=args.threads)  # fmt: skip
+    write_report(out, docs, command=command, planned=planned, quick=args.quick, tracking_uri=tracking, sizes=sizes)
     print(f"report: {docs / 'README.md'}")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from bootstrap import curve_replicates, first_crossing, interval, point_weights, prompt_weights, verdict
+from compare import best_rate
 
 METHODS = ("vgrpo", "naive_elbo", "flow_grpo", "mixgrpo", "diffusion_nft")
 LABELS = {
@@ -457,7 +458,7 @@ def _sweep_table(records: dict[str, dict[str, Any]], lines: list[str]) -> None:
         runs = {r["spec"]["lr"]: r for r in sweep if r["spec"]["method"] == m}
         if not runs:
             continue
-        best = max(runs, key=lambda lr: (runs[lr]["curve"][-1]["score"] if runs[lr]["curve"] else -1, -lr))
+        best = best_rate({lr: r["curve"][-1]["score"] if r["curve"] else float("-inf") for lr, r in runs.items()})
         row = []
         for lr in lrs:
             if lr not in runs or not runs[lr]["curve"]:
@@ -502,6 +503,13 @@ def _stability_and_ablations(an: Analysis, records: dict[str, dict[str, Any]], l
         lines.append("")
 
 
+def _machine_share(out: Path) -> dict[str, Any]:
+    """How the cells shared the machine, as the grid's last recorded invocation ran them (grid.json)."""
+    path = (out.parent if out.is_file() else out) / "grid.json"
+    last = json.loads(path.read_text())[-1] if path.is_file() else {}
+    return {"workers": last.get("workers", "n/a"), "threads": last.get("threads", "n/a")}
+
+
 def _grid_time(out: Path, records: dict[str, dict[str, Any]]) -> tuple[float, float]:
     """Elapsed seconds of the grid's invocations (grid.json) and the cells' summed wall time."""
     path = (out.parent if out.is_file() else out) / "grid.json"
@@ -510,8 +518,7 @@ def _grid_time(out: Path, records: dict[str, dict[str, Any]]) -> tuple[float, fl
 
 
 def write_report(out: Path, docs: Path, *, command: str, planned: Sequence[str], quick: bool = False,
-                 tracking_uri: str | None = None, sizes: Any = None, workers: int = 2,
-                 threads: int = 1) -> None:  # fmt: skip
+                 tracking_uri: str | None = None, sizes: Any = None) -> None:  # fmt: skip
     """Write ``docs/README.md`` and the plots from the cell records in ``out`` (and the MLflow runs)."""
     records = load_records(out)
     docs.mkdir(parents=True, exist_ok=True)
@@ -533,8 +540,7 @@ def write_report(out: Path, docs: Path, *, command: str, planned: Sequence[str],
             sweep_it=sizes.sweep_iterations, val_prompts=sizes.val_prompts, eval_group=sizes.eval_group,
             seeds=sizes.seeds, stab_seeds=sizes.stability_seeds, stab_it=sizes.stability_iterations,
             every=sizes.eval_every, test_prompts=sizes.test_prompts, images=sizes.test_prompts * sizes.eval_group,
-            eval_steps=sizes.eval_steps, n_boot=N_BOOT, drop=COLLAPSE_DROP, workers=workers,
-            threads=threads))  # fmt: skip
+            eval_steps=sizes.eval_steps, n_boot=N_BOOT, drop=COLLAPSE_DROP, **_machine_share(out)))  # fmt: skip
     done = [n for n in planned if n in records]
     missing = [n for n in planned if n not in records]
     elapsed, cell_s = _grid_time(out, records)
