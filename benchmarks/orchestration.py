@@ -1,11 +1,11 @@
-"""Orchestration overhead: one curriculum stage through the `vgrpo` flow (a real Prefect server, an MLflow server,
+"""Orchestration overhead: one curriculum stage through the `vgrpo` flow (a real Prefect server, MLflow's sqlite store,
 per-iteration MLflow metrics, evaluation images, checkpoints) against the same stage called as plain functions
 (:func:`vgrpo.stage.run_stage` with one checkpoint at the end and no tracking).
 
     python benchmarks/orchestration.py [--stage 1] [--iterations 10] [--checkpoint-every 5]
 
 Each run is a fresh process (imports, model and reward loading count on both sides) in a fresh folder; the
-servers are started before the flow's timing starts, as a user has them running. Prints wall seconds of both and
+server is started before the flow's timing starts, as a user has it running. Prints wall seconds of both and
 the overhead in percent of the plain run. Run nothing else alongside a timing.
 """
 
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=5, help="the flow run's checkpoint cadence")
     args = parser.parse_args()
 
-    from flows.services import service_env, start_services
+    from flows.services import local_services
 
     base = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,15 +70,10 @@ def main() -> None:
         overrides = {"iterations": args.iterations}
         plain_s = timed(PLAIN.format(overrides=overrides, index=args.stage - 1, work=str(work / "plain")), base)
         print(f"plain functions: {plain_s:.1f} s", flush=True)
-        services = start_services(work / "services")
-        try:
-            env = {**base, **service_env(services["prefect"].url, services["mlflow"].url,
-                                         prefect_home=work / "prefect-client")}  # fmt: skip
+        with local_services(work / "services") as services:
+            env = {**base, **services.env, "PREFECT_HOME": str(work / "prefect-client")}
             flow_overrides = {**overrides, "checkpoint_every": args.checkpoint_every}
             flow_s = timed(FLOW.format(overrides=flow_overrides, index=args.stage - 1, work=str(work / "flow")), env)
-        finally:
-            for service in services.values():
-                service.stop()
     result = {
         "stage": args.stage,
         "iterations": args.iterations,

@@ -25,7 +25,7 @@ pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 pytest.importorskip("dvc")
 
-from flows.services import process_group_members, service_env, start_services
+from flows.services import local_services, process_group_members
 from tasks.stage import dir_hash
 
 pytestmark = pytest.mark.slow
@@ -77,16 +77,11 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], [*git, "commit", "-qm", "tiny project"]):
         subprocess.run(cmd, cwd=root, check=True, capture_output=True)
-    services = start_services(tmp_path_factory.mktemp("services"))
-    env = {**os.environ, **service_env(services["prefect"].url, services["mlflow"].url,
-                                       prefect_home=root / ".prefect-client")}  # fmt: skip
-    env["PYTHONPATH"] = str(root)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # DVC runs `python ...`
-    try:
+    with local_services(tmp_path_factory.mktemp("services")) as services:  # MLflow: services' sqlite store
+        env = {**os.environ, **services.env, "PREFECT_HOME": str(root / ".prefect-client")}
+        env["PYTHONPATH"] = str(root)
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # DVC runs `python ...`
         yield root, env
-    finally:
-        for service in services.values():
-            service.stop()
 
 
 def _serve(root: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -1,7 +1,4 @@
-"""flows.services: real Prefect and MLflow servers in a temporary folder, started once for the module.
-
-Measured on a shared 2-core machine: the two cold starts overlap (25-31 s); the whole module 40-45 s.
-"""
+"""flows.services: a real Prefect server in a temporary folder, started once for the module, and group stops."""
 
 from __future__ import annotations
 
@@ -19,31 +16,22 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("prefect")
-pytest.importorskip("mlflow")
 
 from flows.services import (
-    Service,
+    LocalServices,
     ServiceError,
-    free_port,
+    local_services,
     process_group_members,
     service_env,
-    start_mlflow_server,
-    start_prefect_server,
-    start_services,
-    write_state,
+    stop_group,
 )
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
-    root = tmp_path_factory.mktemp("services")
-    started = start_services(root)
-    yield started
-    for service in started.values():
-        service.stop()
-        assert process_group_members(service.pid) == [], f"{service.name} group survived its stop"
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServices]:
+    with local_services(tmp_path_factory.mktemp("services")) as started:
+        yield started
+    assert process_group_members(started.pgid) == [], "the server's process group survived its stop"
 
 
 def _get_json(url: str) -> object:
@@ -51,22 +39,21 @@ def _get_json(url: str) -> object:
         return json.loads(response.read())
 
 
-def test_start_services_both_healthy_and_loopback(services: dict[str, Service]) -> None:
-    prefect, mlflow = services["prefect"], services["mlflow"]
-    assert prefect.url.startswith("http://127.0.0.1:") and prefect.url.endswith("/api")
-    assert mlflow.url.startswith("http://127.0.0.1:")
-    assert _get_json(prefect.health_url) is True
-    assert mlflow.healthy()
-    assert (prefect.log_path.parent / "prefect.db").exists()  # PREFECT_HOME is the project's folder
-    assert (mlflow.log_path.parent / "mlflow.db").exists()
-    # MLflow's uvicorn worker is a child in the same group: stopping the leader alone would leak it.
-    assert len(process_group_members(mlflow.pid)) >= 2
-    assert os.getpgid(mlflow.pid) == mlflow.pid and os.getpgid(prefect.pid) == prefect.pid
+def test_local_services_prefect_status_available_on_loopback(services: LocalServices) -> None:
+    env = services.env
+    assert env["PREFECT_API_URL"].startswith("http://127.0.0.1:") and env["PREFECT_API_URL"].endswith("/api")
+    assert env["MLFLOW_TRACKING_URI"] == f"sqlite:///{services.log.parents[1] / 'mlflow' / 'mlflow.db'}"
+    assert (Path(env["PREFECT_HOME"]) / "prefect.db").exists()  # the server's database lives in its own home
+    assert os.getpgid(services.pgid) == services.pgid
+    status = subprocess.run([sys.executable, "-m", "prefect", "server", "status", "-o", "json"],
+                            env={**os.environ, **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert status.returncode == 0, status.stdout + status.stderr
+    reply = json.loads(status.stdout)
+    assert reply["status"] == "available" and reply["api_url"] == env["PREFECT_API_URL"]
 
 
-def test_service_env_prefect_api_url_runs_flow_on_server(services: dict[str, Service], tmp_path: Path) -> None:
-    prefect, mlflow = services["prefect"], services["mlflow"]
-    env = {**os.environ, **service_env(prefect.url, mlflow.url, prefect_home=tmp_path / "client")}
+def test_local_services_env_runs_flow_on_server(services: LocalServices, tmp_path: Path) -> None:
+    env = {**os.environ, **services.env}
     code = textwrap.dedent(
         """
         from prefect import flow
@@ -85,9 +72,10 @@ def test_service_env_prefect_api_url_runs_flow_on_server(services: dict[str, Ser
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_id = next(line.split()[-1] for line in result.stdout.splitlines() if line.startswith("FLOW_RUN_ID"))
-    run = _get_json(f"{prefect.url}/flow_runs/{run_id}")
+    api = services.env["PREFECT_API_URL"]
+    run = _get_json(f"{api}/flow_runs/{run_id}")
     assert isinstance(run, dict) and run["state_type"] == "COMPLETED"
-    flow = _get_json(f"{prefect.url}/flows/{run['flow_id']}")
+    flow = _get_json(f"{api}/flows/{run['flow_id']}")
     assert isinstance(flow, dict) and flow["name"] == "services-smoke"
 
 
@@ -101,25 +89,23 @@ def test_service_env_relative_sqlite_raises() -> None:
     assert env["DVC_NO_ANALYTICS"] == "1" and "PREFECT_API_URL" not in env
 
 
-def test_start_prefect_server_busy_port_raises(services: dict[str, Service], tmp_path: Path) -> None:
-    busy = int(services["prefect"].url.split(":")[-1].split("/")[0])
-    with pytest.raises(ServiceError, match="in use"):
-        start_prefect_server(tmp_path / "prefect", port=busy)
+def test_local_services_timeout_raises_with_log_and_stops_group(tmp_path: Path) -> None:
+    with pytest.raises(ServiceError, match="did not answer") as error, local_services(tmp_path, timeout=0.5):
+        pass
+    log = tmp_path / "prefect" / "server.log"
+    assert str(log) in str(error.value) and log.exists()
+    assert _running_in(tmp_path / "prefect") == []  # the server runs with its home as working directory
 
 
-def test_start_mlflow_server_timeout_raises_with_log_and_stops_group(tmp_path: Path) -> None:
-    port = free_port()
-    with pytest.raises(ServiceError, match="did not answer") as error:
-        start_mlflow_server(tmp_path / "store", tmp_path / "artifacts", port=port, timeout=0.5)
-    assert "mlflow-server.log" in str(error.value)
-    log = tmp_path / "store" / "mlflow-server.log"
-    assert log.exists()
-    leftovers = [
-        line
-        for line in subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-        if f"--port {port}" in line
-    ]
-    assert leftovers == []
+def _running_in(cwd: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == cwd.resolve():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
 
 
 def _fake_group(script: str) -> subprocess.Popen[bytes]:
@@ -132,45 +118,15 @@ def _fake_group(script: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def test_service_stop_term_ignored_escalates_to_kill(tmp_path: Path) -> None:
+def test_stop_group_term_ignored_escalates_to_kill() -> None:
     proc = _fake_group("trap '' TERM; sleep 300 & sleep 300 & wait")
-    service = Service("fake", "http://127.0.0.1:9", proc.pid, tmp_path / "fake.log", _proc=proc)
     started = time.monotonic()
-    service.stop(timeout=0.5)
+    stop_group(proc, timeout=0.5)
     assert process_group_members(proc.pid) == [] and proc.returncode == -signal.SIGKILL
     assert time.monotonic() - started < 0.5 + 5
 
 
-def test_service_context_manager_exit_stops_group(tmp_path: Path) -> None:
+def test_stop_group_term_stops_children_too() -> None:
     proc = _fake_group("sleep 300 & sleep 300 & wait")
-    with Service("fake", "http://127.0.0.1:9", proc.pid, tmp_path / "fake.log", _proc=proc) as service:
-        assert service.alive()
+    stop_group(proc)
     assert process_group_members(proc.pid) == [] and proc.returncode == -signal.SIGTERM
-
-
-def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "flows.services", *args, "--root", str(root)]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
-
-
-def test_cli_up_status_env_running_services_reported(services: dict[str, Service], tmp_path: Path) -> None:
-    write_state(tmp_path, services)
-    up = _cli(tmp_path, "up")  # already running and healthy: no second start
-    assert up.returncode == 0 and "already running" in up.stdout, up.stderr
-    status = _cli(tmp_path, "status")
-    assert status.returncode == 0 and status.stdout.count(" healthy") == 2, status.stdout + status.stderr
-    env = _cli(tmp_path, "env")
-    assert f"export PREFECT_API_URL={services['prefect'].url}" in env.stdout
-    assert f"export MLFLOW_TRACKING_URI={services['mlflow'].url}" in env.stdout
-
-
-def test_cli_down_stops_recorded_group(tmp_path: Path) -> None:
-    proc = _fake_group("sleep 300 & sleep 300 & wait")
-    fake = Service("fake", "http://127.0.0.1:9", proc.pid, tmp_path / "fake.log", start_time=None)
-    (tmp_path / "services.json").write_text(json.dumps({"services": {"fake": fake.to_json()}}))
-    assert _cli(tmp_path, "status").returncode == 1  # alive but not healthy
-    down = _cli(tmp_path, "down")
-    assert down.returncode == 0, down.stderr
-    proc.wait(timeout=10)
-    assert process_group_members(proc.pid) == []
-    assert not (tmp_path / "services.json").exists()
