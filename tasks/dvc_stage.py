@@ -1,15 +1,18 @@
 """One curriculum stage as a DVC stage (``dvc repro stage@3``), the same body as the flow's train-stage task.
 
     python -m tasks.dvc_stage --curriculum params/curricula/embedded.yaml --stage 3 --run-root runs/dvc \\
-        --metrics metrics/stages/3.json --plots plots/stages/3.json
+        --metrics metrics/stages/3.json --details metrics/stages/3.eval.json --plots plots/stages/3.json
 
 Stage ``N`` starts from stage ``N - 1``'s adapter under the same ``--run-root`` (``--init`` names another one,
 ``--init none`` the base pipeline), so ``dvc repro stage@3`` reproduces stage 3 from stage 2's checkpoint.
 ``--params`` adds params files after the stage's own (an ablation), ``--set key.sub=value`` overrides entries.
 When ``MLFLOW_TRACKING_URI`` is set, the stage is an MLflow run (tagged with the DVC stage name).
 
-Writes ``--metrics`` (the final evaluation's headline numbers, wall time, iterations: ``dvc metrics show``) and
-``--plots`` (one row per iteration with the training rewards: ``dvc plots show``), both atomically.
+Writes, atomically, ``--metrics`` (a few headline numbers with short names for ``dvc metrics show``: iterations,
+wall time, the final evaluation's GenEval strict / partial, OCR, CLIPScore, PickScore), ``--details`` (the whole
+final evaluation with its 95% CIs and per-tag scores, the evaluation before the first iteration when the stage made
+one, the adapter's hash) and ``--plots`` (one row per iteration with the training rewards; ``tasks.dvc_report plots``
+draws them).
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "plot_rows", "stage_metrics"]
+__all__ = ["headline", "main", "plot_rows", "stage_details", "stage_metrics"]
 
 # Per-iteration diagnostics that go to the plots file (the full set goes to MLflow).
 PLOT_PREFIXES = ("reward/", "train/kl", "train/ratio_mean", "train/clip_frac", "train/grad_norm", "surrogate/cv")
@@ -37,9 +40,31 @@ def plot_rows(history: Sequence[dict[str, float]]) -> list[dict[str, float]]:
     return rows
 
 
-def stage_metrics(result: dict[str, Any], stage: int) -> dict[str, Any]:
-    """The metrics file of a finished stage: final evaluation (``eval/...``), the evaluation before the first
-    iteration when the stage made one (``start/eval/...``), training length and time."""
+# The headline columns of ``dvc metrics show``: short name, flat evaluation key; the first key present wins.
+HEADLINE = (
+    ("strict", "eval/geneval_geneval_strict"),
+    ("partial", "eval/geneval_geneval_partial"),
+    ("ocr", "eval/ocr"),
+    ("clipscore", "eval/world_clipscore"),
+    ("clipscore", "eval/clipscore"),
+    ("pickscore", "eval/world_pickscore"),
+    ("pickscore", "eval/pickscore"),
+    ("strict_gain", "eval/geneval_geneval_strict_gain"),
+)
+
+
+def headline(flat_eval: Mapping[str, Any]) -> dict[str, float]:
+    """The :data:`HEADLINE` numbers of a flat ``eval/...`` mapping, under their short names."""
+    out: dict[str, float] = {}
+    for short, key in HEADLINE:
+        if short not in out and key in flat_eval:
+            out[short] = round(float(flat_eval[key]), 5)
+    return out
+
+
+def stage_details(result: dict[str, Any], stage: int) -> dict[str, Any]:
+    """The details file of a finished stage: final evaluation (``eval/...``), the evaluation before the first
+    iteration when the stage made one (``start/eval/...``), training length and time, the adapter's hash."""
     start = next((e for e in result.get("evaluations", []) if e["iteration"] == 0), {})
     return {
         "stage": stage,
@@ -53,6 +78,11 @@ def stage_metrics(result: dict[str, Any], stage: int) -> dict[str, Any]:
     }
 
 
+def stage_metrics(details: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics file of a finished stage, from its :func:`stage_details`: iterations, wall time, headline."""
+    return {"iterations": details["iterations"], "wall_s": details["wall_s"], **headline(details)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tasks.dvc_stage", description=__doc__.split("\n")[0])
     parser.add_argument("--curriculum", required=True, help="curriculum params file")
@@ -62,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "default: the previous stage's under --run-root")  # fmt: skip
     parser.add_argument("--params", nargs="*", default=[], help="extra params files merged after the stage's")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a params entry")
-    parser.add_argument("--metrics", required=True, help="metrics JSON to write")
+    parser.add_argument("--metrics", required=True, help="metrics JSON to write (headline numbers)")
+    parser.add_argument("--details", default=None, help="JSON to write with the whole final evaluation")
     parser.add_argument("--plots", default=None, help="per-iteration plots JSON to write")
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the curriculum's name)")
     args = parser.parse_args(argv)
@@ -100,8 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingDiverged as exc:  # the message names the intact checkpoint a rerun resumes from
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    metrics = stage_metrics(result, args.stage)
+    details = stage_details(result, args.stage)
+    metrics = stage_metrics(details)
     write_json_atomic(Path(args.metrics), metrics)
+    if args.details:
+        write_json_atomic(Path(args.details), details)
     if args.plots:
         write_json_atomic(Path(args.plots), plot_rows(result["history"]))
     print(f"stage {args.stage} ({cfg.name}): {metrics}")
