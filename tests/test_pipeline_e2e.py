@@ -118,11 +118,24 @@ def test_dvc_and_prefect_runs_agree_after_a_kill_and_resume(project: tuple[Path,
     _run([*dvc, "repro", "stage@2"], root, env)
     shown = json.loads(_run([*dvc, "metrics", "show", "--json"], root, env))
     files = next(iter(shown.values()))["data"]
-    s2 = files["metrics/stages/s2-geneval.json"]["data"]
     assert files["metrics/stages/s1-preference.json"]["data"]["iterations"] == 2
+    assert files["metrics/stages/s2-geneval.json"]["data"].keys() == {"iterations", "wall_s", "strict", "partial",
+                                                                      "pickscore"}  # fmt: skip
+    s2 = json.loads((root / "metrics/stages/s2-geneval.eval.json").read_text())  # the whole final evaluation
     assert s2["iterations"] == 4 and s2["resumed_from"] == 0 and "eval/geneval_geneval_strict" in s2
     assert json.loads((root / "plots/stages/s2-geneval.json").read_text())[3]["iteration"] == 3.0
     assert "stage@2" not in _run([*dvc, "status", "stage@2"], root, env)  # reproduced: nothing left to do
+    # The adapters go to a remote (here a temporary one, not the project's default) and come back in a git clone.
+    remote, clone = root.parent / "dvc-remote", root.parent / "clone"
+    _run([*dvc, "remote", "add", "--local", "-d", "e2e", str(remote)], root, env)
+    _run([*dvc, "push", "stage@1", "stage@2"], root, env)
+    _run(["git", "add", "dvc.lock"], root, env)
+    _run(["git", "-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "-qm", "stage@2"], root, env)
+    _run(["git", "clone", "-q", str(root), str(clone)], root.parent, env)
+    _run([*dvc, "remote", "add", "--local", "-d", "e2e", str(remote)], clone, env)
+    _run([*dvc, "pull", "stage@1", "stage@2"], clone, env)
+    for stage in ("s1-preference", "s2-geneval"):
+        assert dir_hash(clone / "runs/dvc/stages" / stage) == dir_hash(root / "runs/dvc/stages" / stage), stage
 
     # 2. Prefect: the deployment runs the same two stages; kill it once stage 2 has a checkpoint, then re-run.
     params = ["-p", "curriculum=params/curricula/tiny.yaml", "-p", "run_root=runs/prefect"]
