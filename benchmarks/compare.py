@@ -285,7 +285,8 @@ def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, 
     import torch
     from diffusers import SD3Transformer2DModel
 
-    from vgrpo.stage import TrainingDiverged, run_stage
+    from vgrpo.guards import TrainingDiverged
+    from vgrpo.stage import run_stage
 
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)

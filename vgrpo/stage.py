@@ -1,60 +1,120 @@
-"""One curriculum stage as plain functions: load -> (resume) -> iterate -> checkpoint -> evaluate -> export.
+"""One curriculum stage as a short loop over named phases, each a function with plain inputs and outputs:
+
+    prepare_prompts -> setup_policy -> (resume) -> per iteration: rollout -> score -> update [-> evaluate]
+    [-> checkpoint] -> export -> evaluate
 
 Each iteration draws its prompts and its randomness (initial noise, SDE noise, pairs, minibatches) from
 ``(seed, iteration)`` alone, so a stage resumed from a checkpoint takes exactly the steps an uninterrupted
-run takes. The orchestration (Prefect tasks, MLflow) plugs in through the ``log`` and ``on_eval`` callbacks;
-this module imports neither.
+run takes. The orchestration plugs in twice, and this module imports none of it: a :class:`StageCallbacks`
+receives what happened (metrics, evaluations, skips, checkpoints), and a :data:`PhaseRunner` decides how each
+phase runs (called directly by default; the Prefect layer runs each as a named task).
 
 Sharded over processes (``dist``, :mod:`vgrpo.distributed`), every rank trains on its block of each
-iteration's prompts, and rank 0 alone logs, evaluates, writes checkpoints and exports; every rank resumes
+iteration's prompts, and rank 0 alone reports, evaluates, writes checkpoints and exports; every rank resumes
 from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every node sees).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import nn
 
-from vgrpo.algorithms import build_algorithm
+from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.atomic import atomic_dir
-from vgrpo.checkpoint import (
-    LORA_FILE,
-    CheckpointError,
-    checkpoints,
-    load_lora_into,
-    load_training_state,
-    prune_checkpoints,
-    quarantine,
-    save_lora,
-    save_training_state,
-)
-from vgrpo.config import RewardConfig, StageConfig
+from vgrpo.checkpoint import load_lora_into, save_lora
+from vgrpo.config import EvaluationConfig, StageConfig
 from vgrpo.distributed import Distributed, samples_per_process
 from vgrpo.guards import NonFiniteError, TrainingDiverged
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
 from vgrpo.policy import trainable_parameters
 from vgrpo.prompts import check_geneval_metadata, load_prompts
+from vgrpo.resume import ResumableRun, adapter_hash, training_hash
 from vgrpo.rewards.base import Metadata, NonFiniteRewardError
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
-from vgrpo.train_step import build_optimizer, train_iteration
+from vgrpo.train_step import RolloutBatch, build_optimizer, gather_rewards, rollout_batch, update_policy
 
-__all__ = ["StageResult", "iteration_generator", "run_stage", "sample_prompt_rows"]
+__all__ = [
+    "Evaluator",
+    "PhaseRunner",
+    "Scores",
+    "StageCallbacks",
+    "StagePolicy",
+    "StagePrompts",
+    "StageResult",
+    "StageRollout",
+    "adapter_hash",
+    "build_evaluator",
+    "evaluate_adapter",
+    "export",
+    "iteration_generator",
+    "prepare_prompts",
+    "rollout",
+    "run_stage",
+    "sample_prompt_rows",
+    "score",
+    "setup_policy",
+    "training_hash",
+    "update",
+]
 
-MetricsLog = Callable[[dict[str, float], int], None]
-SkipHook = Callable[[dict[str, Any]], None]
-EvalHook = Callable[[dict[str, Any], np.ndarray, int], None]
+T = TypeVar("T")
+
+
+class PhaseRunner(Protocol):
+    """How a phase runs: ``runner(phase, iteration, fn, *args)`` returns ``fn(*args)``; an orchestrator wraps it
+    (a named task, a span). ``iteration`` is ``None`` for once-per-stage phases."""
+
+    def __call__(self, phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T: ...
+
+
+def call_directly(phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T:
+    return fn(*args)
+
+
+class StageCallbacks:
+    """What a stage reports as it runs, on rank 0 (as transformers' ``TrainerCallback``); override what you need."""
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        """Each iteration's flat metrics: rewards, every sub-score, surrogate CV, ratio and clip statistics, KL,
+        grad norm, seconds per phase."""
+
+    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
+        """Each evaluation table and its images."""
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        """An iteration skipped for a NaN or Inf (reward, advantage, surrogate, loss or gradient: which, how many,
+        where)."""
+
+    def on_checkpoint(self, path: Path, iteration: int) -> None:
+        """A resumable checkpoint was written."""
+
+
+@dataclass
+class _FunctionCallbacks(StageCallbacks):
+    log: Callable[[dict[str, float], int], None] | None = None
+    eval: Callable[[dict[str, Any], np.ndarray, int], None] | None = None
+    skip: Callable[[dict[str, Any]], None] | None = None
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        if self.log is not None:
+            self.log(metrics, iteration)
+
+    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
+        if self.eval is not None:
+            self.eval(table, images, iteration)
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        if self.skip is not None:
+            self.skip(event)
 
 
 @dataclass
@@ -99,22 +159,24 @@ def sample_prompt_rows(
     return [rows[int(i)] for i in idx]
 
 
-def adapter_hash(lora_dir: Path) -> str:
-    """SHA-256 (16 hex digits) of a LoRA directory's weights file: the identity of a stage's starting adapter."""
-    return hashlib.sha256((lora_dir / LORA_FILE).read_bytes()).hexdigest()[:16]
+# -- phase: prepare prompts --------------------------------------------------------------------------------------------
 
 
-def config_hash(config: StageConfig) -> str:
-    """Fingerprint of everything that decides the stage's steps (a checkpoint from other params is not resumed)."""
-    return hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+@dataclass(frozen=True)
+class StagePrompts:
+    """The stage's prompt rows, validated and filtered: ``train`` to draw from, ``evaluation`` (or ``None``)."""
+
+    train: list[dict[str, Any]]
+    evaluation: list[dict[str, Any]] | None
 
 
-def _uses_geneval(rewards: Sequence[RewardConfig]) -> bool:
-    """Whether a reward set reads GenEval clauses (so its prompt file's clauses are checked before compute)."""
+def _uses_geneval(rewards: Sequence[Any]) -> bool:
     return any(r.name in ("geneval", "geneval_server") for r in rewards)
 
 
-def _rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
+def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
+    """Read the training and evaluation prompt files (relative to ``root``), check GenEval clauses where a
+    GenEval reward reads them, and apply ``prompt_tags`` / ``prompt_tag_weights`` / ``evaluation.max_prompts``."""
     rows = load_prompts(root / config.prompts)
     if _uses_geneval(config.rewards):
         check_geneval_metadata(rows, root / config.prompts)
@@ -129,52 +191,40 @@ def _rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
                 f"{config.prompts}: prompt_tag_weights has no weight for the tags {unweighted} "
                 "(give them one, or leave them out with prompt_tags)"
             )
-    return rows
-
-
-def run_stage(
-    config: StageConfig,
-    *,
-    pipeline_dir: Path,
-    work_dir: Path,
-    out_dir: Path,
-    init_lora: Path | None = None,
-    root: Path = Path("."),
-    log: MetricsLog | None = None,
-    on_eval: EvalHook | None = None,
-    on_skip: SkipHook | None = None,
-    dist: Distributed | None = None,
-) -> StageResult:
-    """Train one stage from ``pipeline_dir`` (+ ``init_lora``, the previous stage's adapter) and export its
-    LoRA to ``out_dir``. Checkpoints go to ``work_dir/checkpoints``; a run finds the newest one written with the
-    same params and continues from it.
-
-    Args:
-        root: folder that relative prompt and model paths in ``config`` are resolved against.
-        log: called with each iteration's flat metrics (rewards, every sub-score, surrogate CV, ratio and
-            clip statistics, KL, grad norm, seconds per phase) and the iteration number.
-        on_eval: called with each evaluation table, its images and the iteration.
-        on_skip: called with the event of each iteration skipped for a NaN or Inf (reward, advantage, surrogate,
-            loss or gradient: which, how many, where); after ``max_consecutive_skips`` in a row the stage raises
-            :class:`vgrpo.guards.TrainingDiverged` and leaves its last checkpoint as it was.
-        dist: the processes sharing each iteration's batch (default: from the environment ``accelerate launch``
-            sets, else one process, on the GPU when there is one); ``log``, ``on_eval``, checkpoints and the export
-            happen on rank 0 only (the returned history is every rank's, evaluations rank 0's).
-    """
-    from vgrpo.evaluation import evaluate
-    from vgrpo.images import tensor_to_images
-    from vgrpo.models.pipeline import build_adapter, load_pipeline
-
-    dist = dist if dist is not None else Distributed.from_environment()
-    rollout = config.rollout  # 1. validate inputs before any compute
-    samples_per_process(rollout.prompts_per_iteration, rollout.group_size, config.optim.minibatches, dist.world_size)
-    shard = dist.shard(rollout.prompts_per_iteration)
-    rows = _rows(config, root)
     eval_rows = load_prompts(root / config.eval_prompts) if config.eval_prompts else None
     if eval_rows and _uses_geneval(config.evaluation.rewards):
         check_geneval_metadata(eval_rows, root / str(config.eval_prompts))
     eval_rows = eval_rows[: config.evaluation.max_prompts] if eval_rows else None
-    pipe = load_pipeline(root / pipeline_dir).to(dist.device)  # 2. model, adapter, optimizer, algorithm
+    return StagePrompts(train=[dict(r) for r in rows], evaluation=[dict(r) for r in eval_rows] if eval_rows else None)
+
+
+# -- phase: set up the policy ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StagePolicy:
+    """The live objects of a stage: the pipeline's adapter and velocity model (with its LoRA), the optimizer, the
+    algorithm, the training rewards and the resolved sampling shift (a number: FLUX's dynamic shift depends on
+    the adapter's token count, and the algorithm and the evaluation must build the same sigmas)."""
+
+    pipe: Any
+    adapter: Any
+    policy: nn.Module
+    optimizer: torch.optim.Optimizer
+    algorithm: Algorithm
+    rewards: MultiReward
+    shift: float | None
+    dist: Distributed
+
+    @property
+    def transformer(self) -> nn.Module:
+        return self.pipe.transformer
+
+
+def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
+    from vgrpo.models.pipeline import build_adapter, load_pipeline
+
+    pipe = load_pipeline(pipeline_dir).to(dist.device)
     adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
     transformer = pipe.transformer
     if config.lora is None:
@@ -185,162 +235,288 @@ def run_stage(
             add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha,
                      target_modules=config.lora.target_modules, dropout=config.lora.dropout)  # fmt: skip
         if init_lora is not None:
-            load_lora_into(transformer, root / init_lora)
+            load_lora_into(transformer, init_lora)
     policy = apply_precision(policy, transformer, autocast=config.precision.autocast,
                              gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
-    # The sampling grid's shift as a number (FLUX's dynamic shift depends on the adapter's token count), so the
-    # algorithm and the evaluation build the same sigmas.
+    return pipe, adapter, policy
+
+
+def setup_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> StagePolicy:
+    """Load the pipeline on ``dist``'s device, add the LoRA (seeded; from ``init_lora`` when given), and build the
+    optimizer, the algorithm (on the resolved sigma grid) and the training rewards."""
+    pipe, adapter, policy = _load_policy(config, pipeline_dir, init_lora, dist)
     shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
-    rollout = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
-    optimizer = build_optimizer(policy, config.optim)
+    rollout_config = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
+    algorithm = build_algorithm(config.model_copy(update={"rollout": rollout_config}), policy=policy,
+                                latent_shape=adapter.latent_shape, dist=dist)  # fmt: skip
     rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
-    eval_rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards]) if eval_rows else None
-    # The stage weights its rewards on the reward entries; train_iteration reads them from advantage.weights.
-    train_config = config.model_copy(
-        update={"advantage": config.advantage.model_copy(update={"weights": rewards.weights}), "rollout": rollout}
-    )
-    algorithm = build_algorithm(train_config, policy=policy, latent_shape=adapter.latent_shape, dist=dist)
+    return StagePolicy(pipe=pipe, adapter=adapter, policy=policy, optimizer=build_optimizer(policy, config.optim),
+                       algorithm=algorithm, rewards=rewards, shift=shift, dist=dist)  # fmt: skip
 
-    # 3. resume: only from a checkpoint of the same params and the same starting adapter, by content (a previous
-    # stage re-run with other params rewrites its adapter at the same path)
-    ckpt_root, fingerprint = work_dir / "checkpoints", config_hash(config)
-    init_hash = adapter_hash(root / init_lora) if init_lora is not None else None
-    result = StageResult(out_dir=out_dir, iterations=config.iterations)
 
-    def same_run(checkpoint: Path) -> bool:
-        try:
-            state = json.loads((checkpoint / "state.json").read_text())
-        except (OSError, ValueError):
-            return True  # unreadable: let loading report it and set it aside
-        return bool(state.get("config_hash") == fingerprint and state.get("init_lora_hash") == init_hash)
+# -- phases of an iteration: rollout -> score -> update ----------------------------------------------------------------
 
-    def resume() -> tuple[Path, dict[str, Any]] | None:
-        """Rank 0: load the newest checkpoint of this run that loads whole, setting corrupt ones aside."""
-        for candidate in (c for c in checkpoints(ckpt_root) if same_run(c)):
-            try:
-                return candidate, load_training_state(candidate, module=transformer, optimizer=optimizer,
-                                                      snapshots=algorithm.snapshots())  # fmt: skip
-            except CheckpointError as exc:
-                moved = quarantine(candidate)
-                warnings.warn(f"{exc}; moved to {moved.name}, resuming from an older checkpoint", stacklevel=2)
+
+@dataclass
+class StageRollout:
+    """The rollout phase's output: the samples (in memory) and this rank's prompt rows, one per sample."""
+
+    batch: RolloutBatch
+    sample_rows: list[Metadata]
+
+
+def rollout(stage: StagePolicy, config: StageConfig, rows: Sequence[Metadata], iteration: int) -> StageRollout:
+    """Draw the iteration's prompts from ``(seed, iteration)``, encode them and sample ``group_size`` images each
+    under the behaviour policy."""
+    drawn = sample_prompt_rows(rows, config.rollout.prompts_per_iteration, config.seed, iteration,
+                               config.prompt_tag_weights)  # fmt: skip
+    prompts = [str(r["prompt"]) for r in drawn]
+    shard = stage.dist.shard(len(prompts))
+    batch = rollout_batch(policy=stage.policy, algorithm=stage.algorithm, prompts=prompts,
+                          cond=stage.adapter.encode_prompts(prompts), minibatches=config.optim.minibatches,
+                          latent_shape=stage.adapter.latent_shape,
+                          generator=iteration_generator(config.seed, iteration), iteration=iteration)  # fmt: skip
+    return StageRollout(batch=batch, sample_rows=[r for r in drawn[shard] for _ in range(config.rollout.group_size)])
+
+
+@dataclass
+class Scores:
+    """The score phase's output: the global batch's rewards ``{key: (N,)}`` and their metrics."""
+
+    rewards: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+    seconds: float
+
+
+def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
+    """Decode this rank's samples and score them with every training reward; gather the scores of all ranks.
+
+    A reward that returns NaN or Inf on any rank stops the phase on every rank with
+    :class:`vgrpo.guards.NonFiniteError` naming the reward (a flag reduced over ranks, so all ranks skip)."""
+    from vgrpo.images import tensor_to_images
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        images = tensor_to_images(stage.adapter.decode(rolled.batch.rollout.samples))
+    rewards, out, failure = stage.rewards, None, None
+    try:
+        out = rewards(images, rolled.batch.sample_prompts, rolled.sample_rows if rewards.needs_metadata else None)
+    except NonFiniteRewardError as exc:
+        failure = exc
+    if stage.dist.any(failure is not None):
+        quantity = failure.quantity if failure is not None else "reward (on another rank)"
+        details = failure.details if failure is not None else {}
+        raise NonFiniteError(quantity, {**details, "rank": stage.dist.rank,
+                                        "reward_errors": [str(failure)] if failure is not None else []})  # fmt: skip
+    assert out is not None
+    gathered = gather_rewards(rolled.batch, out.score_tensors(), stage.dist)
+    # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
+    local_times = {k: v for k, v in out.metrics().items() if k.startswith("time/")}
+    metrics = MultiRewardOutput.concatenate(stage.dist.gather_object(out)).metrics() | local_times
+    return Scores(rewards=gathered, metrics=metrics, seconds=time.perf_counter() - t0)
+
+
+def update(stage: StagePolicy, config: StageConfig, rolled: StageRollout, scores: Scores) -> dict[str, float]:
+    """Advantages from the scores (weighted by the rewards' weights), then the algorithm's gradient steps;
+    returns the iteration's metrics."""
+    record = update_policy(policy=stage.policy, algorithm=stage.algorithm, optimizer=stage.optimizer,
+                           batch=rolled.batch, rewards=scores.rewards, advantage=config.advantage, optim=config.optim,
+                           reward_weights=stage.rewards.weights, reward_seconds=scores.seconds)  # fmt: skip
+    return {**record.metrics, **scores.metrics}
+
+
+# -- phase: evaluate ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Evaluator:
+    """The evaluation routine of a stage (:func:`vgrpo.evaluation.evaluate`): fixed prompts, seeds and rewards,
+    the stage's sampling shift, and the base model for hybrid sampling (FLUX, ``p_mix``) when configured."""
+
+    rows: list[dict[str, Any]]
+    rewards: MultiReward
+    config: EvaluationConfig
+    shift: float | None
+    base: nn.Module | None = None
+
+    def __call__(self, adapter: Any, policy: nn.Module, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
+        from vgrpo.evaluation import evaluate
+
+        ev = self.config
+        table, images = evaluate(
+            adapter=adapter, policy=policy, metadata=self.rows, rewards=self.rewards, group_size=ev.group_size,
+            num_steps=ev.num_steps, seed=ev.seed, shift=self.shift, guidance_scale=ev.guidance_scale,
+            base=self.base, p_mix=ev.p_mix, micro_batch=ev.micro_batch,
+        )  # fmt: skip
+        table["iteration"] = iteration
+        return table, images
+
+
+def build_evaluator(
+    config: StageConfig, rows: list[dict[str, Any]] | None, root: Path, shift: float | None, dist: Distributed
+) -> Evaluator | None:
+    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0)."""
+    if not rows or not dist.is_main:
         return None
+    base = None
+    if config.evaluation.base_pipeline is not None:
+        from vgrpo.models.pipeline import build_adapter, load_pipeline
 
-    found = resume() if dist.is_main else None
-    path = dist.broadcast_object(None if found is None else found[0])
-    resumed: dict[str, Any] | None = None
-    if path is not None:  # the other ranks load what rank 0 loaded (optimizer state and snapshots included)
-        resumed = found[1] if found is not None else load_training_state(
-            path, module=transformer, optimizer=optimizer, snapshots=algorithm.snapshots())  # fmt: skip
+        base_pipe = load_pipeline(root / config.evaluation.base_pipeline).to(dist.device)
+        base = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
+    rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards])
+    return Evaluator(rows=rows, rewards=rewards, config=config.evaluation, shift=shift, base=base)
+
+
+def evaluate_adapter(
+    config: StageConfig, pipeline_dir: Path, adapter_dir: Path | None, root: Path, iteration: int
+) -> tuple[dict[str, Any], np.ndarray] | None:
+    """The evaluation of exported weights (``adapter_dir``: a LoRA on ``pipeline_dir``; ``None``: the pipeline
+    itself) under the stage's evaluation settings; ``None`` without evaluation prompts. The same numbers as
+    evaluating the trained policy in memory, so an evaluation can be redone (or cached) without training."""
+    prompts = prepare_prompts(config, root)
+    dist = Distributed()
+    if config.lora is None and adapter_dir is not None:
+        pipeline_dir, adapter_dir = adapter_dir, None  # a full fine-tune exports a whole pipeline
+    _, adapter, policy = _load_policy(config, pipeline_dir, adapter_dir, dist)
+    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
+    evaluator = build_evaluator(config, prompts.evaluation, root, shift, dist)
+    return None if evaluator is None else evaluator(adapter, policy, iteration)
+
+
+# -- phase: export -----------------------------------------------------------------------------------------------------
+
+
+def export(stage: StagePolicy, config: StageConfig, out_dir: Path) -> Path:
+    """Write the trained weights to ``out_dir`` atomically (rank 0): the LoRA in diffusers' format, or the whole
+    pipeline after a full fine-tune."""
+    if stage.dist.is_main:
+        if config.lora is not None:
+            save_lora(stage.transformer, out_dir)
+        else:
+            atomic_dir(out_dir, stage.pipe.save_pretrained)
+    stage.dist.barrier()  # every rank returns once the export exists
+    return out_dir
+
+
+# -- the loop ----------------------------------------------------------------------------------------------------------
+
+
+def run_stage(
+    config: StageConfig,
+    *,
+    pipeline_dir: Path,
+    work_dir: Path,
+    out_dir: Path,
+    init_lora: Path | None = None,
+    root: Path = Path("."),
+    callbacks: StageCallbacks | None = None,
+    phases: PhaseRunner = call_directly,
+    final_evaluation: bool = True,
+    run_state: Mapping[str, Any] | None = None,
+    prompts: StagePrompts | None = None,
+    dist: Distributed | None = None,
+    log: Callable[[dict[str, float], int], None] | None = None,
+    on_eval: Callable[[dict[str, Any], np.ndarray, int], None] | None = None,
+    on_skip: Callable[[dict[str, Any]], None] | None = None,
+) -> StageResult:
+    """Train one stage from ``pipeline_dir`` (+ ``init_lora``, the previous stage's adapter) and export its
+    weights to ``out_dir``. Checkpoints go to ``work_dir/checkpoints``; a run finds the newest one written with the
+    same training params and starting adapter and continues from it.
+
+    Args:
+        root: folder that relative prompt and model paths in ``config`` are resolved against.
+        callbacks: what the stage reports (rank 0); ``log``, ``on_eval`` and ``on_skip`` are shorthands for one.
+            After ``max_consecutive_skips`` skipped iterations in a row the stage raises
+            :class:`vgrpo.guards.TrainingDiverged` and leaves its last checkpoint as it was.
+        phases: how each phase runs (:data:`PhaseRunner`).
+        final_evaluation: evaluate the exported weights at the end (off when the caller evaluates them itself).
+        run_state: JSON-able values stored in every checkpoint (a tracker's run id, so a resumed stage continues
+            its run).
+        prompts: the output of :func:`prepare_prompts` when the caller ran it already.
+        dist: the processes sharing each iteration's batch (default: from the environment ``accelerate launch``
+            sets, else one process, on the GPU when there is one).
+    """
+    dist = dist if dist is not None else Distributed.from_environment()
+    report = callbacks if callbacks is not None else _FunctionCallbacks(log, on_eval, on_skip)
+    if callbacks is not None and (log or on_eval or on_skip):
+        raise ValueError("pass callbacks or log/on_eval/on_skip, not both")
+    samples_per_process(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
+                        dist.world_size)  # fmt: skip
+    if prompts is None:
+        prompts = phases("prepare-prompts", None, prepare_prompts, config, root)
+    init = root / init_lora if init_lora is not None else None
+    stage = phases("setup-policy", None, setup_policy, config, root / pipeline_dir, init, dist)
+    evaluator = build_evaluator(config, prompts.evaluation, root, stage.shift, dist)
+    run = ResumableRun.for_stage(config, work_dir, init)
+    result = StageResult(out_dir=out_dir, iterations=config.iterations)
+    resumed = run.restore(module=stage.transformer, optimizer=stage.optimizer, snapshots=stage.algorithm.snapshots(),
+                          dist=dist)  # fmt: skip
+    if resumed is not None:
         result.history, result.evaluations = resumed["history"], resumed["evaluations"]
         result.skipped = resumed.get("skipped", [])
         result.resumed_from = int(resumed["iteration"])
     consecutive_skips = int(resumed.get("consecutive_skips", 0)) if resumed is not None else 0
-    dist.broadcast_parameters(trainable_parameters(policy))  # as DDP does: every rank starts from rank 0's weights
-
-    base_policy = None  # hybrid sampling (FLUX evaluation, p_mix): the base finishes the last steps
-    if config.evaluation.base_pipeline is not None and eval_rows is not None and dist.is_main:
-        base_pipe = load_pipeline(root / config.evaluation.base_pipeline).to(dist.device)
-        base_policy = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
+    dist.broadcast_parameters(trainable_parameters(stage.policy))  # as DDP: every rank starts from rank 0's
 
     def run_evaluation(iteration: int) -> None:
-        if eval_rows is None or eval_rewards is None or not dist.is_main:  # the other ranks go on to wait in
-            return  # the next iteration's first collective (within the process group's timeout)
-        ev = config.evaluation
-        table, images = evaluate(
-            adapter=adapter, policy=policy, metadata=eval_rows, rewards=eval_rewards, group_size=ev.group_size,
-            num_steps=ev.num_steps, seed=ev.seed, shift=shift, guidance_scale=ev.guidance_scale,
-            base=base_policy, p_mix=ev.p_mix, micro_batch=ev.micro_batch,
-        )  # fmt: skip
-        table["iteration"] = iteration
+        if evaluator is None:  # the other ranks go on to wait in the next collective (within the group's timeout)
+            return
+        table, images = phases("evaluate", iteration, evaluator, stage.adapter, stage.policy, iteration)
         result.evaluations.append(table)
-        if on_eval is not None:
-            on_eval(table, images, iteration)
+        report.on_evaluate(table, images, iteration)
 
     if result.resumed_from == 0 and config.eval_every and config.eval_at_start:
         run_evaluation(0)
-    for iteration in range(result.resumed_from, config.iterations):  # 4. iterate
-        batch = sample_prompt_rows(
-            rows, config.rollout.prompts_per_iteration, config.seed, iteration, config.prompt_tag_weights
-        )
-        prompts = [str(r["prompt"]) for r in batch]
-        expanded = [r for r in batch[shard] for _ in range(config.rollout.group_size)]  # this rank's samples
-        scored: list[MultiRewardOutput] = []
-        reward_errors: list[str] = []
-
-        def reward_fn(samples: Tensor, sample_prompts: Sequence[str], expanded: list[Metadata] = expanded,
-                      scored: list[MultiRewardOutput] = scored,
-                      reward_errors: list[str] = reward_errors) -> dict[str, Tensor]:  # fmt: skip
-            with torch.no_grad():
-                images = tensor_to_images(adapter.decode(samples))
-            try:
-                out = rewards(images, list(sample_prompts), expanded if rewards.needs_metadata else None)
-            except NonFiniteRewardError as exc:  # NaN scores for that reward, so that train_iteration's check
-                reward_errors.append(str(exc))  # (on the scores gathered from every rank) skips on all ranks
-                n = samples.shape[0]
-                bad = torch.full((n,), float("nan")) if exc.scores is None else torch.as_tensor(exc.scores)
-                return {key: bad.float() if exc.quantity == f"reward/{term.reward.name}" else torch.zeros(n)
-                        for key, term in rewards.terms.items()}  # fmt: skip
-            scored.append(out)
-            return out.score_tensors()
-
-        t0 = time.perf_counter()
-        cond = adapter.encode_prompts(prompts)
+    for iteration in range(result.resumed_from, config.iterations):
+        started = time.perf_counter()
         try:
-            record = train_iteration(
-                policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=reward_fn, prompts=prompts,
-                cond=cond, config=train_config,
-                latent_shape=adapter.latent_shape, generator=iteration_generator(config.seed, iteration),
-                iteration=iteration,
-            )  # fmt: skip
+            rolled = phases("rollout", iteration, rollout, stage, config, prompts.train, iteration)
+            scores = phases("score", iteration, score, stage, rolled)
+            metrics = phases("update", iteration, update, stage, config, rolled, scores)
         except NonFiniteError as exc:  # no update was applied after the check failed: skip the iteration
             consecutive_skips += 1
-            event = {"iteration": iteration, "quantity": exc.quantity, **exc.details, "consecutive": consecutive_skips,
-                     "reward_errors": reward_errors}  # fmt: skip
+            event = {"iteration": iteration, "quantity": exc.quantity, "reward_errors": [], **exc.details,
+                     "consecutive": consecutive_skips}  # fmt: skip
             result.skipped.append(event)
             metrics = {"iteration": float(iteration), "guard/skipped": 1.0,
                        "guard/consecutive_skips": float(consecutive_skips)}  # fmt: skip
             result.history.append(metrics)
             if dist.is_main:
-                if log is not None:
-                    log(metrics, iteration)
-                if on_skip is not None:
-                    on_skip(event)
+                report.on_log(metrics, iteration)
+                report.on_skip(event)
             if consecutive_skips >= config.max_consecutive_skips:
-                kept = next((c for c in checkpoints(ckpt_root) if same_run(c)), None)
+                recent = result.skipped[-consecutive_skips:]
                 raise TrainingDiverged(
                     f"stage {config.name}: {consecutive_skips} consecutive iterations skipped for non-finite values "
-                    f"({', '.join(sorted({e['quantity'] for e in result.skipped[-consecutive_skips:]}))} at "
-                    f"iterations {[e['iteration'] for e in result.skipped[-consecutive_skips:]]}); the last "
-                    f"checkpoint, {kept if kept is not None else 'none yet'}, is intact. Lower optim.lr, check the "
-                    "rewards, or raise max_consecutive_skips."
+                    f"({', '.join(sorted({e['quantity'] for e in recent}))} at iterations "
+                    f"{[e['iteration'] for e in recent]}); the last checkpoint, {run.newest() or 'none yet'}, is "
+                    "intact. Lower optim.lr, check the rewards, or raise max_consecutive_skips."
                 ) from exc
         else:
             consecutive_skips = 0
-            # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
-            local_times = {k: v for k, v in scored[0].metrics().items() if k.startswith("time/")}
-            scores = MultiRewardOutput.concatenate(dist.gather_object(scored[0])).metrics() | local_times
-            metrics = {**record.metrics, **scores, "guard/skipped": 0.0, "time/iteration_s": time.perf_counter() - t0}
+            metrics = {**metrics, "guard/skipped": 0.0, "time/iteration_s": time.perf_counter() - started}
             result.history.append(metrics)
-            if log is not None and dist.is_main:
-                log(metrics, iteration)
+            if dist.is_main:
+                report.on_log(metrics, iteration)
         done = iteration + 1
         if config.eval_every and done % config.eval_every == 0 and done < config.iterations:
             run_evaluation(done)
-        if done % config.checkpoint_every == 0 or done == config.iterations:  # 5. checkpoint (rank 0 writes)
+        if done % config.checkpoint_every == 0 or done == config.iterations:
             if dist.is_main:
-                state = {"iteration": done, "config_hash": fingerprint, "init_lora": str(init_lora),
-                         "init_lora_hash": init_hash, "history": result.history,
-                         "evaluations": result.evaluations, "skipped": result.skipped,
-                         "consecutive_skips": consecutive_skips}  # fmt: skip
-                save_training_state(ckpt_root / f"iter-{done}", module=transformer, optimizer=optimizer,
-                                    snapshots=algorithm.snapshots(), state=state)  # fmt: skip
-                prune_checkpoints(ckpt_root, config.keep_checkpoints, same_run=same_run)
+                state = {"init_lora": str(init_lora), "history": result.history, "evaluations": result.evaluations,
+                         "skipped": result.skipped, "consecutive_skips": consecutive_skips,
+                         "run": dict(run_state or {})}  # fmt: skip
+                path = phases("checkpoint", done, _save, run, done, state, stage)
+                report.on_checkpoint(path, done)
             dist.barrier()  # the checkpoint is whole before any rank goes on
-    if not result.evaluations or result.evaluations[-1].get("iteration") != config.iterations:
-        run_evaluation(config.iterations)  # 6. final evaluation and export
-    if config.lora is not None and dist.is_main:
-        save_lora(transformer, out_dir)
-    elif dist.is_main:
-        atomic_dir(out_dir, pipe.save_pretrained)
-    dist.barrier()  # every rank returns once the export exists
+    phases("export", None, export, stage, config, out_dir)
+    ended = result.evaluations and result.evaluations[-1].get("iteration") == config.iterations
+    if final_evaluation and not ended:
+        run_evaluation(config.iterations)
     return result
+
+
+def _save(run: ResumableRun, iteration: int, state: dict[str, Any], stage: StagePolicy) -> Path:
+    return run.save(iteration, state, module=stage.transformer, optimizer=stage.optimizer,
+                    snapshots=stage.algorithm.snapshots())  # fmt: skip

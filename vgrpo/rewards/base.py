@@ -21,7 +21,15 @@ import numpy as np
 
 from vgrpo.guards import NonFiniteError
 
-__all__ = ["Metadata", "NonFiniteRewardError", "Reward", "RewardError", "RewardOutput", "check_images"]
+__all__ = [
+    "Metadata",
+    "NonFiniteRewardError",
+    "Reward",
+    "RewardError",
+    "RewardOutput",
+    "TransientRewardError",
+    "check_images",
+]
 
 Metadata = Mapping[str, Any]
 """Per-image prompt metadata: GenEval's ``tag`` / ``include`` / ``exclude``, the world's ``text``, ..."""
@@ -30,6 +38,11 @@ Metadata = Mapping[str, Any]
 class RewardError(RuntimeError):
     """A reward returned something unusable (wrong shape, non-finite score) or its engine failed;
     the message names the reward."""
+
+
+class TransientRewardError(RewardError):
+    """A reward engine could not be reached or was overloaded (connection errors, timeouts, 429, 5xx) after its
+    own retries: worth retrying later, unlike a refusal or a bad answer."""
 
 
 class NonFiniteRewardError(RewardError, NonFiniteError):

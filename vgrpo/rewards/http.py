@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import requests
 
-from vgrpo.rewards.base import RewardError
+from vgrpo.rewards.base import RewardError, TransientRewardError
 
 __all__ = ["DEFAULT_HOST", "HTTPClient", "truncate"]
 
@@ -104,8 +104,9 @@ class HTTPClient:
         """The body of a 2xx answer to ``POST {base_url}{path}``.
 
         Raises:
-            RewardError: at once on a 4xx other than 429 (quoting the answer); after ``attempts`` tries on
-                connection errors, timeouts, 429 and 5xx (naming the last status or exception).
+            RewardError: at once on a 4xx other than 429 (quoting the answer).
+            TransientRewardError: after ``attempts`` tries on connection errors, timeouts, 429 and 5xx (naming the
+                last status or exception).
         """
         url = self.base_url + path
         headers = {"Content-Type": content_type, **self.headers}
@@ -130,7 +131,9 @@ class HTTPClient:
                 retry_after = response.headers.get("Retry-After")
             if attempt < self.attempts:
                 time.sleep(self._backoff(attempt, retry_after))
-        raise RewardError(f"reward {self.reward!r}: POST {url} failed after {self.attempts} attempt(s); last: {last}")
+        raise TransientRewardError(
+            f"reward {self.reward!r}: POST {url} failed after {self.attempts} attempt(s); last: {last}"
+        )
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """``[fn(item) for item in items]``, run on up to ``max_concurrency`` threads, in order.

@@ -1,0 +1,123 @@
+"""Resuming a stage: which checkpoints belong to a run, the newest one that loads whole, saving and pruning.
+
+A run is identified by its training fingerprint (:func:`training_hash`: every param that decides the steps,
+not the evaluation settings) and the content hash of its starting adapter (a previous stage re-run with other
+params rewrites its adapter at the same path). Sharded over processes, rank 0 picks the checkpoint and every
+rank loads the same one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vgrpo.checkpoint import (
+    LORA_FILE,
+    CheckpointError,
+    checkpoints,
+    load_training_state,
+    prune_checkpoints,
+    quarantine,
+    save_training_state,
+)
+from vgrpo.config import StageConfig
+from vgrpo.distributed import Distributed
+from vgrpo.policy import ParameterSnapshot
+
+__all__ = ["EVALUATION_FIELDS", "ResumableRun", "adapter_hash", "training_hash"]
+
+EVALUATION_FIELDS = frozenset({"eval_prompts", "evaluation", "eval_every", "eval_at_start"})
+"""Stage fields that decide what is measured, never what is trained: left out of the training fingerprint, so a
+changed evaluation setting re-evaluates without retraining."""
+
+
+def adapter_hash(lora_dir: Path) -> str:
+    """SHA-256 (16 hex digits) of a LoRA directory's weights file: the identity of a stage's starting adapter."""
+    return hashlib.sha256((lora_dir / LORA_FILE).read_bytes()).hexdigest()[:16]
+
+
+def training_hash(config: StageConfig) -> str:
+    """Fingerprint of everything that decides the stage's steps (a checkpoint from other params is not resumed)."""
+    trained = config.model_dump(mode="json", exclude=set(EVALUATION_FIELDS))
+    return hashlib.sha256(json.dumps(trained, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class ResumableRun:
+    """The checkpoints of one run under ``root``: ``iter-N`` directories whose ``state.json`` carries the run's
+    fingerprint and starting adapter hash; others (other params) are left alone."""
+
+    def __init__(self, root: Path, fingerprint: str, init_hash: str | None, keep: int):
+        self.root, self.fingerprint, self.init_hash, self.keep = root, fingerprint, init_hash, keep
+
+    @classmethod
+    def for_stage(cls, config: StageConfig, work_dir: Path, init_lora: Path | None) -> ResumableRun:
+        init_hash = adapter_hash(init_lora) if init_lora is not None else None
+        return cls(work_dir / "checkpoints", training_hash(config), init_hash, config.keep_checkpoints)
+
+    def owns(self, checkpoint: Path) -> bool:
+        try:
+            state = json.loads((checkpoint / "state.json").read_text())
+        except (OSError, ValueError):
+            return True  # unreadable: let loading report it and set it aside
+        return bool(state.get("config_hash") == self.fingerprint and state.get("init_lora_hash") == self.init_hash)
+
+    def newest(self) -> Path | None:
+        return next((c for c in checkpoints(self.root) if self.owns(c)), None)
+
+    def peek(self) -> dict[str, Any] | None:
+        """The state of the newest checkpoint of this run, without loading weights (``None`` when there is
+        none or it is unreadable): what a tracker reads to continue the run it logged to."""
+        newest = self.newest()
+        try:
+            return None if newest is None else dict(json.loads((newest / "state.json").read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def restore(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        snapshots: dict[str, ParameterSnapshot],
+        dist: Distributed,
+    ) -> dict[str, Any] | None:
+        """Load the newest checkpoint of this run that loads whole (rank 0 chooses, setting corrupt ones aside;
+        the other ranks load what it chose); returns its state, or ``None`` to start from iteration 0."""
+        found: tuple[Path, dict[str, Any]] | None = None
+        if dist.is_main:
+            for candidate in (c for c in checkpoints(self.root) if self.owns(c)):
+                try:
+                    found = candidate, load_training_state(candidate, module=module, optimizer=optimizer,
+                                                           snapshots=snapshots)  # fmt: skip
+                    break
+                except CheckpointError as exc:
+                    moved = quarantine(candidate)
+                    warnings.warn(f"{exc}; moved to {moved.name}, resuming from an older checkpoint", stacklevel=2)
+        path = dist.broadcast_object(None if found is None else found[0])
+        if path is None:
+            return None
+        if found is not None:
+            return found[1]
+        return load_training_state(path, module=module, optimizer=optimizer, snapshots=snapshots)
+
+    def save(
+        self,
+        iteration: int,
+        state: dict[str, Any],
+        *,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        snapshots: dict[str, ParameterSnapshot],
+    ) -> Path:
+        """Write ``iter-<iteration>`` (atomically, stamped with this run's identity) and prune older ones."""
+        path = self.root / f"iter-{iteration}"
+        stamped = {**state, "iteration": iteration, "config_hash": self.fingerprint, "init_lora_hash": self.init_hash}
+        save_training_state(path, module=module, optimizer=optimizer, snapshots=snapshots, state=stamped)
+        prune_checkpoints(self.root, self.keep, same_run=self.owns)
+        return path
