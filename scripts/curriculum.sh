@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One command: set up, start the Prefect and MLflow servers (127.0.0.1), serve the deployments, run the
-# embedded curriculum through its Prefect deployment and watch it, then stop everything by process group.
+# One command: set up, start a Prefect server on 127.0.0.1:4200 (Prefect's own `prefect server start --background`,
+# home runs/services/prefect), serve the deployments, run the embedded curriculum through its Prefect deployment
+# and watch it, print its per-stage table and the before/after evaluation, then stop everything. MLflow logs straight
+# to runs/services/mlflow/mlflow.db (no server; browse with scripts/ui.sh).
 # Extra arguments go to `prefect deployment run`, e.g.  -p 'overrides={"iterations": 2}'
+# VGRPO_DEPLOYMENT picks another deployment (flows/deploy.py), PREFECT_SERVER_API_PORT another port.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -9,27 +12,46 @@ cd "$(dirname "$0")/.."
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 DO_NOT_TRACK=true MLFLOW_DISABLE_TELEMETRY=true DVC_NO_ANALYTICS=1
 DEPLOYMENT=${VGRPO_DEPLOYMENT:-embedded-curriculum}
-ROOT=${VGRPO_SERVICES:-runs/services}
-mkdir -p "$ROOT"
+# shellcheck source=scripts/services-env.sh
+. scripts/services-env.sh
 [ -f data/world/train.jsonl ] || dvc repro world_splits   # the world's prompt files (seconds)
-python -m flows.services up --root "$ROOT"
-eval "$(python -m flows.services env --root "$ROOT")"
-setsid python -m flows.deploy > "$ROOT/serve.log" 2>&1 &
-SERVE_PGID=$!
+
+# A pid file whose process is gone (a killed run) would make `prefect server start --background` refuse.
+PID_FILE=$PREFECT_HOME/server.pid
+if [ -f "$PID_FILE" ] && ! kill -0 "$(cat "$PID_FILE")" 2>/dev/null; then rm -f "$PID_FILE"; fi
+# setsid: the server gets its own process group, so a Ctrl-C reaches it only through the cleanup below,
+# after the serve process has stopped.
+setsid -w prefect server start --background || {
+    echo "If a server of an earlier run is still up: PREFECT_HOME=$PREFECT_HOME prefect server stop" >&2
+    exit 1
+}
+SERVE_PGID=
 cleanup() {
-    kill -TERM -- "-$SERVE_PGID" 2>/dev/null || true
-    python -m flows.services down --root "$ROOT"
+    if [ -n "$SERVE_PGID" ]; then stop_group "$SERVE_PGID"; fi   # serve first: its flow run reports to the server
+    stop_prefect
 }
 trap cleanup EXIT
-for _ in $(seq 1 60); do   # the serve process registers the deployments
-    prefect deployment inspect "vgrpo/$DEPLOYMENT" >/dev/null 2>&1 && break
+trap 'exit 130' INT TERM
+prefect server status --wait --timeout 180 > /dev/null
+setsid python -m flows.deploy > "$SERVICES/serve.log" 2>&1 &
+SERVE_PGID=$!
+until prefect deployment inspect "vgrpo/$DEPLOYMENT" > /dev/null 2>&1; do   # the serve process registers them
+    kill -0 "$SERVE_PGID" 2>/dev/null || { tail -n 40 "$SERVICES/serve.log"; exit 1; }
     sleep 2
 done
+STARTED=$SERVICES/.run-started
+touch "$STARTED"
 prefect deployment run "vgrpo/$DEPLOYMENT" --watch "$@"
 echo
-# The flow prints its per-stage table in the serving process's log: show the last one here.
-awk '/final evaluation of each stage/{p=1; buf=""} p&&/View run|Finished in state/{p=0} p{buf=buf $0 "\n"}
-     END{printf "%s", buf}' "$ROOT/serve.log" | sed 's/^.*Flow run .* - //'
+# The flow writes its final per-stage table to runs/curriculum/<curriculum name>/results.md.
+TABLES=0
+while IFS= read -r -d '' table; do
+    echo "$table:"
+    cat "$table"
+    echo
+    TABLES=$((TABLES + 1))
+done < <(find runs/curriculum -name results.md -newer "$STARTED" -print0 2>/dev/null)
+[ "$TABLES" -gt 0 ] || echo "(this run wrote no runs/curriculum/*/results.md)"
 if [ "$DEPLOYMENT" = embedded-curriculum ]; then
     # The headline evaluation (every test prompt, 4 images each) of the last stage's adapter, paired with the
     # base's (metrics/base_eval.json: same prompts, seeds and settings), so every gain carries its 95% CI.
@@ -40,5 +62,7 @@ if [ "$DEPLOYMENT" = embedded-curriculum ]; then
         --grid "$OUT/grid.png"
     echo "Image grid (captioned; green frame = credited by the detector or OCR): $OUT/grid.png"
 fi
-echo "MLflow runs:   mlflow ui --backend-store-uri sqlite:///$(cd "$ROOT" && pwd)/mlflow/mlflow.db --host 127.0.0.1"
 echo "Stage outputs: runs/curriculum/"
+echo "Browse the runs (./scripts/ui.sh starts both):"
+echo "  Prefect: PREFECT_HOME=$PREFECT_HOME prefect server start --host 127.0.0.1   # then http://127.0.0.1:4200"
+echo "  MLflow:  mlflow ui --backend-store-uri $MLFLOW_TRACKING_URI --host 127.0.0.1   # then http://127.0.0.1:5000"
