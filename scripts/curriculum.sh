@@ -64,5 +64,5 @@ if [ "$DEPLOYMENT" = embedded-curriculum ]; then
 fi
 echo "Stage outputs: runs/curriculum/"
 echo "Browse the runs (./scripts/ui.sh starts both):"
-echo "  Prefect: PREFECT_HOME=$PREFECT_HOME prefect server start --host 127.0.0.1   # then http://127.0.0.1:4200"
-echo "  MLflow:  mlflow ui --backend-store-uri $MLFLOW_TRACKING_URI --host 127.0.0.1   # then http://127.0.0.1:5000"
+echo "  Prefect: PREFECT_HOME=$PREFECT_HOME prefect server start --host 127.0.0.1 --port $PREFECT_SERVER_API_PORT   # http://127.0.0.1:$PREFECT_SERVER_API_PORT"
+echo "  MLflow:  mlflow ui --backend-store-uri $MLFLOW_TRACKING_URI --host 127.0.0.1   # http://127.0.0.1:5000"
