@@ -1,2 +1,2 @@
 """Prefect flows composing :mod:`tasks`: :mod:`flows.curriculum` (the ``vgrpo`` flow) and
-:mod:`flows.services` (the local Prefect and MLflow servers)."""
+:mod:`flows.services` (a throwaway local Prefect server for tests and benchmarks)."""
