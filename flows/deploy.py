@@ -6,7 +6,11 @@
 * ``flux-multireward`` -- the paper's FLUX.1-dev multi-reward run (``params/curricula/flux.yaml``; needs the FLUX
   adapter of the next issue);
 * ``ablation-sweep`` -- the embedded GenEval stage once per file of ``params/ablations/`` (the paper's ablation
-  grid), each curriculum run nested under one sweep run in MLflow.
+  grid), each cell its own flow run of this deployment, at most ``devices`` training at once
+  (``-p devices=8`` on 8 GPUs), all nested under one sweep run in MLflow.
+
+The serving process runs up to ``VGRPO_SERVE_LIMIT`` (default 4) flow runs at once: a sweep's own run waits for its
+cells, so it needs at least ``devices + 1``.
 
     python -m flows.deploy        # needs PREFECT_API_URL (python -m flows.services env)
 
@@ -16,6 +20,7 @@ every stage's params.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,7 +47,7 @@ def main() -> None:
         cast(RunnerDeployment, vgrpo.to_deployment(name=name, parameters=parameters))
         for name, parameters in DEPLOYMENTS.items()
     ]
-    serve(*deployments, limit=1)
+    serve(*deployments, limit=int(os.environ.get("VGRPO_SERVE_LIMIT", "4")))
 
 
 if __name__ == "__main__":

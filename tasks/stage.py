@@ -1,9 +1,14 @@
-"""The train-stage task: one curriculum stage (:func:`vgrpo.stage.run_stage`) with its MLflow run.
+"""A curriculum stage as Prefect tasks, and the same stage with its MLflow run for DVC.
 
-Inputs are the stage's validated params (plain JSON), the previous stage's adapter as a path plus its content
-hash, and folders. The cache key is the hash of all of that and of the library's source, so re-running a
-curriculum after a crash returns finished stages from the cache, resumes the stage in progress from its last
-checkpoint (:func:`vgrpo.stage.run_stage` does that), and any change of code or params re-runs what it affects.
+* ``prepare-prompts``: the stage's prompt rows, cached on the prompt files' bytes and the filters.
+* ``train-stage``: :func:`vgrpo.stage.run_stage` with each phase as its own task run (:mod:`tasks.phases`) and
+  its MLflow run. Cached on the training fingerprint (never the evaluation settings), the starting adapter's
+  hash and the library's source; the flow refreshes the cache when the stage's output is gone or changed
+  (:func:`output_is_intact`). A resumed stage continues the MLflow run its checkpoint names.
+* ``evaluate``: the exported adapter under the stage's evaluation settings, cached on the adapter's hash and
+  those settings: changing an evaluation setting re-evaluates and never retrains.
+
+:func:`run_tracked_stage` is the same train-then-evaluate body without Prefect, for DVC's stages.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,9 +24,19 @@ from typing import Any
 from prefect import task
 from prefect.context import TaskRunContext
 
-__all__ = ["code_version", "dir_hash", "run_tracked_stage", "train_stage"]
+__all__ = [
+    "Tracking",
+    "code_version",
+    "dir_hash",
+    "evaluate_stage",
+    "output_is_intact",
+    "prepare_prompts_task",
+    "run_tracked_stage",
+    "train_stage",
+]
 
 LIBRARY = Path(__file__).resolve().parents[1] / "vgrpo"
+MANIFEST = "export.json"  # beside the checkpoints: which training produced the stage's output, and its hash
 
 
 @lru_cache(maxsize=1)
@@ -39,29 +55,172 @@ def dir_hash(path: Path, pattern: str = "*") -> str:
     return h.hexdigest()[:16]
 
 
-def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    keyed = {k: parameters[k] for k in ("stage", "init_hash", "run_root")}
-    blob = json.dumps(keyed, sort_keys=True) + code_version()
-    return "train-stage-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-@task(name="train-stage", cache_key_fn=_cache_key, persist_result=True, retries=0)
+def _file_hash(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Where a stage's MLflow run goes: the store, the experiment, the parent run, the run's name and tags."""
+
+    uri: str
+    experiment: str
+    run_name: str
+    parent_run_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+# -- prepare prompts ---------------------------------------------------------------------------------------------
+
+
+def _prompts_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    stage, root = parameters["stage"], Path(parameters["root"])
+    files = [stage["prompts"], stage.get("eval_prompts")]
+    selection = {k: stage.get(k) for k in ("prompt_tags", "prompt_tag_weights", "rewards")}
+    selection["evaluation"] = {k: stage["evaluation"].get(k) for k in ("max_prompts", "rewards")}
+    hashes = [_file_hash(root / f) if f else None for f in files]
+    return "prompts-" + _digest(files, hashes, selection, code_version())
+
+
+@task(name="prepare-prompts", cache_key_fn=_prompts_key, persist_result=True,
+      task_run_name="{stage[name]}/prepare-prompts")  # fmt: skip
+def prepare_prompts_task(stage: dict[str, Any], root: str) -> Any:
+    """The stage's training and evaluation prompt rows (:func:`vgrpo.stage.prepare_prompts`)."""
+    from vgrpo.config import StageConfig
+    from vgrpo.stage import prepare_prompts
+
+    return prepare_prompts(StageConfig.model_validate(stage), Path(root))
+
+
+# -- train -----------------------------------------------------------------------------------------------------------
+
+
+def _train_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    from vgrpo.config import StageConfig
+    from vgrpo.resume import training_hash
+
+    fingerprint = training_hash(StageConfig.model_validate(parameters["stage"]))
+    return "train-stage-" + _digest(fingerprint, parameters["init_hash"], parameters["run_root"], code_version())
+
+
+def output_is_intact(stage: dict[str, Any], run_root: str, init_hash: str | None) -> bool:
+    """Whether the stage's output exists with the bytes the training that the cache would return wrote (its
+    manifest names the fingerprint, the starting adapter and the output's hash)."""
+    from vgrpo.config import StageConfig
+    from vgrpo.resume import training_hash
+
+    name = stage["name"]
+    manifest, out_dir = Path(run_root) / "work" / name / MANIFEST, Path(run_root) / "stages" / name
+    try:
+        recorded = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    same = recorded.get("fingerprint") == training_hash(StageConfig.model_validate(stage)) and recorded.get(
+        "init_hash") == init_hash and recorded.get("code_version") == code_version()  # fmt: skip
+    return bool(same and out_dir.is_dir() and dir_hash(out_dir) == recorded.get("hash"))
+
+
+def _train(stage: dict[str, Any], init_lora: str | None, run_root: str, root: str, tracking: Tracking | None,
+           phases: Any, prompts: Any) -> dict[str, Any]:  # fmt: skip
+    """Train one stage with its MLflow run (continued when its checkpoint names one); returns the output
+    directory, its content hash, the run id and the training history."""
+    from tasks.callbacks import StageTracker
+    from vgrpo.atomic import write_json_atomic
+    from vgrpo.config import StageConfig
+    from vgrpo.resume import ResumableRun, training_hash
+    from vgrpo.stage import call_directly, run_stage
+
+    cfg = StageConfig.model_validate(stage)
+    out_dir, work_dir = Path(run_root) / "stages" / cfg.name, Path(run_root) / "work" / cfg.name
+    init = Path(root) / init_lora if init_lora else None
+    previous = ResumableRun.for_stage(cfg, work_dir, init).peek()
+    tracker = StageTracker.open(cfg, stage, tracking, (previous or {}).get("run", {}).get("mlflow_run_id"))
+    started = time.perf_counter()
+    try:
+        result = run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=work_dir, out_dir=out_dir,
+                           init_lora=Path(init_lora) if init_lora else None, root=Path(root), callbacks=tracker,
+                           phases=phases or call_directly, final_evaluation=False, prompts=prompts,
+                           run_state={"mlflow_run_id": tracker.run_id} if tracker.run_id else None)  # fmt: skip
+    except BaseException:
+        tracker.close("FAILED")  # the stage resumes from its checkpoint, in this same run
+        raise
+    out_hash = dir_hash(out_dir)
+    init_hash = dir_hash(init) if init is not None else None
+    write_json_atomic(work_dir / MANIFEST, {"fingerprint": training_hash(cfg), "init_hash": init_hash,
+                                            "code_version": code_version(), "hash": out_hash})  # fmt: skip
+    tracker.finish_training(out_dir, out_hash, result.resumed_from, len(result.skipped),
+                            base=Path(root) / cfg.pipeline)  # fmt: skip
+    return {"name": cfg.name, "out_dir": str(out_dir), "hash": out_hash, "run_id": tracker.run_id,
+            "model_uri": tracker.model_uri, "resumed_from": result.resumed_from,
+            "wall_s": time.perf_counter() - started, "history": result.history, "skipped": len(result.skipped),
+            "evaluations": [_flat(e) for e in result.evaluations]}  # fmt: skip
+
+
+@task(name="train-stage", cache_key_fn=_train_key, persist_result=True, retries=0,
+      task_run_name="{stage[name]}/train")  # fmt: skip
 def train_stage(
     stage: dict[str, Any],
     init_lora: str | None,
     init_hash: str | None,
     run_root: str,
     root: str = ".",
-    tracking_uri: str | None = None,
-    parent_run_id: str | None = None,
-    experiment: str = "vgrpo",
+    tracking: Tracking | None = None,
+    prompts: Any = None,
 ) -> dict[str, Any]:
-    """Train one stage; returns its output directory, content hash, final evaluation and MLflow run id.
+    """Train one stage, each phase a task run; ``init_hash`` (the previous adapter's :func:`dir_hash`) is read
+    only by the cache key. No retries: a failure inside a stage is a bug or bad input (transient reward faults
+    are retried by the score phase), and the stage resumes from its checkpoint when the flow runs again."""
+    from prefect.runtime import flow_run
 
-    ``init_hash`` (the previous adapter's :func:`dir_hash`) is not read here: it is part of the cache key. No
-    retries: a failure inside a stage is a bug or bad input, and the stage resumes from its checkpoint when the
-    flow runs again."""
-    return run_tracked_stage(stage, init_lora, run_root, root, tracking_uri, parent_run_id, experiment)
+    from tasks.phases import PrefectPhases
+
+    out = _train(stage, init_lora, run_root, root, tracking, PrefectPhases(stage["name"]), prompts)
+    return {**out, "flow_run_id": str(flow_run.get_id())}
+
+
+# -- evaluate ----------------------------------------------------------------------------------------------------------
+
+
+def _flat(table: dict[str, Any]) -> dict[str, Any]:
+    from vgrpo.evaluation import flat_metrics
+
+    return {"iteration": table.get("iteration"), **flat_metrics(table)}
+
+
+def _eval_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    stage, root = parameters["stage"], Path(parameters["root"])
+    prompts = _file_hash(root / stage["eval_prompts"]) if stage.get("eval_prompts") else None
+    return "evaluate-" + _digest(stage, parameters["out_dir"], parameters["adapter_hash"], prompts, code_version())
+
+
+def _evaluate(stage: dict[str, Any], out_dir: str, root: str, grid: Path | None) -> dict[str, Any]:
+    """The final evaluation of a stage's exported weights; writes the captioned sample grid to ``grid``."""
+    from vgrpo.config import StageConfig
+    from vgrpo.evaluation import flat_metrics, grid_of, write_grid
+    from vgrpo.stage import evaluate_adapter
+
+    cfg = StageConfig.model_validate(stage)
+    evaluated = evaluate_adapter(cfg, Path(root) / cfg.pipeline, Path(out_dir), Path(root), cfg.iterations)
+    if evaluated is None:
+        return {"table": None, "final_eval": {}, "grid": None}
+    table, images = evaluated
+    if grid is not None and cfg.evaluation.grid_prompts:
+        write_grid(grid, **grid_of(table, images, cfg.evaluation.grid_prompts))
+    return {"table": table, "final_eval": flat_metrics(table), "grid": str(grid) if grid is not None else None}
+
+
+@task(name="evaluate", cache_key_fn=_eval_key, persist_result=True, task_run_name="{stage[name]}/evaluate")
+def evaluate_stage(stage: dict[str, Any], out_dir: str, adapter_hash: str, root: str = ".") -> dict[str, Any]:
+    """Evaluate the exported adapter (``adapter_hash`` is read only by the cache key); the grid goes beside it."""
+    grid = Path(out_dir).parent.parent / "eval" / f"{stage['name']}-{adapter_hash}.png"
+    return _evaluate(stage, out_dir, root, grid)
+
+
+# -- the same without Prefect (DVC) ----------------------------------------------------------------------------------
 
 
 def run_tracked_stage(
@@ -74,75 +233,19 @@ def run_tracked_stage(
     experiment: str = "vgrpo",
     tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """:func:`vgrpo.stage.run_stage` with its MLflow run (when ``tracking_uri`` is given): the body of
-    :func:`train_stage`, also called by DVC's stages (:mod:`tasks.dvc_stage`). The adapter goes to
-    ``run_root/stages/<name>``, resumable checkpoints to ``run_root/work/<name>``."""
-    from vgrpo.config import StageConfig
-    from vgrpo.evaluation import flat_metrics, grid_image, grid_of
-    from vgrpo.progress import progress_bar
-    from vgrpo.stage import run_stage
+    """Train and evaluate one stage with its MLflow run (when ``tracking_uri`` is given), phases called directly:
+    the body of DVC's stages (:mod:`tasks.dvc_stage`). The adapter goes to ``run_root/stages/<name>``, resumable
+    checkpoints to ``run_root/work/<name>``."""
+    from tasks.callbacks import log_evaluation
 
-    cfg = StageConfig.model_validate(stage)
-    out_dir = Path(run_root) / "stages" / cfg.name
-    client = run_id = None
+    name = stage["name"]
+    tracking = None
     if tracking_uri is not None:
-        from mlflow import MlflowClient
-
-        from tasks.tracking import log_image, log_json, log_metrics, log_params, start_run
-
-        client = MlflowClient(tracking_uri)
-        all_tags = {"vgrpo.stage": cfg.name, "vgrpo.code_version": code_version(), **(tags or {})}
-        run_id = start_run(client, experiment, cfg.name, parent_run_id=parent_run_id, tags=all_tags)
-        log_params(client, run_id, stage)
-
-    bar: Any = None
-
-    def log(metrics: dict[str, float], iteration: int) -> None:
-        nonlocal bar
-        if bar is None:  # created at the first iteration run, so a resumed stage starts the bar where it resumed
-            bar = progress_bar(cfg.iterations, cfg.name, initial=iteration)
-        bar.update(1)
-        bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}", refresh=False)
-        if client is not None and run_id is not None:
-            log_metrics(client, run_id, metrics, step=iteration)
-
-    def on_eval(table: dict[str, Any], images: Any, iteration: int) -> None:
-        if client is not None and run_id is not None:
-            log_metrics(client, run_id, flat_metrics(table), step=iteration)
-            log_json(client, run_id, table, f"eval/iter-{iteration:05d}.json")
-            log_image(client, run_id, grid_image(**grid_of(table, images, 8)), f"eval/iter-{iteration:05d}.png")
-
-    def on_skip(event: dict[str, Any]) -> None:  # an iteration skipped for a NaN/Inf: what, where, how many
-        if client is not None and run_id is not None:
-            log_json(client, run_id, event, f"guard/iter-{event['iteration']:05d}.json")
-            client.set_tag(run_id, "vgrpo.guard.last_skip", f"iteration {event['iteration']}: {event['quantity']}")
-
-    started = time.perf_counter()
-    try:
-        result = run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=Path(run_root) / "work" / cfg.name,
-                           out_dir=out_dir, init_lora=Path(init_lora) if init_lora else None, root=Path(root),
-                           log=log, on_eval=on_eval, on_skip=on_skip)  # fmt: skip
-    except BaseException:
-        if bar is not None:
-            bar.close()
-        if client is not None and run_id is not None:
-            from tasks.tracking import end_run
-
-            end_run(client, run_id, "FAILED")  # the stage resumes from its checkpoint, in a new run
-        raise
-    if bar is not None:
-        bar.close()
-    final = flat_metrics(result.evaluations[-1]) if result.evaluations else {}
-    out_hash = dir_hash(out_dir)
-    if client is not None and run_id is not None:
-        from tasks.tracking import end_run
-
-        client.set_tag(run_id, "vgrpo.output", str(out_dir.resolve()))  # the adapter, by reference and hash
-        client.set_tag(run_id, "vgrpo.output_hash", out_hash)
-        client.set_tag(run_id, "vgrpo.resumed_from", str(result.resumed_from))
-        client.set_tag(run_id, "vgrpo.skipped_iterations", str(len(result.skipped)))
-        end_run(client, run_id)
-    return {"name": cfg.name, "out_dir": str(out_dir), "hash": out_hash, "final_eval": final, "run_id": run_id,
-            "resumed_from": result.resumed_from, "wall_s": time.perf_counter() - started,
-            "history": result.history,
-            "evaluations": [{"iteration": e["iteration"], **flat_metrics(e)} for e in result.evaluations]}  # fmt: skip
+        tracking = Tracking(tracking_uri, experiment, name, parent_run_id, dict(tags or {}))
+    trained = _train(stage, init_lora, run_root, root, tracking, None, None)
+    evaluated = _evaluate(stage, trained["out_dir"], root, Path(run_root) / "eval" / f"{name}-{trained['hash']}.png")
+    if tracking is not None and evaluated["table"] is not None:
+        log_evaluation(tracking.uri, trained["run_id"], evaluated, int(stage["iterations"]))
+    final = evaluated["final_eval"]
+    evaluations = trained["evaluations"] + ([{"iteration": stage["iterations"], **final}] if final else [])
+    return {**trained, "final_eval": final, "evaluations": evaluations}

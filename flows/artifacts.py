@@ -1,0 +1,109 @@
+"""What a curriculum run shows in the Prefect UI and leaves on disk: per stage, a table artifact of its final
+evaluation, the captioned sample grid and a link to its MLflow run; per curriculum, a table artifact of every
+stage's headline numbers, also written to ``<run dir>/results.md`` and ``results.json``."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+from vgrpo.atomic import write_text_atomic
+
+__all__ = ["artifact_key", "mlflow_run_link", "publish_stage", "publish_summary", "summary_columns", "summary_table"]
+
+MLFLOW_UI = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` listens by default; set ``VGRPO_MLFLOW_UI`` when it runs elsewhere."""
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes) from ``parts``."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(p for p in parts if p).lower())).strip("-")
+
+
+def mlflow_run_link(tracking_uri: str, run_id: str) -> str:
+    """The MLflow UI's page of a run (``VGRPO_MLFLOW_UI``, default :data:`MLFLOW_UI`)."""
+    from mlflow import MlflowClient
+
+    experiment = MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
+    return f"{os.environ.get('VGRPO_MLFLOW_UI', MLFLOW_UI)}/#/experiments/{experiment}/runs/{run_id}"
+
+
+def _cell(metrics: dict[str, float], column: str) -> str:
+    """``value [low, high]`` of a flat evaluation metric with its bootstrap interval, ``-`` when absent."""
+    if column not in metrics:
+        return "-"
+    low, high = metrics.get(f"{column}_ci_low"), metrics.get(f"{column}_ci_high")
+    interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+    return f"{metrics[column]:.3f}{interval}"
+
+
+def summary_columns(stages: list[Any]) -> list[str]:
+    """The headline columns of a curriculum's evaluations: GenEval strict and partial, each other reward's mean."""
+    columns: list[str] = []
+    for cfg in stages:
+        for reward in cfg.evaluation.rewards:
+            key = reward.key or reward.name
+            names = [f"eval/{key}_geneval_strict", f"eval/{key}_geneval_partial"] if reward.name == "geneval" else [
+                f"eval/{key}"]  # fmt: skip
+            columns += [n for n in names if n not in columns]
+    return columns
+
+
+def summary_table(stages: list[Any], results: list[dict[str, Any]]) -> str:
+    """Each stage's final evaluation as a plain-text table, each number with its 95% bootstrap interval over
+    prompts."""
+    columns = summary_columns(stages)
+    header = ["stage", *(c.removeprefix("eval/") + " [95% CI]" for c in columns)]
+    rows = [[r["name"], *(_cell(r["final_eval"], c) for c in columns)] for r in results]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows])
+
+
+def _rows(final_eval: dict[str, float]) -> list[dict[str, Any]]:
+    names = sorted(k for k in final_eval if not k.endswith(("_ci_low", "_ci_high")))
+    return [{"metric": k.removeprefix("eval/"), "value": round(final_eval[k], 4),
+             "ci_low": round(final_eval[f"{k}_ci_low"], 4) if f"{k}_ci_low" in final_eval else None,
+             "ci_high": round(final_eval[f"{k}_ci_high"], 4) if f"{k}_ci_high" in final_eval else None}
+            for k in names]  # fmt: skip
+
+
+def publish_stage(cfg: Any, result: dict[str, Any], evaluated: dict[str, Any], tracking_uri: str | None,
+                  variant: str) -> None:  # fmt: skip
+    """The stage's evaluation table, its sample grid (embedded PNG) and a link to its MLflow run."""
+    key = artifact_key(variant, cfg.name)
+    if evaluated["final_eval"]:
+        create_table_artifact(table=_rows(evaluated["final_eval"]), key=f"{key}-evaluation",
+                              description=f"{cfg.name}: final evaluation (95% bootstrap CI over prompts), "
+                              f"adapter {result['hash']}")  # fmt: skip
+    grid = evaluated.get("grid")
+    if grid and Path(grid).is_file():
+        data = base64.b64encode(Path(grid).read_bytes()).decode()
+        create_markdown_artifact(markdown=f"### {cfg.name}: evaluation samples\n\n![grid](data:image/png;base64,{data})"
+                                 "\n\nGreen frame: credited by the detector or OCR.", key=f"{key}-samples")  # fmt: skip
+    if tracking_uri and result.get("record_run_id"):
+        create_link_artifact(link=mlflow_run_link(tracking_uri, result["record_run_id"]), key=f"{key}-mlflow",
+                             link_text=f"MLflow run of {cfg.name}")  # fmt: skip
+
+
+def publish_summary(name: str, variant: str, stages: list[Any], results: list[dict[str, Any]], run_dir: Path,
+                    table: str) -> None:  # fmt: skip
+    """Every stage's headline numbers: a table artifact, ``results.md`` (the plain-text table) and
+    ``results.json`` beside the stage outputs."""
+    columns = summary_columns(stages)
+    rows = [{"stage": r["name"], "iterations": len(r["history"]), "adapter": r["hash"],
+             **{c.removeprefix("eval/"): round(r["final_eval"][c], 4) for c in columns if c in r["final_eval"]}}
+            for r in results]  # fmt: skip
+    create_table_artifact(
+        table=rows,
+        key=artifact_key(name, variant, "stages"),
+        description=f"{name}{f' ({variant})' if variant else ''}: final evaluation of each stage",
+    )
+    summary = [{k: v for k, v in r.items() if k != "history"} for r in results]
+    write_text_atomic(run_dir / "results.md", table + "\n")
+    write_text_atomic(run_dir / "results.json", json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")

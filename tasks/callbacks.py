@@ -1,0 +1,179 @@
+"""A stage's MLflow run as :class:`vgrpo.stage.StageCallbacks`: per-iteration metrics, evaluations (numbers,
+table, captioned grid), skipped iterations, system metrics, and the trained adapter as a registered model.
+
+A resumed stage continues the run its checkpoint names (``run_state``), so one stage has one run and one curve.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vgrpo.stage import StageCallbacks
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from tasks.stage import Tracking
+    from vgrpo.config import StageConfig
+
+__all__ = ["SYSTEM_METRICS_INTERVAL_S", "StageTracker", "log_adapter_model", "log_evaluation"]
+
+SYSTEM_METRICS_INTERVAL_S = float(os.environ.get("VGRPO_SYSTEM_METRICS_INTERVAL_S", "10"))
+"""Seconds between system-metric samples (CPU, memory, disk, GPU) logged to a stage's run."""
+
+
+class StageTracker(StageCallbacks):
+    """Progress bar and, with a run, MLflow logging of one stage (rank 0)."""
+
+    def __init__(self, name: str, iterations: int, client: MlflowClient | None = None, run_id: str | None = None,
+                 registered_name: str | None = None) -> None:  # fmt: skip
+        self.name, self.iterations = name, iterations
+        self.client, self.run_id, self.registered_name = client, run_id, registered_name
+        self.model_uri: str | None = None
+        self._bar: Any = None
+        self._monitor: Any = None
+
+    @classmethod
+    def open(
+        cls, cfg: StageConfig, params: dict[str, Any], tracking: Tracking | None, previous_run_id: str | None
+    ) -> StageTracker:
+        """A tracker for ``cfg``: no run without ``tracking``; the run ``previous_run_id`` when it still exists
+        (a resumed stage), moved under this flow's parent; else a new run with the stage's params."""
+        if tracking is None:
+            return cls(cfg.name, cfg.iterations)
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        from tasks.tracking import log_params, start_run
+
+        client = MlflowClient(tracking.uri)
+        run_id = None
+        if previous_run_id is not None:
+            try:
+                if client.get_run(previous_run_id).info.lifecycle_stage == "active":
+                    run_id = previous_run_id
+            except MlflowException:
+                run_id = None  # deleted, or another store: start a new run
+        if run_id is not None:
+            client.update_run(run_id, status="RUNNING")
+            client.set_tag(run_id, "vgrpo.continued", "true")
+            if tracking.parent_run_id is not None:
+                client.set_tag(run_id, "mlflow.parentRunId", tracking.parent_run_id)
+        else:
+            tags = {"vgrpo.stage": cfg.name, **tracking.tags}
+            run_id = start_run(client, tracking.experiment, tracking.run_name, tracking.parent_run_id, tags=tags)
+            log_params(client, run_id, params)
+        tracker = cls(cfg.name, cfg.iterations, client, run_id, registered_name=tracking.experiment)
+        tracker._start_system_metrics(tracking.uri, resumed=previous_run_id == run_id)
+        return tracker
+
+    def _start_system_metrics(self, uri: str, resumed: bool) -> None:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+                                             resume_logging=resumed, tracking_uri=uri)  # fmt: skip
+        self._monitor.start()
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        from tasks.tracking import log_metrics
+        from vgrpo.progress import progress_bar
+
+        if self._bar is None:  # created at the first iteration run, so a resumed stage starts where it resumed
+            self._bar = progress_bar(self.iterations, self.name, initial=iteration)
+        self._bar.update(1)
+        self._bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}", refresh=False)
+        if self.client is not None and self.run_id is not None:
+            log_metrics(self.client, self.run_id, metrics, step=iteration)
+
+    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
+        from vgrpo.evaluation import flat_metrics, grid_image, grid_of
+
+        if self.client is not None and self.run_id is not None:
+            _log_table(self.client, self.run_id, table, flat_metrics(table), iteration)
+            from tasks.tracking import log_image
+
+            log_image(self.client, self.run_id, grid_image(**grid_of(table, images, 8)),
+                      f"eval/iter-{iteration:05d}.png")  # fmt: skip
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        if self.client is not None and self.run_id is not None:
+            from tasks.tracking import log_json
+
+            log_json(self.client, self.run_id, event, f"guard/iter-{event['iteration']:05d}.json")
+            self.client.set_tag(self.run_id, "vgrpo.guard.last_skip",
+                                f"iteration {event['iteration']}: {event['quantity']}")  # fmt: skip
+
+    def on_checkpoint(self, path: Path, iteration: int) -> None:
+        if self.client is not None and self.run_id is not None:
+            self.client.set_tag(self.run_id, "vgrpo.checkpoint", str(path.resolve()))
+
+    def finish_training(self, out_dir: Path, out_hash: str, resumed_from: int, skipped: int, base: Path) -> None:
+        """Tag the output, log the adapter as a model (registered under the curriculum's name) and end the run."""
+        if self.client is not None and self.run_id is not None:
+            for key, value in {"vgrpo.output": str(out_dir.resolve()), "vgrpo.output_hash": out_hash,
+                               "vgrpo.resumed_from": str(resumed_from),
+                               "vgrpo.skipped_iterations": str(skipped)}.items():  # fmt: skip
+                self.client.set_tag(self.run_id, key, value)
+            self.model_uri = log_adapter_model(self.client, self.run_id, out_dir, base, self.registered_name)
+        self.close("FINISHED")
+
+    def close(self, status: str) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._monitor is not None:
+            self._monitor.finish()
+            self._monitor = None
+        if self.client is not None and self.run_id is not None:
+            from tasks.tracking import end_run
+
+            end_run(self.client, self.run_id, status)
+
+
+def _log_table(client: MlflowClient, run_id: str, table: dict[str, Any], flat: dict[str, float], step: int) -> None:
+    from tasks.tracking import log_json, log_metrics
+
+    log_metrics(client, run_id, flat, step=step)
+    log_json(client, run_id, table, f"eval/iter-{step:05d}.json")
+
+
+def log_evaluation(uri: str, run_id: str, evaluated: dict[str, Any], iteration: int) -> None:
+    """Log a final evaluation (:func:`tasks.stage.evaluate_stage`'s output) to a stage's run: its numbers at
+    step ``iteration``, its table and its captioned grid."""
+    from mlflow import MlflowClient
+
+    from tasks.tracking import log_image
+
+    client = MlflowClient(uri)
+    _log_table(client, run_id, evaluated["table"], evaluated["final_eval"], iteration)
+    if evaluated.get("grid") and Path(evaluated["grid"]).is_file():
+        log_image(client, run_id, Path(evaluated["grid"]), f"eval/iter-{iteration:05d}.png")
+
+
+def log_adapter_model(
+    client: MlflowClient, run_id: str, out_dir: Path, base: Path, registered_name: str | None
+) -> str | None:
+    """Log a stage's export as an MLflow model: a LoRA directory with MLflow's diffusers flavour
+    (``mlflow.diffusers.load_model(uri).load_pipeline()`` rebuilds the pipeline from the local ``base``),
+    registered as ``registered_name``; a whole pipeline (full fine-tune) as artifacts under ``pipeline/``.
+    Returns the model's URI."""
+    import mlflow
+    import mlflow.diffusers
+
+    from vgrpo.checkpoint import LORA_FILE
+
+    if not (out_dir / LORA_FILE).is_file():
+        client.log_artifacts(run_id, str(out_dir), "pipeline")
+        return f"runs:/{run_id}/pipeline"
+    mlflow.set_tracking_uri(client.tracking_uri)
+    requirements = [f"{p}=={version(p)}" for p in ("torch", "diffusers", "peft", "transformers")]
+    with mlflow.start_run(run_id=run_id):  # the flavour logs to the active run; the caller ends it
+        info = mlflow.diffusers.log_model(adapter_path=str(out_dir), base_model=str(base.resolve()), name="adapter",
+                                          registered_model_name=registered_name, pip_requirements=requirements,
+                                          await_registration_for=0)  # fmt: skip
+    return str(info.model_uri)

@@ -1,0 +1,82 @@
+"""Each phase of a stage as a Prefect task run: ``s2-geneval/rollout-0042``, ``s2-geneval/score-0042``, ...
+
+:func:`vgrpo.stage.run_stage` calls its phases through a :class:`vgrpo.stage.PhaseRunner`; this one runs each
+as a task of the current flow (nested under the stage's task), so the UI shows every step of every iteration.
+Tensors pass in memory between these tasks: nothing is cached or persisted (``NO_CACHE``, no result storage),
+and the arguments go to the task wrapped in one opaque object, so Prefect neither hashes nor walks them.
+
+Only the score phase retries, and only on :class:`vgrpo.rewards.base.TransientRewardError` (a reward server
+that was unreachable or overloaded): a NaN score, bad input or a bug fails at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from prefect import Task, task
+from prefect.cache_policies import NO_CACHE
+
+__all__ = ["PrefectPhases", "is_transient"]
+
+T = TypeVar("T")
+
+RETRIES = {"score": 2}
+RETRY_DELAY_S = 10.0
+
+
+class _Call:
+    """A phase's function and arguments, opaque to Prefect (it would otherwise walk and hash the live objects)."""
+
+    __slots__ = ("args", "fn")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
+        self.fn, self.args = fn, args
+
+    def __repr__(self) -> str:
+        return f"<{getattr(self.fn, '__name__', 'phase')}>"
+
+
+def _run(run_name: str, call: _Call) -> Any:
+    return call.fn(*call.args)
+
+
+def is_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry condition: the failure is a :class:`TransientRewardError` (nothing else is worth a retry)."""
+    from vgrpo.rewards.base import TransientRewardError
+
+    try:
+        state.result()
+    except TransientRewardError:
+        return True
+    except BaseException:
+        return False
+    return False
+
+
+def _name(parameters: dict[str, Any]) -> str:
+    return str(parameters["run_name"])
+
+
+class PrefectPhases:
+    """A :class:`vgrpo.stage.PhaseRunner` that runs phase ``p`` of iteration ``i`` of stage ``s`` as the task run
+    ``s/p-iiii`` (``s/p`` for once-per-stage phases)."""
+
+    def __init__(self, stage: str):
+        self.stage = stage
+        self._tasks: dict[str, Task[..., Any]] = {}
+
+    def _task(self, phase: str) -> Task[..., Any]:
+        if phase not in self._tasks:
+            retries = RETRIES.get(phase, 0)
+            self._tasks[phase] = task(
+                _run, name=phase, task_run_name=_name, cache_policy=NO_CACHE, persist_result=False,
+                retries=retries, retry_delay_seconds=RETRY_DELAY_S,
+                retry_condition_fn=is_transient if retries else None,
+            )  # fmt: skip
+        return self._tasks[phase]
+
+    def __call__(self, phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T:
+        name = f"{self.stage}/{phase}" if iteration is None else f"{self.stage}/{phase}-{iteration:04d}"
+        result: T = self._task(phase)(name, _Call(fn, args))
+        return result
