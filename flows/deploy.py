@@ -12,7 +12,7 @@
 The serving process runs up to ``VGRPO_SERVE_LIMIT`` (default 4) flow runs at once: a sweep's own run waits for its
 cells, so it needs at least ``devices + 1``.
 
-    python -m flows.deploy        # needs PREFECT_API_URL (python -m flows.services env)
+    python -m flows.deploy        # needs PREFECT_API_URL (scripts/services-env.sh sets it)
 
 Parameters given with ``prefect deployment run ... -p overrides='{"rollout": {"group_size": 4}}'`` override
 every stage's params.

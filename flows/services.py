@@ -24,7 +24,7 @@ from typing import Any
 __all__ = ["LocalServices", "ServiceError", "local_services", "process_group_members", "service_env", "stop_group"]
 
 HOST = "127.0.0.1"
-START_TIMEOUT_S = 120.0  # cold starts measured 10-20 s on a shared 2-core machine
+START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 # Telemetry off: MLflow accepts only "true" for these two.
 _QUIET_ENV = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}

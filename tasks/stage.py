@@ -91,7 +91,7 @@ def _prompts_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def prepare_prompts_task(stage: dict[str, Any], root: str) -> Any:
     """The stage's training and evaluation prompt rows (:func:`vgrpo.stage.prepare_prompts`)."""
     from vgrpo.config import StageConfig
-    from vgrpo.stage import prepare_prompts
+    from vgrpo.phases import prepare_prompts
 
     return prepare_prompts(StageConfig.model_validate(stage), Path(root))
 
@@ -201,7 +201,7 @@ def _evaluate(stage: dict[str, Any], out_dir: str, root: str, grid: Path | None)
     """The final evaluation of a stage's exported weights; writes the captioned sample grid to ``grid``."""
     from vgrpo.config import StageConfig
     from vgrpo.evaluation import flat_metrics, grid_of, write_grid
-    from vgrpo.stage import evaluate_adapter
+    from vgrpo.phases import evaluate_adapter
 
     cfg = StageConfig.model_validate(stage)
     evaluated = evaluate_adapter(cfg, Path(root) / cfg.pipeline, Path(out_dir), Path(root), cfg.iterations)

@@ -4,8 +4,8 @@ MLflow's active run is thread-local, so tasks submitted to Prefect's thread pool
 takes a ``client`` and a ``run_id`` and never calls ``mlflow.start_run`` / ``mlflow.log_*``.
 
 Layout of a tracking root (``root``): the store is ``root/mlflow.db`` (:func:`tracking_uri`) and artifacts go
-under ``root/artifacts`` (:func:`artifact_root`), the same layout that ``flows.services.start_mlflow_server(root,
-root / "artifacts")`` serves.
+under ``root/artifacts`` (:func:`artifact_root`); ``mlflow ui --backend-store-uri`` browses it
+(``scripts/ui.sh``).
 """
 
 from __future__ import annotations

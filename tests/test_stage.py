@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from vgrpo.config import StageConfig
-from vgrpo.stage import iteration_generator, run_stage, sample_prompt_rows
+from vgrpo.phases import iteration_generator, sample_prompt_rows
+from vgrpo.stage import run_stage
 
 from .tiny_world import WORLD_PICK, write_tiny_world
 

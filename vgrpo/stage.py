@@ -1,12 +1,11 @@
-"""One curriculum stage as a short loop over named phases, each a function with plain inputs and outputs:
+"""One curriculum stage as a short loop over named phases (:mod:`vgrpo.phases`):
 
     prepare_prompts -> setup_policy -> (resume) -> per iteration: rollout -> score -> update [-> evaluate]
     [-> checkpoint] -> export -> evaluate
 
-Each iteration draws its prompts and its randomness (initial noise, SDE noise, pairs, minibatches) from
-``(seed, iteration)`` alone, so a stage resumed from a checkpoint takes exactly the steps an uninterrupted
+A stage resumed from a checkpoint (:class:`vgrpo.resume.ResumableRun`) takes exactly the steps an uninterrupted
 run takes. The orchestration plugs in twice, and this module imports none of it: a :class:`StageCallbacks`
-receives what happened (metrics, evaluations, skips, checkpoints), and a :data:`PhaseRunner` decides how each
+receives what happened (metrics, evaluations, skips, checkpoints), and a :class:`PhaseRunner` decides how each
 phase runs (called directly by default; the Prefect layer runs each as a named task).
 
 Sharded over processes (``dist``, :mod:`vgrpo.distributed`), every rank trains on its block of each
@@ -17,54 +16,31 @@ from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every no
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
-import torch
-from torch import nn
 
-from vgrpo.algorithms import Algorithm, build_algorithm
-from vgrpo.atomic import atomic_dir
-from vgrpo.checkpoint import load_lora_into, save_lora
-from vgrpo.config import EvaluationConfig, StageConfig
+from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed, samples_per_process
 from vgrpo.guards import NonFiniteError, TrainingDiverged
-from vgrpo.models import add_lora
-from vgrpo.models.precision import apply_precision
+from vgrpo.phases import (
+    StagePolicy,
+    StagePrompts,
+    build_evaluator,
+    export,
+    prepare_prompts,
+    rollout,
+    score,
+    setup_policy,
+    update,
+)
 from vgrpo.policy import trainable_parameters
-from vgrpo.prompts import check_geneval_metadata, load_prompts
-from vgrpo.resume import ResumableRun, adapter_hash, training_hash
-from vgrpo.rewards.base import Metadata, NonFiniteRewardError
-from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
-from vgrpo.train_step import RolloutBatch, build_optimizer, gather_rewards, rollout_batch, update_policy
+from vgrpo.resume import ResumableRun
 
-__all__ = [
-    "Evaluator",
-    "PhaseRunner",
-    "Scores",
-    "StageCallbacks",
-    "StagePolicy",
-    "StagePrompts",
-    "StageResult",
-    "StageRollout",
-    "adapter_hash",
-    "build_evaluator",
-    "evaluate_adapter",
-    "export",
-    "iteration_generator",
-    "prepare_prompts",
-    "rollout",
-    "run_stage",
-    "sample_prompt_rows",
-    "score",
-    "setup_policy",
-    "training_hash",
-    "update",
-]
+__all__ = ["PhaseRunner", "StageCallbacks", "StageResult", "call_directly", "run_stage"]
 
 T = TypeVar("T")
 
@@ -128,275 +104,6 @@ class StageResult:
     resumed_from: int = 0
     skipped: list[dict[str, Any]] = field(default_factory=list)
     """One event per iteration skipped for a non-finite quantity (:mod:`vgrpo.guards`)."""
-
-
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def iteration_generator(seed: int, iteration: int) -> torch.Generator:
-    """The torch generator of one iteration: a function of ``(seed, iteration)`` only."""
-    return torch.Generator().manual_seed(_seed(seed, iteration, 1))
-
-
-def sample_prompt_rows(
-    rows: Sequence[Metadata],
-    count: int,
-    seed: int,
-    iteration: int,
-    tag_weights: Mapping[str, float] | None = None,
-) -> list[Metadata]:
-    """``count`` prompt rows for one iteration, without replacement when there are enough. With ``tag_weights``
-    each row's probability is its tag's weight shared among the tag's rows (every row's tag needs a weight)."""
-    rng = np.random.default_rng(_seed(seed, iteration, 0))
-    p = None
-    if tag_weights is not None:
-        tags = [str(r.get("tag")) for r in rows]
-        per_tag = Counter(tags)
-        p = np.array([tag_weights[t] / per_tag[t] for t in tags])
-        p = p / p.sum()
-    idx = rng.choice(len(rows), size=count, replace=len(rows) < count, p=p)
-    return [rows[int(i)] for i in idx]
-
-
-# -- phase: prepare prompts --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StagePrompts:
-    """The stage's prompt rows, validated and filtered: ``train`` to draw from, ``evaluation`` (or ``None``)."""
-
-    train: list[dict[str, Any]]
-    evaluation: list[dict[str, Any]] | None
-
-
-def _uses_geneval(rewards: Sequence[Any]) -> bool:
-    return any(r.name in ("geneval", "geneval_server") for r in rewards)
-
-
-def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
-    """Read the training and evaluation prompt files (relative to ``root``), check GenEval clauses where a
-    GenEval reward reads them, and apply ``prompt_tags`` / ``prompt_tag_weights`` / ``evaluation.max_prompts``."""
-    rows = load_prompts(root / config.prompts)
-    if _uses_geneval(config.rewards):
-        check_geneval_metadata(rows, root / config.prompts)
-    if config.prompt_tags is not None:
-        rows = [r for r in rows if r.get("tag") in config.prompt_tags]
-        if not rows:
-            raise ValueError(f"{config.prompts}: no prompt has a tag in prompt_tags={list(config.prompt_tags)}")
-    if config.prompt_tag_weights is not None:
-        unweighted = sorted({str(r.get("tag")) for r in rows} - set(config.prompt_tag_weights))
-        if unweighted:
-            raise ValueError(
-                f"{config.prompts}: prompt_tag_weights has no weight for the tags {unweighted} "
-                "(give them one, or leave them out with prompt_tags)"
-            )
-    eval_rows = load_prompts(root / config.eval_prompts) if config.eval_prompts else None
-    if eval_rows and _uses_geneval(config.evaluation.rewards):
-        check_geneval_metadata(eval_rows, root / str(config.eval_prompts))
-    eval_rows = eval_rows[: config.evaluation.max_prompts] if eval_rows else None
-    return StagePrompts(train=[dict(r) for r in rows], evaluation=[dict(r) for r in eval_rows] if eval_rows else None)
-
-
-# -- phase: set up the policy ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StagePolicy:
-    """The live objects of a stage: the pipeline's adapter and velocity model (with its LoRA), the optimizer, the
-    algorithm, the training rewards and the resolved sampling shift (a number: FLUX's dynamic shift depends on
-    the adapter's token count, and the algorithm and the evaluation must build the same sigmas)."""
-
-    pipe: Any
-    adapter: Any
-    policy: nn.Module
-    optimizer: torch.optim.Optimizer
-    algorithm: Algorithm
-    rewards: MultiReward
-    shift: float | None
-    dist: Distributed
-
-    @property
-    def transformer(self) -> nn.Module:
-        return self.pipe.transformer
-
-
-def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
-    from vgrpo.models.pipeline import build_adapter, load_pipeline
-
-    pipe = load_pipeline(pipeline_dir).to(dist.device)
-    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
-    transformer = pipe.transformer
-    if config.lora is None:
-        transformer.requires_grad_(True)
-    else:
-        with torch.random.fork_rng():  # LoRA A is drawn from the global RNG: seed it, or runs differ
-            torch.manual_seed(_seed(config.seed, 2))
-            add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha,
-                     target_modules=config.lora.target_modules, dropout=config.lora.dropout)  # fmt: skip
-        if init_lora is not None:
-            load_lora_into(transformer, init_lora)
-    policy = apply_precision(policy, transformer, autocast=config.precision.autocast,
-                             gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
-    return pipe, adapter, policy
-
-
-def setup_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> StagePolicy:
-    """Load the pipeline on ``dist``'s device, add the LoRA (seeded; from ``init_lora`` when given), and build the
-    optimizer, the algorithm (on the resolved sigma grid) and the training rewards."""
-    pipe, adapter, policy = _load_policy(config, pipeline_dir, init_lora, dist)
-    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
-    rollout_config = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
-    algorithm = build_algorithm(config.model_copy(update={"rollout": rollout_config}), policy=policy,
-                                latent_shape=adapter.latent_shape, dist=dist)  # fmt: skip
-    rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
-    return StagePolicy(pipe=pipe, adapter=adapter, policy=policy, optimizer=build_optimizer(policy, config.optim),
-                       algorithm=algorithm, rewards=rewards, shift=shift, dist=dist)  # fmt: skip
-
-
-# -- phases of an iteration: rollout -> score -> update ----------------------------------------------------------------
-
-
-@dataclass
-class StageRollout:
-    """The rollout phase's output: the samples (in memory) and this rank's prompt rows, one per sample."""
-
-    batch: RolloutBatch
-    sample_rows: list[Metadata]
-
-
-def rollout(stage: StagePolicy, config: StageConfig, rows: Sequence[Metadata], iteration: int) -> StageRollout:
-    """Draw the iteration's prompts from ``(seed, iteration)``, encode them and sample ``group_size`` images each
-    under the behaviour policy."""
-    drawn = sample_prompt_rows(rows, config.rollout.prompts_per_iteration, config.seed, iteration,
-                               config.prompt_tag_weights)  # fmt: skip
-    prompts = [str(r["prompt"]) for r in drawn]
-    shard = stage.dist.shard(len(prompts))
-    batch = rollout_batch(policy=stage.policy, algorithm=stage.algorithm, prompts=prompts,
-                          cond=stage.adapter.encode_prompts(prompts), minibatches=config.optim.minibatches,
-                          latent_shape=stage.adapter.latent_shape,
-                          generator=iteration_generator(config.seed, iteration), iteration=iteration)  # fmt: skip
-    return StageRollout(batch=batch, sample_rows=[r for r in drawn[shard] for _ in range(config.rollout.group_size)])
-
-
-@dataclass
-class Scores:
-    """The score phase's output: the global batch's rewards ``{key: (N,)}`` and their metrics."""
-
-    rewards: dict[str, torch.Tensor]
-    metrics: dict[str, float]
-    seconds: float
-
-
-def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
-    """Decode this rank's samples and score them with every training reward; gather the scores of all ranks.
-
-    A reward that returns NaN or Inf on any rank stops the phase on every rank with
-    :class:`vgrpo.guards.NonFiniteError` naming the reward (a flag reduced over ranks, so all ranks skip)."""
-    from vgrpo.images import tensor_to_images
-
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        images = tensor_to_images(stage.adapter.decode(rolled.batch.rollout.samples))
-    rewards, out, failure = stage.rewards, None, None
-    try:
-        out = rewards(images, rolled.batch.sample_prompts, rolled.sample_rows if rewards.needs_metadata else None)
-    except NonFiniteRewardError as exc:
-        failure = exc
-    if stage.dist.any(failure is not None):
-        quantity = failure.quantity if failure is not None else "reward (on another rank)"
-        details = failure.details if failure is not None else {}
-        raise NonFiniteError(quantity, {**details, "rank": stage.dist.rank,
-                                        "reward_errors": [str(failure)] if failure is not None else []})  # fmt: skip
-    assert out is not None
-    gathered = gather_rewards(rolled.batch, out.score_tensors(), stage.dist)
-    # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
-    local_times = {k: v for k, v in out.metrics().items() if k.startswith("time/")}
-    metrics = MultiRewardOutput.concatenate(stage.dist.gather_object(out)).metrics() | local_times
-    return Scores(rewards=gathered, metrics=metrics, seconds=time.perf_counter() - t0)
-
-
-def update(stage: StagePolicy, config: StageConfig, rolled: StageRollout, scores: Scores) -> dict[str, float]:
-    """Advantages from the scores (weighted by the rewards' weights), then the algorithm's gradient steps;
-    returns the iteration's metrics."""
-    record = update_policy(policy=stage.policy, algorithm=stage.algorithm, optimizer=stage.optimizer,
-                           batch=rolled.batch, rewards=scores.rewards, advantage=config.advantage, optim=config.optim,
-                           reward_weights=stage.rewards.weights, reward_seconds=scores.seconds)  # fmt: skip
-    return {**record.metrics, **scores.metrics}
-
-
-# -- phase: evaluate ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Evaluator:
-    """The evaluation routine of a stage (:func:`vgrpo.evaluation.evaluate`): fixed prompts, seeds and rewards,
-    the stage's sampling shift, and the base model for hybrid sampling (FLUX, ``p_mix``) when configured."""
-
-    rows: list[dict[str, Any]]
-    rewards: MultiReward
-    config: EvaluationConfig
-    shift: float | None
-    base: nn.Module | None = None
-
-    def __call__(self, adapter: Any, policy: nn.Module, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
-        from vgrpo.evaluation import evaluate
-
-        ev = self.config
-        table, images = evaluate(
-            adapter=adapter, policy=policy, metadata=self.rows, rewards=self.rewards, group_size=ev.group_size,
-            num_steps=ev.num_steps, seed=ev.seed, shift=self.shift, guidance_scale=ev.guidance_scale,
-            base=self.base, p_mix=ev.p_mix, micro_batch=ev.micro_batch,
-        )  # fmt: skip
-        table["iteration"] = iteration
-        return table, images
-
-
-def build_evaluator(
-    config: StageConfig, rows: list[dict[str, Any]] | None, root: Path, shift: float | None, dist: Distributed
-) -> Evaluator | None:
-    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0)."""
-    if not rows or not dist.is_main:
-        return None
-    base = None
-    if config.evaluation.base_pipeline is not None:
-        from vgrpo.models.pipeline import build_adapter, load_pipeline
-
-        base_pipe = load_pipeline(root / config.evaluation.base_pipeline).to(dist.device)
-        base = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
-    rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards])
-    return Evaluator(rows=rows, rewards=rewards, config=config.evaluation, shift=shift, base=base)
-
-
-def evaluate_adapter(
-    config: StageConfig, pipeline_dir: Path, adapter_dir: Path | None, root: Path, iteration: int
-) -> tuple[dict[str, Any], np.ndarray] | None:
-    """The evaluation of exported weights (``adapter_dir``: a LoRA on ``pipeline_dir``; ``None``: the pipeline
-    itself) under the stage's evaluation settings; ``None`` without evaluation prompts. The same numbers as
-    evaluating the trained policy in memory, so an evaluation can be redone (or cached) without training."""
-    prompts = prepare_prompts(config, root)
-    dist = Distributed()
-    if config.lora is None and adapter_dir is not None:
-        pipeline_dir, adapter_dir = adapter_dir, None  # a full fine-tune exports a whole pipeline
-    _, adapter, policy = _load_policy(config, pipeline_dir, adapter_dir, dist)
-    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
-    evaluator = build_evaluator(config, prompts.evaluation, root, shift, dist)
-    return None if evaluator is None else evaluator(adapter, policy, iteration)
-
-
-# -- phase: export -----------------------------------------------------------------------------------------------------
-
-
-def export(stage: StagePolicy, config: StageConfig, out_dir: Path) -> Path:
-    """Write the trained weights to ``out_dir`` atomically (rank 0): the LoRA in diffusers' format, or the whole
-    pipeline after a full fine-tune."""
-    if stage.dist.is_main:
-        if config.lora is not None:
-            save_lora(stage.transformer, out_dir)
-        else:
-            atomic_dir(out_dir, stage.pipe.save_pretrained)
-    stage.dist.barrier()  # every rank returns once the export exists
-    return out_dir
 
 
 # -- the loop ----------------------------------------------------------------------------------------------------------

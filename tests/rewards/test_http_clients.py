@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vgrpo.rewards.base import RewardError
+from vgrpo.rewards.base import RewardError, TransientRewardError
 from vgrpo.rewards.geneval_server import GenEvalServerReward, restricted_loads
 from vgrpo.rewards.http import HTTPClient
 from vgrpo.rewards.registry import get_reward_class
@@ -198,15 +198,16 @@ def test_vlm_judge_transient_503_retried_then_succeeds(serve: Callable[[Respond]
 
 def test_vlm_judge_503_every_time_names_last_status(serve: Callable[[Respond], FakeServer]) -> None:
     server = serve(lambda body, index: (503, b"still overloaded"))
-    with pytest.raises(RewardError, match=r"after 3 attempt.*HTTP 503: still overloaded"):
+    with pytest.raises(TransientRewardError, match=r"after 3 attempt.*HTTP 503: still overloaded"):
         UnifiedReward(base_url=server.url, attempts=3, **FAST)(uniform_images([1]), ["x"])
     assert len(server.bodies) == 3
 
 
 def test_vlm_judge_400_not_retried(serve: Callable[[Respond], FakeServer]) -> None:
     server = serve(lambda body, index: (400, b'{"error": "bad image"}'))
-    with pytest.raises(RewardError, match=r"refused \(HTTP 400: .*bad image.*not retried"):
+    with pytest.raises(RewardError, match=r"refused \(HTTP 400: .*bad image.*not retried") as refused:
         UnifiedReward(base_url=server.url, attempts=5, **FAST)(uniform_images([1]), ["x"])
+    assert not isinstance(refused.value, TransientRewardError)  # a refusal is not worth retrying later
     assert len(server.bodies) == 1
 
 
