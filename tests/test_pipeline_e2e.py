@@ -1,9 +1,10 @@
 """End to end, as a user drives it: a copy of this project with tiny params runs a two-stage curriculum with
-`dvc repro` and through a real Prefect server and the `vgrpo` deployment, both logging to a real MLflow server.
+`dvc repro` and through a real Prefect server and the `vgrpo` deployment, both logging to an MLflow sqlite store.
 
 The Prefect run is killed (SIGKILL to the serving process group) in the middle of stage 2 and run again: stage 1
-comes from the task cache, stage 2 resumes from its last checkpoint and ends with the same adapter (bit for bit)
-and the same final evaluation as DVC's uninterrupted run of the same params.
+comes from the task cache, stage 2 resumes from its last checkpoint, in its same MLflow run, and ends with the
+same adapter (bit for bit) and the same final evaluation as DVC's uninterrupted run of the same params; the
+Prefect API holds each step as a task run and the stage table artifact.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 import yaml
@@ -110,6 +112,9 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def test_dvc_and_prefect_runs_agree_after_a_kill_and_resume(project: tuple[Path, dict[str, str]]) -> None:
     from mlflow import MlflowClient
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     root, env = project
     dvc = [sys.executable, "-m", "dvc"]
@@ -166,13 +171,25 @@ def test_dvc_and_prefect_runs_agree_after_a_kill_and_resume(project: tuple[Path,
     tiny = client.get_experiment_by_name("tiny-curriculum")
     runs = client.search_runs([tiny.experiment_id])
     s2_runs = [r for r in runs if r.data.tags.get("vgrpo.stage") == "s2-geneval"]
-    resumed = [r for r in s2_runs if r.info.status == "FINISHED"]
-    assert len(resumed) == 1 and int(resumed[0].data.tags["vgrpo.resumed_from"]) >= 2
-    final = resumed[0].data.metrics
+    (resumed,) = s2_runs  # the restarted flow continued the interrupted stage's run
+    assert resumed.info.status == "FINISHED" and resumed.data.tags["vgrpo.continued"] == "true"
+    assert int(resumed.data.tags["vgrpo.resumed_from"]) >= 2
+    final = resumed.data.metrics
     for key in ("eval/geneval_geneval_strict", "eval/geneval_geneval_partial", "eval/world_pickscore"):
         assert final[key] == pytest.approx(s2[key], abs=1e-5), key
-    history = client.get_metric_history(resumed[0].info.run_id, "reward/total_mean")
-    assert [m.step for m in history][-1] == 3
+    history = client.get_metric_history(resumed.info.run_id, "reward/total_mean")
+    assert {m.step for m in history} == {0, 1, 2, 3} and history[-1].step == 3
+
+    # The Prefect API holds every step as a task run of the restarted flow run, and the stage table artifact.
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}), get_client(sync_client=True) as prefect:
+        flow_run_id = resumed.data.tags["prefect.flow_run_id"]
+        tasks = {t.name for t in prefect.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])))}  # fmt: skip
+        table = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=["tiny-curriculum-stages"])))  # fmt: skip
+    assert {"s2-geneval/rollout-0003", "s2-geneval/score-0003", "s2-geneval/update-0003", "s2-geneval/export",
+            "s2-geneval/evaluate", "s2-geneval/train", "s1-preference/train"} <= tasks, sorted(tasks)  # fmt: skip
+    assert table, "no stage table artifact"
 
     # 4. The DVC stages are MLflow runs too, with metrics and evaluation images.
     embedded = client.get_experiment_by_name("embedded-curriculum")
