@@ -61,7 +61,8 @@ class StageTracker(StageCallbacks):
                 run_id = None  # deleted, or another store: start a new run
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
-            client.set_tag(run_id, "vgrpo.continued", "true")
+            for key, value in {**tracking.tags, "vgrpo.continued": "true"}.items():  # e.g. the flow run now on it
+                client.set_tag(run_id, key, value)
             if tracking.parent_run_id is not None:
                 client.set_tag(run_id, "mlflow.parentRunId", tracking.parent_run_id)
         else:

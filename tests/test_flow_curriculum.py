@@ -17,18 +17,12 @@ import yaml
 pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 
-from .tiny_world import WORLD_PICK, write_tiny_world
+from .tiny_world import TINY_MODEL_PARAMS, WORLD_PICK, write_tiny_world
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = write_tiny_world(tmp_path_factory.mktemp("project"), n_test=6)
-    model = {
-        "pipeline": "base", "eval_prompts": "test.jsonl",
-        "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
-        "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
-        "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
-    }  # fmt: skip
     pick = {"name": "pickscore", "options": {"path": str(WORLD_PICK)}}
     stages = {
         "a.yaml": {"name": "s1-pick", "prompts": "train.jsonl", "iterations": 2, "rewards": [pick],
@@ -37,7 +31,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    "prompt_tags": ["counting", "colors"], "algorithm": {"name": "vgrpo", "n_mc": 2, "kl_coef": 0.3}},
     }  # fmt: skip
     (root / "base.yaml").write_text("seed: 0\n")
-    (root / "model.yaml").write_text(yaml.safe_dump(model))
+    (root / "model.yaml").write_text(yaml.safe_dump(TINY_MODEL_PARAMS))
     for name, data in stages.items():
         (root / name).write_text(yaml.safe_dump(data))
     curriculum = {"name": "tiny", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml", "b.yaml"]}

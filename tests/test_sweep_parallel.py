@@ -18,7 +18,7 @@ pytest.importorskip("mlflow")
 
 from flows.services import local_services, stop_group
 
-from .tiny_world import WORLD_PICK, write_tiny_world
+from .tiny_world import TINY_MODEL_PARAMS, WORLD_PICK, write_tiny_world
 
 pytestmark = pytest.mark.slow
 
@@ -30,17 +30,11 @@ SERVE = (  # the sweep's own run and its two cells at once
 
 def _project(root: Path) -> Path:
     write_tiny_world(root, n_test=4)
-    model = {
-        "pipeline": "base", "eval_prompts": "test.jsonl",
-        "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
-        "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
-        "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
-    }  # fmt: skip
     stage = {"name": "s1-pick", "prompts": "train.jsonl", "iterations": 6, "checkpoint_every": 3,
              "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
              "algorithm": {"name": "vgrpo", "n_mc": 2}}  # fmt: skip
     (root / "base.yaml").write_text("seed: 0\n")
-    (root / "model.yaml").write_text(yaml.safe_dump(model))
+    (root / "model.yaml").write_text(yaml.safe_dump(TINY_MODEL_PARAMS))
     (root / "a.yaml").write_text(yaml.safe_dump(stage))
     curriculum = {"name": "one", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml"]}
     (root / "one.yaml").write_text(yaml.safe_dump({"curriculum": curriculum}))
