@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_stage, publish_summary, summary_table
 from tasks.stage import Tracking, code_version, evaluate_stage, output_is_intact, prepare_prompts_task, train_stage
@@ -69,12 +70,12 @@ def run_curriculum(
                     **({"vgrpo.ablation": variant} if variant else {})}  # fmt: skip
             run_name = f"{variant}/{cfg.name}" if variant else cfg.name
             tracking = Tracking(tracking_uri, experiment, run_name, parent, tags)
-        prompts = prepare_prompts_task(params, root)
+        prompts = prepare_prompts_task(params, root)  # quoted below: Prefect would walk every row of it
         intact = output_is_intact(params, str(run_dir), init_hash)
         if not intact:
             logger.info("stage %s: no intact output under %s; training (or resuming) it", cfg.name, run_dir)
         trained = train_stage.with_options(refresh_cache=not intact)(
-            params, init_lora, init_hash, str(run_dir), root, tracking, prompts)  # fmt: skip
+            params, init_lora, init_hash, str(run_dir), root, tracking, quote(prompts))  # fmt: skip
         evaluated = evaluate_stage(params, trained["out_dir"], trained["hash"], root)
         record = _stage_record(tracking, trained, params)
         if tracking is not None and record is not None and evaluated["table"] is not None:
