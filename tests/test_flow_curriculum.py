@@ -113,6 +113,8 @@ def test_curriculum_flow_runs_each_phase_as_a_task_caches_stages_and_tracks_them
     loaded = mlflow.diffusers.load_model(first["model_uri"])
     assert (Path(loaded.adapter_path) / "pytorch_lora_weights.safetensors").read_bytes() == (
         Path(first["out_dir"]) / "pytorch_lora_weights.safetensors").read_bytes()  # fmt: skip
+    pipe = loaded.load_pipeline(device="cpu", text_encoder_3=None, tokenizer_3=None)  # the base has no T5
+    assert type(pipe).__name__ == "StableDiffusion3Pipeline"
 
     # Run again: every stage and its evaluation come from the cache.
     again, tasks = _run(project)
