@@ -48,7 +48,7 @@ def summary_columns(stages: list[Any]) -> list[str]:
     columns: list[str] = []
     for cfg in stages:
         for reward in cfg.evaluation.rewards:
-            key = reward.key or reward.name
+            key = reward.resolved_key
             names = [f"eval/{key}_geneval_strict", f"eval/{key}_geneval_partial"] if reward.name == "geneval" else [
                 f"eval/{key}"]  # fmt: skip
             columns += [n for n in names if n not in columns]

@@ -379,7 +379,10 @@ def load_config(
 class RewardConfig(FrozenConfig):
     """One reward of a set (:class:`vgrpo.rewards.multi.RewardTerm`), built by name from the registry."""
 
-    name: str = Field(description="Registry name (vgrpo.rewards.registry.REWARDS): geneval, ocr, pickscore, ...")
+    name: str = Field(
+        description="Registry name (vgrpo.rewards.registry.REWARDS: geneval, ocr, pickscore, ...), an entry point of "
+        "the `vgrpo.rewards` group, or `module:Class` (a Reward subclass) / `module:function` (a reward function)."
+    )
     key: str | None = Field(None, description="Name in logs and tables; default `name`. Needed to use one twice.")
     weight: float = Field(1.0, description="w_m in A = sum_m w_m A^m (algorithm.md §2).")
     offset: float = Field(0.0, description="Normalised score (s - offset) / scale; MixGRPO's PickScore: 18.")
@@ -388,15 +391,19 @@ class RewardConfig(FrozenConfig):
 
     @model_validator(mode="after")
     def _check_name(self) -> RewardConfig:
-        from vgrpo.rewards.registry import REWARDS
+        from vgrpo.rewards.registry import resolve_reward
 
-        if self.name not in REWARDS:
-            raise ValueError(f"unknown reward {self.name!r}; valid names: {sorted(REWARDS)}")
+        try:
+            resolve_reward(self.name)  # imports a user's reward now, so a typo fails before any compute
+        except (KeyError, TypeError) as exc:
+            raise ValueError(exc.args[0] if exc.args else str(exc)) from exc  # str(KeyError) adds quotes
         return self
 
     @property
     def resolved_key(self) -> str:
-        return self.key or self.name
+        from vgrpo.rewards.registry import reward_key
+
+        return reward_key(self.name, self.key)
 
 
 def _unique_reward_keys(rewards: Sequence[RewardConfig]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from vgrpo.rewards.base import Metadata, Reward
-from vgrpo.rewards.registry import build_reward
+from vgrpo.rewards.registry import build_reward, reward_key
 
 __all__ = ["MultiReward", "MultiRewardOutput", "RewardTerm"]
 
@@ -119,7 +119,7 @@ class MultiReward:
         """Built from params entries ``{name, key?, weight?, offset?, scale?, options?}`` (registry names)."""
         terms: dict[str, RewardTerm] = {}
         for spec in specs:
-            key = str(spec.get("key") or spec["name"])
+            key = reward_key(str(spec["name"]), spec.get("key"))
             if key in terms:
                 raise ValueError(f"reward key {key!r} is used twice; give one of them another `key`")
             terms[key] = RewardTerm(

@@ -1,4 +1,6 @@
-"""Reward registry: short names (what ``params/`` files say) to classes, imported only when selected.
+"""Reward registry: short names (what ``params/`` files say) to classes, imported only when selected; and a
+user's own reward, without forking: a ``module:Class`` path to a :class:`Reward` subclass, a ``module:function``
+path to a plain function, or a name another package registers under the ``vgrpo.rewards`` entry-point group.
 
 A reward's heavy dependencies (open_clip, mmdet, an HTTP client) are imported by its own module, so
 selecting ``ocr`` never imports a CLIP model.
@@ -7,12 +9,23 @@ selecting ``ocr`` never imports a CLIP model.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import Any, cast
 
-from vgrpo.rewards.base import Reward
+import numpy as np
 
-__all__ = ["REWARDS", "build_reward", "get_reward_class"]
+from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "REWARDS",
+    "FunctionReward",
+    "build_reward",
+    "get_reward_class",
+    "resolve_reward",
+    "reward_key",
+]
 
 REWARDS: dict[str, str] = {
     "geneval": "vgrpo.rewards.geneval:GenEvalReward",
@@ -27,21 +40,89 @@ REWARDS: dict[str, str] = {
 }
 
 
+ENTRY_POINT_GROUP = "vgrpo.rewards"
+"""Packages register rewards under this entry-point group: ``[project.entry-points."vgrpo.rewards"]
+mine = "my_package.rewards:MyReward"``; params files then say ``name: mine``."""
+
+
+class FunctionReward(Reward):
+    """A plain function as a reward (as trl's ``reward_funcs``): ``fn(images, prompts, metadata, **options)``
+    takes ``uint8 (N, H, W, 3)`` images, ``N`` prompts and ``N`` metadata rows (or ``None``) and returns ``N``
+    scores (or a :class:`RewardOutput`)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None):
+        self.fn, self.options = fn, dict(options or {})
+        setattr(self, "name", name)  # noqa: B010 -- per instance: Reward declares the registry name a ClassVar
+
+    def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
+        out = self.fn(images, list(prompts), metadata, **self.options)
+        return out if isinstance(out, RewardOutput) else RewardOutput(scores=np.asarray(out, dtype=np.float64))
+
+
+def reward_key(name: str, key: str | None = None) -> str:
+    """A reward's name in logs and tables: ``key``, else the registry or entry-point name, else the attribute of a
+    ``module:attribute`` path (``my_package.rewards:Brightness`` -> ``Brightness``)."""
+    return key or name.rpartition(":")[2]
+
+
+def _import_target(name: str) -> Any:
+    """What a reward name points at: the registry's class, an entry point's object, or ``module:attribute``."""
+    if name in REWARDS:
+        module, _, attr = REWARDS[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+    found = entry_points(group=ENTRY_POINT_GROUP, name=name)
+    if found:
+        return next(iter(found)).load()
+    if ":" not in name:
+        plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        raise KeyError(
+            f"unknown reward {name!r}; valid names: {sorted(REWARDS)}, entry points {plugins}, or 'module:Class' "
+            "(a Reward subclass) / 'module:function' (scores from images, prompts, metadata)"
+        )
+    module, _, attr = name.partition(":")
+    try:
+        target: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise KeyError(f"reward {name!r}: cannot import module {module!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise KeyError(f"reward {name!r}: module {module!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    return target
+
+
+def resolve_reward(name: str) -> type[Reward] | Callable[..., Any]:
+    """The :class:`Reward` subclass or reward function ``name`` names (registry, entry point or ``module:attr``);
+    a ``KeyError`` or ``TypeError`` saying what is wrong otherwise. Params validation calls it, so a bad reward
+    fails before any compute."""
+    target = _import_target(name)
+    if isinstance(target, type):
+        if not issubclass(target, Reward):
+            raise TypeError(
+                f"reward {name!r}: {target.__name__} is not a vgrpo.rewards.base.Reward subclass (implement score(), "
+                "or pass a function)"
+            )
+        return target
+    if not callable(target):
+        raise TypeError(f"reward {name!r}: {type(target).__name__} is neither a Reward subclass nor a function")
+    return cast(Callable[..., Any], target)
+
+
 def get_reward_class(name: str) -> type[Reward]:
-    """The class registered as ``name``; a ``KeyError`` listing the valid names otherwise."""
-    if name not in REWARDS:
-        raise KeyError(f"unknown reward {name!r}; valid names: {sorted(REWARDS)}")
-    module, _, attr = REWARDS[name].partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    if not (isinstance(cls, type) and issubclass(cls, Reward)):
-        raise TypeError(f"{REWARDS[name]} is not a Reward subclass")
-    return cls
+    """The :class:`Reward` subclass ``name`` names; a ``KeyError`` or ``TypeError`` otherwise."""
+    target = resolve_reward(name)
+    if not isinstance(target, type):
+        raise TypeError(f"reward {name!r} is a function, not a Reward subclass")
+    return target
 
 
 def build_reward(name: str, options: Mapping[str, Any] | None = None) -> Reward:
-    """An instance of reward ``name`` built with keyword ``options`` (from a params file)."""
-    cls = get_reward_class(name)
+    """An instance of reward ``name`` built with keyword ``options`` (from a params file); a function is wrapped
+    in :class:`FunctionReward` with ``options`` as its keyword arguments."""
+    target = resolve_reward(name)
+    if not isinstance(target, type):
+        return FunctionReward(target, reward_key(name), options)
     try:
-        return cls(**dict(options or {}))
+        return target(**dict(options or {}))
     except TypeError as exc:
         raise TypeError(f"reward {name!r}: bad options {sorted(options or {})}: {exc}") from exc

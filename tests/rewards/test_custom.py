@@ -1,0 +1,76 @@
+"""A user's own reward without forking: ``module:Class``, ``module:function`` and an entry point, checked when the
+params are validated and used by a training stage."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vgrpo.config import RewardConfig, StageConfig
+from vgrpo.rewards.multi import MultiReward
+from vgrpo.rewards.registry import ENTRY_POINT_GROUP, build_reward
+
+from ..tiny_world import write_tiny_world
+
+IMAGES = np.stack([np.full((8, 8, 3), 255, np.uint8), np.zeros((8, 8, 3), np.uint8)])
+IMAGES[1, ..., 0] = 255  # white, then red
+
+
+def test_a_reward_class_and_a_reward_function_from_the_users_module() -> None:
+    rewards = MultiReward.from_specs([
+        {"name": "tests.rewards.custom:Brightness", "options": {"gain": 2.0}},
+        {"name": "tests.rewards.custom:redness", "weight": 0.5},
+    ])  # fmt: skip
+    out = rewards(IMAGES, ["a", "b"])
+    assert rewards.weights == {"Brightness": 1.0, "redness": 0.5}  # the attribute names the reward in logs
+    np.testing.assert_allclose(out.scores["Brightness"], [2.0, 2 / 3])
+    np.testing.assert_allclose(out.scores["redness"], [1 / 3, 1.0], atol=1e-6)
+    assert RewardConfig(name="tests.rewards.custom:redness").resolved_key == "redness"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("tests.rewards.custom:Missing", "module 'tests.rewards.custom' has no attribute 'Missing'"),
+        ("tests.rewards.no_such_module:Brightness", "cannot import module 'tests.rewards.no_such_module'"),
+        ("tests.rewards.custom:NotAReward", "NotAReward is not a vgrpo.rewards.base.Reward subclass"),
+        ("tests.rewards.custom:DEFAULT_GAIN", "neither a Reward subclass nor a function"),
+        ("brightness", "unknown reward 'brightness'.*entry points"),
+    ],
+)
+def test_a_bad_custom_reward_is_named_when_the_params_are_validated(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RewardConfig(name=name)
+
+
+def test_a_reward_registered_by_another_package_under_the_entry_point_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = tmp_path / "my_rewards-1.0.dist-info"  # what installing a package with that entry point leaves
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-rewards\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nbright = tests.rewards.custom:Brightness\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert RewardConfig(name="bright").resolved_key == "bright"
+    np.testing.assert_allclose(build_reward("bright", {"gain": 3.0})(IMAGES, ["a", "b"]).scores, [3.0, 1.0])
+
+
+def test_a_stage_trains_on_a_users_reward(tmp_path: Path) -> None:
+    from vgrpo.stage import run_stage
+
+    world = write_tiny_world(tmp_path)
+    config = StageConfig.model_validate({
+        "name": "custom", "prompts": "train.jsonl", "iterations": 2, "checkpoint_every": 2,
+        "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
+        "algorithm": {"name": "vgrpo", "n_mc": 2},
+        "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
+        "rewards": [{"name": "tests.rewards.custom:Brightness"}, {"name": "tests.rewards.custom:redness"}],
+    })  # fmt: skip
+    result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora", root=world)
+    assert [h["guard/skipped"] for h in result.history] == [0.0, 0.0]
+    assert {"reward/Brightness_mean", "reward/redness_mean"} <= set(result.history[-1])
+    assert (world / "lora" / "pytorch_lora_weights.safetensors").is_file()
+    assert "tests.rewards.custom" in sys.modules
