@@ -21,9 +21,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
+
+from vgrpo.seeding import derive_seed
 
 __all__ = ["Distributed", "samples_per_process"]
 
@@ -113,7 +114,7 @@ class Distributed:
         if self.world_size == 1:
             return generator
         draw = int(torch.randint(2**62, (1,), generator=generator).item())
-        seed = int(np.random.SeedSequence([draw, self.rank]).generate_state(1, dtype=np.uint64)[0] >> 1)
+        seed = derive_seed(draw, self.rank)
         return torch.Generator().manual_seed(seed)
 
     # collectives ----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from vgrpo.policy import Conditioning, VelocityModel
 from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
+from vgrpo.seeding import derive_seed
 from vgrpo.stats import bootstrap_ci
 
 __all__ = [
@@ -47,7 +48,7 @@ def sample_noise(seed: int, indices: Sequence[int], latent_shape: Sequence[int])
     """``(len(indices), *latent_shape)`` standard normal noise, row ``k`` a function of ``(seed, indices[k])``."""
     rows = []
     for i in indices:
-        state = int(np.random.SeedSequence([seed, i]).generate_state(1, dtype=np.uint64)[0] >> 1)
+        state = derive_seed(seed, i)
         rows.append(torch.randn(*latent_shape, generator=torch.Generator().manual_seed(state)))
     return torch.stack(rows)
 

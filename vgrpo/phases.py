@@ -36,6 +36,7 @@ from vgrpo.models.precision import apply_precision
 from vgrpo.prompts import check_geneval_metadata, load_prompts
 from vgrpo.rewards.base import Metadata, NonFiniteRewardError
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
+from vgrpo.seeding import derive_seed
 from vgrpo.train_step import RolloutBatch, build_optimizer, gather_rewards, rollout_batch, update_policy
 
 __all__ = [
@@ -57,13 +58,9 @@ __all__ = [
 ]
 
 
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
 def iteration_generator(seed: int, iteration: int) -> torch.Generator:
     """The torch generator of one iteration: a function of ``(seed, iteration)`` only."""
-    return torch.Generator().manual_seed(_seed(seed, iteration, 1))
+    return torch.Generator().manual_seed(derive_seed(seed, iteration, 1))
 
 
 def sample_prompt_rows(
@@ -75,7 +72,7 @@ def sample_prompt_rows(
 ) -> list[Metadata]:
     """``count`` prompt rows for one iteration, without replacement when there are enough. With ``tag_weights``
     each row's probability is its tag's weight shared among the tag's rows (every row's tag needs a weight)."""
-    rng = np.random.default_rng(_seed(seed, iteration, 0))
+    rng = np.random.default_rng(derive_seed(seed, iteration, 0))
     p = None
     if tag_weights is not None:
         tags = [str(r.get("tag")) for r in rows]
@@ -158,7 +155,7 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
         transformer.requires_grad_(True)
     else:
         with torch.random.fork_rng():  # LoRA A is drawn from the global RNG: seed it, or runs differ
-            torch.manual_seed(_seed(config.seed, 2))
+            torch.manual_seed(derive_seed(config.seed, 2))
             add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha,
                      target_modules=config.lora.target_modules, dropout=config.lora.dropout)  # fmt: skip
         if init_lora is not None:
