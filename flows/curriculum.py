@@ -16,6 +16,7 @@ params files. MLflow logging is on when ``MLFLOW_TRACKING_URI`` is set.
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,13 @@ from prefect.utilities.annotations import quote
 from flows.artifacts import publish_stage, publish_summary, summary_table
 from tasks.stage import Tracking, code_version, evaluate_stage, output_is_intact, prepare_prompts_task, train_stage
 
-__all__ = ["run_curriculum", "vgrpo"]
+__all__ = ["run_curriculum", "run_tags", "vgrpo"]
+
+
+def run_tags(variant: str = "") -> dict[str, str]:
+    """MLflow tags of every run this flow run opens: the flow run, the library's source hash, the ablation."""
+    return {"prefect.flow_run_id": str(flow_run.get_id()), "vgrpo.code_version": code_version(),
+            **({"vgrpo.ablation": variant} if variant else {})}  # fmt: skip
 
 
 def _stage_record(tracking: Tracking | None, trained: dict[str, Any], params: dict[str, Any]) -> str | None:
@@ -66,8 +73,7 @@ def run_curriculum(
         init_lora, init_hash = (previous["out_dir"], previous["hash"]) if previous else (None, None)
         tracking = None
         if tracking_uri:
-            tags = {"prefect.flow_run_id": str(flow_run.get_id()), "vgrpo.code_version": code_version(),
-                    **({"vgrpo.ablation": variant} if variant else {})}  # fmt: skip
+            tags = run_tags(variant)
             run_name = f"{variant}/{cfg.name}" if variant else cfg.name
             tracking = Tracking(tracking_uri, experiment, run_name, parent, tags)
         prompts = prepare_prompts_task(params, root)  # quoted below: Prefect would walk every row of it
@@ -98,8 +104,7 @@ def _parent_run(tracking_uri: str, spec: Any, variant: str, ablation_file: str |
 
     client = MlflowClient(tracking_uri)
     ablation = yaml.safe_load((Path(root) / ablation_file).read_text()) if ablation_file else {}
-    tags = {"prefect.flow_run_id": str(flow_run.get_id()), "vgrpo.code_version": code_version(),
-            **({"vgrpo.ablation": variant} if variant else {})}  # fmt: skip
+    tags = run_tags(variant)
     name = variant or str(flow_run.get_name() or "local")
     parent = start_run(client, spec.name, name, parent_run_id=sweep, tags=tags)
     log_params(client, parent, {"curriculum": spec.name, "variant": variant or "-", "ablation": ablation or {},
@@ -161,13 +166,10 @@ def vgrpo(
         run_dir = run_dir / "ablations" / variant
     parent = _parent_run(tracking_uri, spec, variant, ablation, overrides or {}, sweep_run_id, root) if (
         tracking_uri) else None  # fmt: skip
-    try:
-        if variant:
-            from flows.sweep import device_slot
+    from flows.sweep import device_slot
 
-            with device_slot():
-                results = run_curriculum(stages, run_dir, root, tracking_uri, spec.name, parent, variant)
-        else:
+    try:
+        with device_slot() if variant else nullcontext():  # a sweep's cell holds a device while it trains
             results = run_curriculum(stages, run_dir, root, tracking_uri, spec.name, parent, variant)
     except BaseException:
         if tracking_uri and parent:

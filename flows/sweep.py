@@ -9,6 +9,7 @@ curriculum run is nested under one sweep run in MLflow.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,12 +62,11 @@ def run_sweep(
     if tracking_uri:
         from mlflow import MlflowClient
 
-        from tasks.stage import code_version
+        from flows.curriculum import run_tags
         from tasks.tracking import log_json, log_params, start_run
 
         client = MlflowClient(tracking_uri)
-        tags = {"prefect.flow_run_id": str(flow_run.get_id()), "vgrpo.code_version": code_version()}
-        sweep = start_run(client, name, f"sweep/{flow_run.get_name() or 'local'}", tags=tags)
+        sweep = start_run(client, name, f"sweep/{flow_run.get_name() or 'local'}", tags=run_tags())
         log_params(client, sweep, {"ablations": [Path(a).stem for a in ablations], "devices": devices,
                                    "overrides": overrides}, artifact_file="sweep.json")  # fmt: skip
         log_json(client, sweep, {"ablations": ablations, "overrides": overrides}, "ablations.json")
@@ -99,8 +99,6 @@ def run_sweep(
     for a in ablations:
         results = Path(root) / run_root / name / "ablations" / Path(a).stem / "results.json"
         if a not in failed and results.is_file():
-            import json
-
             out["ablations"][Path(a).stem] = json.loads(results.read_text())
     if tracking_uri and sweep:
         from mlflow import MlflowClient

@@ -3,7 +3,8 @@
 :func:`vgrpo.stage.run_stage` calls its phases through a :class:`vgrpo.stage.PhaseRunner`; this one runs each
 as a task of the current flow (nested under the stage's task), so the UI shows every step of every iteration.
 Tensors pass in memory between these tasks: nothing is cached or persisted (``NO_CACHE``, no result storage),
-and the arguments go to the task wrapped in one opaque object, so Prefect neither hashes nor walks them.
+and the arguments go to the task quoted (``prefect.utilities.annotations.quote``), so Prefect neither
+hashes nor walks them.
 
 Only the score phase retries, and only on :class:`vgrpo.rewards.base.TransientRewardError` (a reward server
 that was unreachable or overloaded): a NaN score, bad input or a bug fails at once.
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
 
 __all__ = ["PrefectPhases", "is_transient"]
 
@@ -25,20 +27,9 @@ RETRIES = {"score": 2}
 RETRY_DELAY_S = 10.0
 
 
-class _Call:
-    """A phase's function and arguments, opaque to Prefect (it would otherwise walk and hash the live objects)."""
-
-    __slots__ = ("args", "fn")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
-        self.fn, self.args = fn, args
-
-    def __repr__(self) -> str:
-        return f"<{getattr(self.fn, '__name__', 'phase')}>"
-
-
-def _run(run_name: str, call: _Call) -> Any:
-    return call.fn(*call.args)
+def _run(run_name: str, call: tuple[Callable[..., Any], tuple[Any, ...]]) -> Any:
+    fn, args = call
+    return fn(*args)
 
 
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -78,5 +69,6 @@ class PrefectPhases:
 
     def __call__(self, phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T:
         name = f"{self.stage}/{phase}" if iteration is None else f"{self.stage}/{phase}-{iteration:04d}"
-        result: T = self._task(phase)(name, _Call(fn, args))
+        # Quoted: Prefect would otherwise walk the live objects (an Evaluator is a dataclass holding every row).
+        result: T = self._task(phase)(name, quote((fn, args)))
         return result

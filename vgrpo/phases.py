@@ -47,6 +47,7 @@ __all__ = [
     "StageRollout",
     "build_evaluator",
     "evaluate_adapter",
+    "evaluation_rows",
     "export",
     "iteration_generator",
     "prepare_prompts",
@@ -115,11 +116,18 @@ def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
                 f"{config.prompts}: prompt_tag_weights has no weight for the tags {unweighted} "
                 "(give them one, or leave them out with prompt_tags)"
             )
-    eval_rows = load_prompts(root / config.eval_prompts) if config.eval_prompts else None
-    if eval_rows and _uses_geneval(config.evaluation.rewards):
-        check_geneval_metadata(eval_rows, root / str(config.eval_prompts))
-    eval_rows = eval_rows[: config.evaluation.max_prompts] if eval_rows else None
-    return StagePrompts(train=[dict(r) for r in rows], evaluation=[dict(r) for r in eval_rows] if eval_rows else None)
+    return StagePrompts(train=[dict(r) for r in rows], evaluation=evaluation_rows(config, root))
+
+
+def evaluation_rows(config: StageConfig, root: Path) -> list[dict[str, Any]] | None:
+    """The first ``evaluation.max_prompts`` rows of the evaluation prompt file, their GenEval clauses checked
+    where an evaluation reward reads them; ``None`` without an evaluation prompt file."""
+    if not config.eval_prompts:
+        return None
+    rows = load_prompts(root / config.eval_prompts)
+    if rows and _uses_geneval(config.evaluation.rewards):
+        check_geneval_metadata(rows, root / config.eval_prompts)
+    return [dict(r) for r in rows[: config.evaluation.max_prompts]] or None
 
 
 # -- phase: set up the policy ------------------------------------------------------------------------------------------
@@ -298,13 +306,15 @@ def evaluate_adapter(
     """The evaluation of exported weights (``adapter_dir``: a LoRA on ``pipeline_dir``; ``None``: the pipeline
     itself) under the stage's evaluation settings; ``None`` without evaluation prompts. The same numbers as
     evaluating the trained policy in memory, so an evaluation can be redone (or cached) without training."""
-    prompts = prepare_prompts(config, root)
+    rows = evaluation_rows(config, root)  # not the training prompts: nothing here reads them
+    if rows is None:
+        return None
     dist = Distributed()
     if config.lora is None and adapter_dir is not None:
         pipeline_dir, adapter_dir = adapter_dir, None  # a full fine-tune exports a whole pipeline
     _, adapter, policy = _load_policy(config, pipeline_dir, adapter_dir, dist)
     shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
-    evaluator = build_evaluator(config, prompts.evaluation, root, shift, dist)
+    evaluator = build_evaluator(config, rows, root, shift, dist)
     return None if evaluator is None else evaluator(adapter, policy, iteration)
 
 
