@@ -178,6 +178,17 @@ class DiffusionNFTConfig(FrozenConfig):
     ema_decay_max: float = Field(0.5, ge=0, le=1)
 
 
+class EMAConfig(FrozenConfig):
+    """``ema:`` in a stage's params. Off by default (the paper's FLUX recipe states no EMA)."""
+
+    enabled: bool = Field(False, description="Keep an EMA of the trainable weights; evaluate and export it.")
+    decay: float = Field(0.9, ge=0.0, lt=1.0, description="EMA decay (Flow-GRPO's SD3 trainer: 0.9).")
+    every: int = Field(1, ge=1, description="Iterations between EMA updates.")
+    warmup: bool = Field(
+        True, description="Decay min((1 + n) / (10 + n), decay) at update n, as Flow-GRPO's EMA; off: decay throughout."
+    )
+
+
 AlgorithmConfig = Annotated[
     VGRPOConfig | NaiveELBOConfig | FlowGRPOConfig | MixGRPOConfig | DiffusionNFTConfig,
     Field(discriminator="name"),
@@ -192,6 +203,7 @@ class TrainConfig(FrozenConfig):
     algorithm: AlgorithmConfig = VGRPOConfig()
     lora: LoraConfig | None = LoraConfig()
     precision: PrecisionConfig = PrecisionConfig()
+    ema: EMAConfig = EMAConfig()
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> TrainConfig:

@@ -4,8 +4,12 @@ runs them in a loop; an orchestrator may run each as a task):
 * :func:`prepare_prompts` -- read, check and filter the training and evaluation prompt rows;
 * :func:`setup_policy` -- the pipeline, its LoRA, the optimizer, the algorithm and the rewards (:class:`StagePolicy`);
 * :func:`rollout` -> :func:`score` -> :func:`update` -- one iteration (:mod:`vgrpo.train_step`);
-* :class:`Evaluator` / :func:`evaluate_adapter` -- the evaluation routine, in memory or from exported weights;
+* :class:`Evaluator` / :func:`evaluate` / :func:`evaluate_adapter` -- the evaluation routine, of the policy in
+  memory or of exported weights;
 * :func:`export` -- the LoRA in diffusers' format, or the whole pipeline.
+
+With ``ema.enabled`` the stage keeps an EMA of the trainable weights (:class:`vgrpo.ema.PolicyEMA`), and
+evaluation and export read it instead of the live weights.
 
 Each iteration draws its prompts and its randomness from ``(seed, iteration)`` alone
 (:func:`sample_prompt_rows`, :func:`iteration_generator`), so a resumed stage takes the steps an uninterrupted
@@ -30,9 +34,11 @@ from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoint import load_lora_into, save_lora
 from vgrpo.config import EvaluationConfig, StageConfig
 from vgrpo.distributed import Distributed
+from vgrpo.ema import PolicyEMA, maybe_swapped_in
 from vgrpo.guards import NonFiniteError
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
+from vgrpo.policy import ParameterSnapshot, trainable_parameters
 from vgrpo.prompts import check_geneval_metadata, load_prompts
 from vgrpo.rewards.base import Metadata, NonFiniteRewardError
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
@@ -46,6 +52,7 @@ __all__ = [
     "StagePrompts",
     "StageRollout",
     "build_evaluator",
+    "evaluate",
     "evaluate_adapter",
     "evaluation_rows",
     "export",
@@ -136,8 +143,9 @@ def evaluation_rows(config: StageConfig, root: Path) -> list[dict[str, Any]] | N
 @dataclass
 class StagePolicy:
     """The live objects of a stage: the pipeline's adapter and velocity model (with its LoRA), the optimizer, the
-    algorithm, the training rewards and the resolved sampling shift (a number: FLUX's dynamic shift depends on
-    the adapter's token count, and the algorithm and the evaluation must build the same sigmas)."""
+    algorithm, the training rewards, the resolved sampling shift (a number: FLUX's dynamic shift depends on
+    the adapter's token count, and the algorithm and the evaluation must build the same sigmas) and the policy's
+    EMA when one is kept."""
 
     pipe: Any
     adapter: Any
@@ -147,10 +155,16 @@ class StagePolicy:
     rewards: MultiReward
     shift: float | None
     dist: Distributed
+    ema: PolicyEMA | None = None
 
     @property
     def transformer(self) -> nn.Module:
         return self.pipe.transformer
+
+    def snapshots(self) -> dict[str, ParameterSnapshot]:
+        """Every weight copy a checkpoint saves besides the policy: the algorithm's, and the EMA."""
+        ema = {} if self.ema is None else {PolicyEMA.SNAPSHOT_NAME: self.ema.snapshot}
+        return {**self.algorithm.snapshots(), **ema}
 
 
 def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
@@ -173,17 +187,26 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
     return pipe, adapter, policy
 
 
-def setup_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> StagePolicy:
+def setup_policy(
+    config: StageConfig,
+    pipeline_dir: Path,
+    init_lora: Path | None,
+    dist: Distributed,
+    rewards: MultiReward | None = None,
+) -> StagePolicy:
     """Load the pipeline on ``dist``'s device, add the LoRA (seeded; from ``init_lora`` when given), and build the
-    optimizer, the algorithm (on the resolved sigma grid) and the training rewards."""
+    optimizer, the algorithm (on the resolved sigma grid), the training rewards (``rewards`` when given, else
+    from ``config.rewards``) and, with ``ema.enabled``, the policy's EMA (starting at the initial weights)."""
     pipe, adapter, policy = _load_policy(config, pipeline_dir, init_lora, dist)
     shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
     rollout_config = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
     algorithm = build_algorithm(config.model_copy(update={"rollout": rollout_config}), policy=policy,
                                 latent_shape=adapter.latent_shape, dist=dist)  # fmt: skip
-    rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
+    if rewards is None:
+        rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
+    ema = PolicyEMA(trainable_parameters(policy), config.ema) if config.ema.enabled else None
     return StagePolicy(pipe=pipe, adapter=adapter, policy=policy, optimizer=build_optimizer(policy, config.optim),
-                       algorithm=algorithm, rewards=rewards, shift=shift, dist=dist)  # fmt: skip
+                       algorithm=algorithm, rewards=rewards, shift=shift, dist=dist, ema=ema)  # fmt: skip
 
 
 # -- phases of an iteration: rollout -> score -> update ----------------------------------------------------------------
@@ -248,13 +271,16 @@ def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
     return Scores(rewards=gathered, metrics=metrics, seconds=time.perf_counter() - t0)
 
 
-def update(stage: StagePolicy, config: StageConfig, rolled: StageRollout, scores: Scores) -> dict[str, float]:
-    """Advantages from the scores (weighted by the rewards' weights), then the algorithm's gradient steps;
-    returns the iteration's metrics."""
+def update(
+    stage: StagePolicy, config: StageConfig, rolled: StageRollout, scores: Scores, iteration: int
+) -> dict[str, float]:
+    """Advantages from the scores (weighted by the rewards' weights), then the algorithm's gradient steps and the
+    EMA's update; returns the iteration's metrics."""
     record = update_policy(policy=stage.policy, algorithm=stage.algorithm, optimizer=stage.optimizer,
                            batch=rolled.batch, rewards=scores.rewards, advantage=config.advantage, optim=config.optim,
                            reward_weights=stage.rewards.weights, reward_seconds=scores.seconds)  # fmt: skip
-    return {**record.metrics, **scores.metrics}
+    ema = stage.ema.step(iteration) if stage.ema is not None else {}
+    return {**record.metrics, **scores.metrics, **ema}
 
 
 # -- phase: evaluate ---------------------------------------------------------------------------------------------------
@@ -282,6 +308,12 @@ class Evaluator:
         )  # fmt: skip
         table["iteration"] = iteration
         return table, images
+
+
+def evaluate(stage: StagePolicy, evaluator: Evaluator, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
+    """The evaluation of the stage's policy in memory: its EMA when one is kept, else the live weights."""
+    with maybe_swapped_in(stage.ema):
+        return evaluator(stage.adapter, stage.policy, iteration)
 
 
 def build_evaluator(
@@ -322,12 +354,13 @@ def evaluate_adapter(
 
 
 def export(stage: StagePolicy, config: StageConfig, out_dir: Path) -> Path:
-    """Write the trained weights to ``out_dir`` atomically (rank 0): the LoRA in diffusers' format, or the whole
-    pipeline after a full fine-tune."""
+    """Write the trained weights (the EMA when one is kept) to ``out_dir`` atomically (rank 0): the LoRA in
+    diffusers' format, or the whole pipeline after a full fine-tune."""
     if stage.dist.is_main:
-        if config.lora is not None:
-            save_lora(stage.transformer, out_dir)
-        else:
-            atomic_dir(out_dir, stage.pipe.save_pretrained)
+        with maybe_swapped_in(stage.ema):
+            if config.lora is not None:
+                save_lora(stage.transformer, out_dir)
+            else:
+                atomic_dir(out_dir, stage.pipe.save_pretrained)
     stage.dist.barrier()  # every rank returns once the export exists
     return out_dir

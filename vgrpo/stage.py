@@ -30,6 +30,7 @@ from vgrpo.phases import (
     StagePolicy,
     StagePrompts,
     build_evaluator,
+    evaluate,
     export,
     prepare_prompts,
     rollout,
@@ -39,6 +40,7 @@ from vgrpo.phases import (
 )
 from vgrpo.policy import trainable_parameters
 from vgrpo.resume import ResumableRun
+from vgrpo.rewards.multi import MultiReward
 
 __all__ = ["PhaseRunner", "StageCallbacks", "StageResult", "call_directly", "run_stage"]
 
@@ -122,6 +124,7 @@ def run_stage(
     final_evaluation: bool = True,
     run_state: Mapping[str, Any] | None = None,
     prompts: StagePrompts | None = None,
+    rewards: MultiReward | None = None,
     dist: Distributed | None = None,
     log: Callable[[dict[str, float], int], None] | None = None,
     on_eval: Callable[[dict[str, Any], np.ndarray, int], None] | None = None,
@@ -141,6 +144,7 @@ def run_stage(
         run_state: JSON-able values stored in every checkpoint (a tracker's run id, so a resumed stage continues
             its run).
         prompts: the output of :func:`prepare_prompts` when the caller ran it already.
+        rewards: the training rewards as objects (default: built from ``config.rewards``).
         dist: the processes sharing each iteration's batch (default: from the environment ``accelerate launch``
             sets, else one process, on the GPU when there is one).
     """
@@ -153,12 +157,11 @@ def run_stage(
     if prompts is None:
         prompts = phases("prepare-prompts", None, prepare_prompts, config, root)
     init = root / init_lora if init_lora is not None else None
-    stage = phases("setup-policy", None, setup_policy, config, root / pipeline_dir, init, dist)
+    stage = phases("setup-policy", None, setup_policy, config, root / pipeline_dir, init, dist, rewards)
     evaluator = build_evaluator(config, prompts.evaluation, root, stage.shift, dist)
     run = ResumableRun.for_stage(config, work_dir, init)
     result = StageResult(out_dir=out_dir, iterations=config.iterations)
-    resumed = run.restore(module=stage.transformer, optimizer=stage.optimizer, snapshots=stage.algorithm.snapshots(),
-                          dist=dist)  # fmt: skip
+    resumed = run.restore(module=stage.transformer, optimizer=stage.optimizer, snapshots=stage.snapshots(), dist=dist)
     if resumed is not None:
         result.history, result.evaluations = resumed["history"], resumed["evaluations"]
         result.skipped = resumed.get("skipped", [])
@@ -169,7 +172,7 @@ def run_stage(
     def run_evaluation(iteration: int) -> None:
         if evaluator is None:  # the other ranks go on to wait in the next collective (within the group's timeout)
             return
-        table, images = phases("evaluate", iteration, evaluator, stage.adapter, stage.policy, iteration)
+        table, images = phases("evaluate", iteration, evaluate, stage, evaluator, iteration)
         result.evaluations.append(table)
         report.on_evaluate(table, images, iteration)
 
@@ -180,7 +183,7 @@ def run_stage(
         try:
             rolled = phases("rollout", iteration, rollout, stage, config, prompts.train, iteration)
             scores = phases("score", iteration, score, stage, rolled)
-            metrics = phases("update", iteration, update, stage, config, rolled, scores)
+            metrics = phases("update", iteration, update, stage, config, rolled, scores, iteration)
         except NonFiniteError as exc:  # no update was applied after the check failed: skip the iteration
             consecutive_skips += 1
             event = {"iteration": iteration, "quantity": exc.quantity, "reward_errors": [], **exc.details,
@@ -225,5 +228,4 @@ def run_stage(
 
 
 def _save(run: ResumableRun, iteration: int, state: dict[str, Any], stage: StagePolicy) -> Path:
-    return run.save(iteration, state, module=stage.transformer, optimizer=stage.optimizer,
-                    snapshots=stage.algorithm.snapshots())  # fmt: skip
+    return run.save(iteration, state, module=stage.transformer, optimizer=stage.optimizer, snapshots=stage.snapshots())
