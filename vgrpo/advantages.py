@@ -41,7 +41,7 @@ def zero_variance_groups(rewards: Tensor, group_size: int, *, atol: float = 1e-8
 
 
 def group_normalize(rewards: Tensor, group_size: int, *, std_scope: StdScope = "group", delta: float = 1e-4) -> Tensor:
-    """GRPO advantage, algorithm.md §2: ``A_i = (r_i - mean_g r) / (std r + delta)``.
+    """GRPO advantage (Shao et al. 2024; V-GRPO Sec. 3): ``A_i = (r_i - mean_g r) / (std r + delta)``.
 
     Args:
         rewards: ``(B * G,)``.
@@ -108,7 +108,7 @@ def compute_advantages(
     soft_clip_eta: float | None = None,
     clamp: float | None = None,
 ) -> AdvantageResult:
-    """Multi-reward GRPO advantages, algorithm.md §2.
+    """Multi-reward GRPO advantages (MixGRPO's per-reward sum; Flow-GRPO's weighted sum normalised once).
 
     ``normalize_then_sum``: ``A_i = sum_m w_m A_i^m`` (MixGRPO's ``advantage_aggr``);
     ``sum_then_normalize``: normalise ``sum_m w_m r_i^m`` once (Flow-GRPO's ``multi_score``).

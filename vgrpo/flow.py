@@ -1,7 +1,8 @@
 """Rectified-flow math shared by every sampler, surrogate and loss.
 
-Conventions (algorithm.md §1, as in diffusers SD3 / FLUX): ``t`` in [0, 1] with ``t = 1`` pure
-noise, ``x_t = (1 - t) x0 + t eps`` and the network predicts the velocity ``v = eps - x0``.
+Conventions (rectified flow as in SD3, Esser et al. 2024, and diffusers' SD3 / FLUX pipelines; V-GRPO Sec. 3):
+``t`` in [0, 1] with ``t = 1`` pure noise, ``x_t = (1 - t) x0 + t eps`` and the network predicts the velocity
+``v = eps - x0``.
 All functions broadcast a per-sample ``t`` of shape ``(N,)`` over latents of shape ``(N, ...)``.
 """
 
@@ -37,23 +38,23 @@ def expand_like(t: Tensor, x: Tensor) -> Tensor:
 
 
 def interpolate(x0: Tensor, eps: Tensor, t: Tensor) -> Tensor:
-    """Forward process, algorithm.md §1: ``x_t = (1 - t) x0 + t eps``."""
+    """Forward process (V-GRPO Sec. 3, rectified flow): ``x_t = (1 - t) x0 + t eps``."""
     tt = expand_like(t, x0)
     return (1 - tt) * x0 + tt * eps
 
 
 def velocity_target(x0: Tensor, eps: Tensor) -> Tensor:
-    """Rectified-flow velocity, algorithm.md §1: ``v = eps - x0`` (independent of t)."""
+    """Rectified-flow velocity (V-GRPO Sec. 3): ``v = eps - x0`` (independent of t)."""
     return eps - x0
 
 
 def x0_from_velocity(x_t: Tensor, v: Tensor, t: Tensor) -> Tensor:
-    """x-prediction, algorithm.md §1: ``x0_hat = x_t - t v_hat``; ``||x0_hat - x0||^2 = t^2 ||v_hat - v||^2``."""
+    """x-prediction (V-GRPO Sec. 3): ``x0_hat = x_t - t v_hat``; ``||x0_hat - x0||^2 = t^2 ||v_hat - v||^2``."""
     return x_t - expand_like(t, x_t) * v
 
 
 def eps_from_velocity(x_t: Tensor, v: Tensor, t: Tensor) -> Tensor:
-    """eps-prediction, algorithm.md §1: ``eps_hat = x_t + (1 - t) v_hat``."""
+    """eps-prediction (V-GRPO Sec. 3): ``eps_hat = x_t + (1 - t) v_hat``."""
     return x_t + (1 - expand_like(t, x_t)) * v
 
 
@@ -68,7 +69,7 @@ def velocity_from_eps(x_t: Tensor, eps: Tensor, t: Tensor) -> Tensor:
 
 
 def shift_timesteps(t: Tensor, shift: float) -> Tensor:
-    """SD3 static shift, algorithm.md §1: ``t' = s t / (1 + (s - 1) t)`` (SD3.5 uses s = 3)."""
+    """SD3's static timestep shift (Esser et al. 2024): ``t' = s t / (1 + (s - 1) t)`` (SD3.5 uses s = 3)."""
     if shift <= 0:
         raise ValueError(f"shift must be > 0, got {shift}")
     return shift * t / (1 + (shift - 1) * t)

@@ -62,7 +62,7 @@ def ratio_metrics(ratio: Tensor, clip_range: float | None) -> dict[str, float]:
 def clipped_policy_loss(
     *, ratio: Tensor, advantages: Tensor, clip_range: float | None
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped objective (GRPO form), algorithm.md §3:
+    """PPO clipped objective in GRPO's form (V-GRPO Sec. 4.5, ratio clipping):
     ``mean max(-A r, -A clip(r, 1 - eps_c, 1 + eps_c))``; ``clip_range=None`` is plain ``mean(-A r)``.
 
     Args:
@@ -83,7 +83,7 @@ def clipped_policy_loss(
 
 
 def vgrpo_ratio(*, surrogates: Tensor, old_surrogates: Tensor) -> Tensor:
-    """V-GRPO importance ratio, algorithm.md §3: ``rho_i = exp(mean_j s_ij - mean_j s_ij_old)``.
+    """V-GRPO importance ratio (V-GRPO Sec. 4): ``rho_i = exp(mean_j s_ij - mean_j s_ij_old)``.
 
     The Monte Carlo mean sits *inside* the exponential. Shapes ``(M, N_MC) -> (M,)``, float32.
     """
@@ -101,8 +101,8 @@ def vgrpo_loss(
     kl: Tensor | None = None,
     kl_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """V-GRPO objective, algorithm.md §3 (the naive full-graph form; see :mod:`vgrpo.algorithms.vgrpo`
-    for the memory-bounded update that gives the same gradient)::
+    """V-GRPO objective with the KL of Eq. 16 (V-GRPO Sec. 4.5), in the naive full-graph form (see
+    :mod:`vgrpo.algorithms.vgrpo` for the memory-bounded update that gives the same gradient)::
 
         L = mean_i max(-A_i rho_i, -A_i clip(rho_i, 1 - eps_c, 1 + eps_c)) + beta KL
         KL = mean_i mean_j mean_d (x0_hat_theta(z_ij) - x0_hat_old(z_ij))^2      (Eq. 16)
@@ -141,7 +141,7 @@ def flow_grpo_loss(
     kl: Tensor | None = None,
     kl_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Flow-GRPO per-step objective, algorithm.md §5: ``r = exp(log p_theta - log p_old)`` per
+    """Flow-GRPO per-step objective (Flow-GRPO, Liu et al. 2025): ``r = exp(log p_theta - log p_old)`` per
     (sample, step), PPO clip, plus ``beta * ||mu_theta - mu_ref||^2 / (2 std^2)`` to the reference.
 
     Args:
@@ -165,7 +165,7 @@ def nft_loss(
     reward_weight: Tensor,
     beta: float = 1.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """DiffusionNFT objective, algorithm.md §5, at one timestep-noise pair per sample.
+    """DiffusionNFT objective (Zheng et al. 2025), at one timestep-noise pair per sample.
 
     ``v+ = b v_theta + (1 - b) sg(v_old)``, ``v- = (1 + b) sg(v_old) - b v_theta``, each trained with
     the self-normalised x-loss and weighted ``r`` and ``1 - r``; ``r = clip(A / A_max / 2 + 0.5, 0, 1)``.

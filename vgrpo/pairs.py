@@ -1,6 +1,6 @@
 """Timestep-noise pairs ``(t_j, eps_j)``, j = 1..N_MC, for the Monte Carlo ELBO surrogate.
 
-V-GRPO's variance-reduction techniques 1 and 2 (algorithm.md §3): pairs drawn once per iteration
+V-GRPO's variance-reduction techniques 1 and 2 (V-GRPO Sec. 4.4): pairs drawn once per iteration
 and *shared* (scope ``batch``: one draw for the whole batch, the official default; ``group``: one
 draw per prompt group; ``none``: independent per sample, the naive surrogate), and timesteps
 *stratified* over the rollout's grid (one uniform pick inside each of N_MC contiguous chunks)

@@ -37,7 +37,8 @@ def _timesteps(value: Tensor, n: int, like: Tensor) -> Tensor:
 
 @torch.no_grad()
 def euler_ode_sample(velocity: VelocityModel, noise: Tensor, cond: Conditioning, sigmas: Tensor) -> Tensor:
-    """Euler ODE rollout, algorithm.md §1: ``x_{t+dt} = x_t + v_hat dt``; returns only the final latents.
+    """Euler ODE rollout (V-GRPO Sec. 3: an ODE sampler adds no noise): ``x_{t+dt} = x_t + v_hat dt``; returns
+    only the final latents.
 
     Args:
         velocity: the policy.
@@ -61,7 +62,7 @@ def euler_ode_sample(velocity: VelocityModel, noise: Tensor, cond: Conditioning,
 def hybrid_euler_sample(
     policy: VelocityModel, base: VelocityModel, noise: Tensor, cond: Conditioning, sigmas: Tensor, p_mix: float
 ) -> Tensor:
-    """MixGRPO's hybrid sampling (used by V-GRPO's FLUX evaluation, algorithm.md §4): the trained ``policy``
+    """MixGRPO's hybrid sampling (used by V-GRPO's FLUX evaluation, App. A.1): the trained ``policy``
     runs the first ``round(p_mix * T)`` Euler steps and the ``base`` model the rest.
 
     ``p_mix = 1`` is the policy alone and ``p_mix = 0`` the base alone."""
@@ -147,7 +148,7 @@ def sde_step(
     step_noise: Tensor | None = None,
     x_next: Tensor | None = None,
 ) -> SDEStep:
-    """Flow-GRPO SDE step with its log-probability, algorithm.md §5.
+    """Flow-GRPO SDE step with its log-probability (Flow-GRPO, Liu et al. 2025, Sec. 4.1).
 
     ``mu = x_t (1 + sigma_t^2 dt / (2t)) + v (1 + sigma_t^2 (1 - t) / (2t)) dt`` and
     ``x_next = mu + sigma_t sqrt(-dt) eps``. Give ``step_noise`` to sample, or ``x_next`` to score a
@@ -251,7 +252,7 @@ def window_mask(num_steps: int, start: int, size: int) -> Tensor:
 
 
 def mixgrpo_window_start(iteration: int, *, num_steps: int, window_size: int, shift_interval: int) -> int:
-    """MixGRPO's sliding window, algorithm.md §5: advance one step every ``shift_interval``
+    """MixGRPO's sliding window (Li et al. 2025): advance one step every ``shift_interval``
     iterations and roll back to the first step after the last position."""
     positions = num_steps - window_size + 1
     if positions < 1:

@@ -1,6 +1,6 @@
 """The ELBO surrogate of a sample's log-likelihood: the (negative) pretraining loss at one pair.
 
-V-GRPO replaces ``log pi_theta(o_i | c)`` by ``mean_j s_ij`` with (algorithm.md §3)::
+V-GRPO replaces ``log pi_theta(o_i | c)`` by ``mean_j s_ij`` with (V-GRPO Sec. 4; the variance reductions of Sec. 4.4)::
 
     s_ij = - mean_d (x0_hat(z_ij, t_j, c) - o_i)^2 / sg(max(mean_d |x0_hat - o_i|, 1e-5))
     z_ij = (1 - t_j) o_i + t_j eps_j
@@ -24,7 +24,7 @@ Prediction = Literal["x", "v", "eps"]
 
 
 def prediction_error(*, v_pred: Tensor, x0: Tensor, eps: Tensor, t: Tensor, prediction: Prediction) -> Tensor:
-    """Residual of the chosen prediction, algorithm.md §1, shape ``(N, *S)`` in float32.
+    """Residual of the chosen prediction (V-GRPO Sec. 3), shape ``(N, *S)`` in float32.
 
     ``x``: ``x0_hat - x0`` (= ``-t (v_hat - v)``); ``v``: ``v_hat - v``;
     ``eps``: ``eps_hat - eps`` (= ``(1 - t)(v_hat - v)``).
@@ -63,7 +63,7 @@ def elbo_surrogate(
     self_normalize: bool = True,
     min_scale: float = 1e-5,
 ) -> SurrogateTerms:
-    """V-GRPO surrogate ``s_ij``, algorithm.md §3 (weighted-ELBO / pretraining loss, negated).
+    """V-GRPO surrogate ``s_ij``, V-GRPO Sec. 4 (weighted-ELBO / pretraining loss, negated).
 
     Args:
         v_pred: ``(N, *S)`` the model's velocity at ``z = (1 - t) x0 + t eps``.
