@@ -1,7 +1,7 @@
 """A curriculum stage as Prefect tasks, and the same stage with its MLflow run for DVC.
 
 * ``prepare-prompts``: the stage's prompt rows, cached on the prompt files' bytes and the filters.
-* ``train-stage``: :func:`vgrpo.stage.run_stage` with each phase as its own task run (:mod:`tasks.phases`) and
+* ``train-stage``: :meth:`vgrpo.trainer.Trainer.train` with each phase as its own task run (:mod:`tasks.phases`) and
   its MLflow run. Cached on the training fingerprint (never the evaluation settings), the starting adapter's
   hash and the library's source; the flow refreshes the cache when the stage's output is gone or changed
   (:func:`output_is_intact`). A resumed stage continues the MLflow run its checkpoint names.
@@ -132,7 +132,8 @@ def _train(stage: dict[str, Any], init_lora: str | None, run_root: str, root: st
     from vgrpo.atomic import write_json_atomic
     from vgrpo.config import StageConfig
     from vgrpo.resume import ResumableRun, training_hash
-    from vgrpo.stage import call_directly, run_stage
+    from vgrpo.stage import call_directly
+    from vgrpo.trainer import Trainer
 
     cfg = StageConfig.model_validate(stage)
     out_dir, work_dir = Path(run_root) / "stages" / cfg.name, Path(run_root) / "work" / cfg.name
@@ -141,10 +142,10 @@ def _train(stage: dict[str, Any], init_lora: str | None, run_root: str, root: st
     tracker = StageTracker.open(cfg, stage, tracking, (previous or {}).get("run", {}).get("mlflow_run_id"))
     started = time.perf_counter()
     try:
-        result = run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=work_dir, out_dir=out_dir,
-                           init_lora=Path(init_lora) if init_lora else None, root=Path(root), callbacks=tracker,
-                           phases=phases or call_directly, final_evaluation=False, prompts=prompts,
-                           run_state={"mlflow_run_id": tracker.run_id} if tracker.run_id else None)  # fmt: skip
+        trainer = Trainer(cfg, work_dir=work_dir, out_dir=out_dir, init_lora=Path(init_lora) if init_lora else None,
+                          root=Path(root), callbacks=tracker, phases=phases or call_directly)  # fmt: skip
+        result = trainer.train(final_evaluation=False, prompts=prompts,
+                               run_state={"mlflow_run_id": tracker.run_id} if tracker.run_id else None)  # fmt: skip
     except BaseException:
         tracker.close("FAILED")  # the stage resumes from its checkpoint, in this same run
         raise
@@ -201,10 +202,11 @@ def _evaluate(stage: dict[str, Any], out_dir: str, root: str, grid: Path | None)
     """The final evaluation of a stage's exported weights; writes the captioned sample grid to ``grid``."""
     from vgrpo.config import StageConfig
     from vgrpo.evaluation import flat_metrics, grid_of, write_grid
-    from vgrpo.phases import evaluate_adapter
+    from vgrpo.trainer import Trainer
 
     cfg = StageConfig.model_validate(stage)
-    evaluated = evaluate_adapter(cfg, Path(root) / cfg.pipeline, Path(out_dir), Path(root), cfg.iterations)
+    work_dir = Path(out_dir).parent.parent / "work" / cfg.name  # the layout _train gives a run
+    evaluated = Trainer(cfg, work_dir=work_dir, out_dir=Path(out_dir), root=Path(root)).evaluate()
     if evaluated is None:
         return {"table": None, "final_eval": {}, "grid": None}
     table, images = evaluated

@@ -1,0 +1,178 @@
+"""One stage of V-GRPO (or a baseline) as one object, as trl's ``GRPOTrainer``: built from params files or from
+Python objects, with :meth:`Trainer.train`, :meth:`Trainer.evaluate` and :meth:`Trainer.export`.
+
+The Prefect tasks, DVC's stages and ``vgrpo train`` all go through it, so the API a user scripts against is
+the one the pipeline runs::
+
+    trainer = Trainer.from_params("params/base.yaml", "params/models/sd35.yaml", "params/stages/sd35/1-preference.yaml",
+                                  pipeline="/models/stable-diffusion-3.5-medium", rewards={"mine": my_reward},
+                                  work_dir="runs/mine")
+    trainer.train()
+    table, images = trainer.evaluate()
+    trainer.export("runs/mine/merged", merged=True)
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from vgrpo.config import ConfigError, RewardConfig, StageConfig, load_config, load_curriculum
+from vgrpo.distributed import Distributed
+from vgrpo.rewards.base import Reward
+from vgrpo.rewards.multi import MultiReward, RewardTerm
+from vgrpo.rewards.registry import FunctionReward
+from vgrpo.stage import PhaseRunner, StageCallbacks, StageResult, call_directly, run_stage
+
+__all__ = ["RewardLike", "Trainer"]
+
+RewardLike = Reward | Callable[..., Any] | RewardTerm
+"""A reward given as an object: a :class:`Reward`, a reward function (``fn(images, prompts, metadata)`` ->
+``N`` scores, as trl's ``reward_funcs``), or a :class:`RewardTerm` carrying its weight and normalisation."""
+
+
+def _import_path(obj: Any) -> str:
+    """``module:qualname`` of a reward's class or function: its name in the stage's params and checkpoints."""
+    target = obj if inspect.isfunction(obj) else type(obj)
+    return f"{target.__module__}:{target.__qualname__}"
+
+
+def _reward_set(config: StageConfig, rewards: Mapping[str, RewardLike]) -> tuple[StageConfig, MultiReward]:
+    """The rewards as a :class:`MultiReward`, and ``config`` with ``rewards`` naming them, so the training
+    fingerprint (which decides what a checkpoint may resume) and the tracked params say which rewards trained."""
+    if not rewards:
+        raise ConfigError("rewards: give at least one reward")
+    terms: dict[str, RewardTerm] = {}
+    specs: list[RewardConfig] = []
+    for key, given in rewards.items():
+        term = given if isinstance(given, RewardTerm) else RewardTerm(given if isinstance(given, Reward)
+                                                                     else FunctionReward(given, key))  # fmt: skip
+        inner = term.reward.fn if isinstance(term.reward, FunctionReward) else term.reward
+        name = _import_path(inner)
+        if "<" in name:  # <locals>, <lambda>: no import path reaches it
+            raise ConfigError(f"rewards[{key!r}]: {name} is defined inside a function; define the reward at module "
+                              "level, so the stage's params and checkpoints can name it")  # fmt: skip
+        try:
+            spec = RewardConfig(name=name, key=key, weight=term.weight, offset=term.offset, scale=term.scale)
+        except ValidationError as exc:
+            raise ConfigError(f"rewards[{key!r}]: {exc.errors()[0]['msg']}") from exc
+        terms[key], specs = term, [*specs, spec]
+    try:
+        return StageConfig.model_validate({**config.model_dump(), "rewards": specs}), MultiReward(terms)
+    except ValidationError as exc:
+        raise ConfigError(f"rewards: {exc.errors()[0]['msg']}") from exc
+
+
+@dataclass
+class Trainer:
+    """A curriculum stage: train from ``pipeline`` (+ ``init_lora``, a previous stage's adapter), evaluate, export.
+
+    Relative paths (``pipeline``, ``init_lora``, the prompt files in ``config``) are resolved against ``root``.
+    Checkpoints go to ``work_dir/checkpoints`` (a run resumes the newest one written with the same training
+    params and starting adapter); the trained weights are exported to ``out_dir`` (default ``work_dir/export``).
+
+    Attributes:
+        rewards: the training rewards as objects; when given, the config's ``rewards`` are set to name them
+            (``module:qualname``, so a checkpoint never resumes under other rewards). An object's own settings
+            (a Reward's constructor arguments) are not part of that name: give the reward another key when you
+            change them mid-run.
+        callbacks: what the stage reports (:class:`vgrpo.stage.StageCallbacks`, rank 0).
+        phases: how each phase runs (:data:`vgrpo.stage.PhaseRunner`; the Prefect layer runs each as a task).
+        dist: the processes sharing each iteration (default: from ``accelerate launch``'s environment).
+    """
+
+    config: StageConfig
+    work_dir: Path
+    pipeline: Path | None = None
+    out_dir: Path | None = None
+    init_lora: Path | None = None
+    root: Path = Path(".")
+    rewards: Mapping[str, RewardLike] | None = None
+    callbacks: StageCallbacks | None = None
+    phases: PhaseRunner = call_directly
+    dist: Distributed | None = None
+    reward_set: MultiReward | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.work_dir, self.root = Path(self.work_dir), Path(self.root)
+        self.pipeline = Path(self.pipeline if self.pipeline is not None else self.config.pipeline)
+        self.out_dir = Path(self.out_dir) if self.out_dir is not None else self.work_dir / "export"
+        self.init_lora = Path(self.init_lora) if self.init_lora is not None else None
+        if self.rewards is not None:
+            self.config, self.reward_set = _reward_set(self.config, self.rewards)
+
+    @classmethod
+    def from_params(cls, *params: str | Path, overrides: Mapping[str, Any] | None = None, **kwargs: Any) -> Trainer:
+        """A trainer from params files merged in order (``base -> model -> stage``) and ``overrides``
+        (``{"optim": {"lr": 1e-4}}``); ``kwargs`` are :class:`Trainer`'s fields."""
+        return cls(config=load_config(list(params), overrides, schema=StageConfig), **kwargs)
+
+    @classmethod
+    def from_curriculum(
+        cls, path: str | Path, stage: str | int, *, overrides: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> Trainer:
+        """A trainer for one stage of a curriculum file, by name or 1-based position."""
+        _, stages = load_curriculum(path, overrides, root=kwargs.get("root", "."))
+        chosen = [s for i, s in enumerate(stages, 1) if stage in (s.name, i)]
+        if not chosen:
+            raise ConfigError(f"{path}: no stage {stage!r} (stages: {[s.name for s in stages]})")
+        return cls(config=chosen[0], **kwargs)
+
+    def train(
+        self,
+        *,
+        final_evaluation: bool = True,
+        run_state: Mapping[str, Any] | None = None,
+        prompts: Any = None,
+    ) -> StageResult:
+        """Train the stage (resuming its newest checkpoint) and export the weights to ``out_dir``; see
+        :func:`vgrpo.stage.run_stage` for ``final_evaluation``, ``run_state`` and ``prompts``."""
+        assert self.pipeline is not None and self.out_dir is not None
+        return run_stage(self.config, pipeline_dir=self.pipeline, work_dir=self.work_dir, out_dir=self.out_dir,
+                         init_lora=self.init_lora, root=self.root, callbacks=self.callbacks, phases=self.phases,
+                         final_evaluation=final_evaluation, run_state=run_state, prompts=prompts,
+                         rewards=self.reward_set, dist=self.dist)  # fmt: skip
+
+    def evaluate(
+        self, weights: str | Path | None = None, iteration: int | None = None
+    ) -> tuple[dict[str, Any], np.ndarray] | None:
+        """The stage's evaluation (its ``evaluation`` settings and ``eval_prompts``) of exported weights: ``weights``
+        (a LoRA directory, or a whole pipeline after full fine-tuning), by default ``out_dir``; returns the table
+        and the images, or ``None`` without evaluation prompts."""
+        from vgrpo.phases import evaluate_adapter
+
+        assert self.pipeline is not None
+        target = Path(weights) if weights is not None else self.out_dir
+        if target is None or not target.is_dir():
+            raise ConfigError(f"{target}: no exported weights to evaluate (train first, or pass weights=)")
+        done = self.config.iterations if iteration is None else iteration
+        return evaluate_adapter(self.config, self.root / self.pipeline, target, self.root, done)
+
+    def export(self, out_dir: str | Path, *, merged: bool = False) -> Path:
+        """Write the trained weights to ``out_dir``: the LoRA in diffusers' format (or the whole pipeline after
+        full fine-tuning), or with ``merged`` a plain diffusers pipeline with the LoRA fused in."""
+        from vgrpo.atomic import atomic_dir
+        from vgrpo.checkpoint import export_merged_pipeline
+
+        assert self.pipeline is not None and self.out_dir is not None
+        source, target = self.out_dir, Path(out_dir)
+        if not source.is_dir():
+            raise ConfigError(f"{source}: no exported weights (train first)")
+        if merged and self.config.lora is not None:
+            from vgrpo.models.pipeline import load_pipeline
+
+            export_merged_pipeline(load_pipeline(self.root / self.pipeline), source, target)
+        else:
+
+            def copy(tmp: Path) -> None:
+                shutil.copytree(source, tmp, dirs_exist_ok=True)
+
+            atomic_dir(target, copy)
+        return target
