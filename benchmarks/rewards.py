@@ -92,8 +92,8 @@ def _agreement(args: argparse.Namespace) -> dict[str, float]:
 
     from vgrpo.evaluation import generate
     from vgrpo.images import tensor_to_images
-    from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
-    from vgrpo.models.sd3 import SD3Velocity
+    from vgrpo.models.pipeline import load_sd3_pipeline
+    from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
     from vgrpo.rewards.ocr import OCRReward
     from vgrpo.world import read_jsonl
 
@@ -118,8 +118,8 @@ def _agreement(args: argparse.Namespace) -> dict[str, float]:
 def _overlap(rewards: object, args: argparse.Namespace) -> dict[str, float]:
     """Sampling + scoring wall time of the shipped base with scoring after sampling vs on the reward thread."""
     from vgrpo.evaluation import evaluate
-    from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
-    from vgrpo.models.sd3 import SD3Velocity
+    from vgrpo.models.pipeline import load_sd3_pipeline
+    from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
     from vgrpo.world import read_jsonl
 
     base = ROOT / "models/embedded-base"

@@ -134,7 +134,7 @@ def test_summarise_per_tag_and_per_reward_means() -> None:
 
 def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
     from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
-    from vgrpo.models.pipeline import SD3Adapter
+    from vgrpo.models.sd3 import SD3Adapter
     from vgrpo.world import GENEVAL_TAGS, make_splits
 
     from .models.test_embedded import TINY

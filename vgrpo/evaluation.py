@@ -74,7 +74,7 @@ def generate(
     """Images for ``prompts`` (``uint8 (N, H, W, 3)``), sample ``i`` from :func:`sample_noise` ``(seed, i)``.
 
     Args:
-        encode: prompts -> conditioning (e.g. :meth:`vgrpo.models.pipeline.PipelineAdapter.encode_prompts`).
+        encode: prompts -> conditioning (e.g. :meth:`vgrpo.models.adapter.PipelineAdapter.encode_prompts`).
         decode: latents -> uint8 images.
         guidance_scale: CFG against the empty prompt when given and != 1.
         base, p_mix: hybrid sampling, both or neither.
@@ -262,7 +262,7 @@ def evaluate(
 ) -> tuple[dict[str, Any], np.ndarray]:
     """Sample ``group_size`` images for each metadata row's ``prompt`` (prompt-major) and tabulate every
     reward (:func:`summarise`). ``adapter`` encodes prompts, decodes latents and knows the latent shape
-    (:class:`vgrpo.models.pipeline.PipelineAdapter`). With ``overlap``, chunk ``k`` is scored on the reward thread
+    (:class:`vgrpo.models.adapter.PipelineAdapter`). With ``overlap``, chunk ``k`` is scored on the reward thread
     while chunk ``k + 1`` is sampled.
 
     Returns:

@@ -96,17 +96,19 @@ def build_text_encoder(
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     text_config = CLIPTextConfig(
+        # the tokenizer's vocabulary and special ids
         vocab_size=len(tokenizer),
-        hidden_size=config.text_hidden_size,
-        intermediate_size=4 * config.text_hidden_size,
-        num_hidden_layers=config.text_layers,
-        num_attention_heads=config.text_heads,
-        max_position_embeddings=config.max_text_tokens,
-        projection_dim=config.text_projection_dim,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        # the encoder's size and text length
+        hidden_size=config.text_hidden_size,
+        intermediate_size=4 * config.text_hidden_size,
         hidden_act="gelu",
+        num_hidden_layers=config.text_layers,
+        num_attention_heads=config.text_heads,
+        projection_dim=config.text_projection_dim,
+        max_position_embeddings=config.max_text_tokens,
     )
     torch.manual_seed(seed)
     return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(text_config).eval()
@@ -150,17 +152,20 @@ def build_transformer(config: EmbeddedModelConfig, seed: int) -> torch.nn.Module
     size = latent_size(config)
     torch.manual_seed(seed)
     transformer = SD3Transformer2DModel(
+        # the latent grid and its patches
         sample_size=size,
-        patch_size=config.patch_size,
         in_channels=config.latent_channels,
         out_channels=config.latent_channels,
-        num_layers=config.num_layers,
-        attention_head_dim=config.attention_head_dim,
-        num_attention_heads=config.num_attention_heads,
-        joint_attention_dim=2 * config.text_hidden_size,
-        caption_projection_dim=config.attention_head_dim * config.num_attention_heads,
-        pooled_projection_dim=2 * config.text_projection_dim,
+        patch_size=config.patch_size,
         pos_embed_max_size=size // config.patch_size,
+        # depth and width
+        num_layers=config.num_layers,
+        num_attention_heads=config.num_attention_heads,
+        attention_head_dim=config.attention_head_dim,
+        caption_projection_dim=config.attention_head_dim * config.num_attention_heads,
+        # the text conditioning's widths
+        joint_attention_dim=2 * config.text_hidden_size,
+        pooled_projection_dim=2 * config.text_projection_dim,
     )
     return cast(torch.nn.Module, transformer)
 

@@ -1,11 +1,11 @@
-"""FLUX.1 transformer as a velocity model, and the latent packing it needs.
+"""FLUX.1 pipelines: the transformer as a velocity model, the latent packing it needs, and the pipeline's adapter.
 
 ``FluxTransformer2DModel`` reads a sequence of 2 x 2 latent patches (``(N, H/2 * W/2, 4C)``, diffusers
 ``FluxPipeline._pack_latents``), their positions as 3-axis rotary ids, zeros for the text tokens' ids, the
 timestep as ``t`` in [0, 1] (``FluxPipeline`` passes ``timestep / 1000``; the model multiplies by 1000 itself)
-and, for guidance-distilled checkpoints (FLUX.1-dev), the distilled guidance scale as an embedding
-(algorithm.md §1). :class:`FluxVelocity` hides all of that behind the policy interface every algorithm uses:
-spatial latents ``(N, C, H, W)`` in, velocity of the same shape out.
+and, for guidance-distilled checkpoints (FLUX.1-dev, the FLUX model of V-GRPO's recipe, Tang et al. 2026,
+App. A.1), the distilled guidance scale as an embedding. :class:`FluxVelocity` hides all of that behind the
+policy interface every algorithm uses: spatial latents ``(N, C, H, W)`` in, velocity of the same shape out.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vgrpo.models.pipeline import PipelineAdapter
+from vgrpo.models.adapter import PipelineAdapter
 from vgrpo.policy import Conditioning
 
 __all__ = ["FluxAdapter", "FluxVelocity", "latent_image_ids", "pack_latents", "text_ids", "unpack_latents"]

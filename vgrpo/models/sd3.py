@@ -1,16 +1,21 @@
-"""SD3-family transformer as a velocity model (SD3.5-M, and the embedded default).
+"""SD3-family pipelines (SD3.5-M, and the embedded default): the transformer as a velocity model and the
+pipeline's adapter.
 
-diffusers' SD3 transformer predicts the rectified-flow velocity and takes ``timestep = 1000 t``
-(the scheduler's ``timesteps = sigmas * 1000``), algorithm.md §1.
+diffusers' SD3 transformer predicts the rectified-flow velocity (Esser et al. 2024, "Scaling Rectified Flow
+Transformers for High-Resolution Image Synthesis") and takes ``timestep = 1000 t`` (the scheduler's
+``timesteps = sigmas * 1000``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
+from vgrpo.models.adapter import PipelineAdapter
 from vgrpo.policy import Conditioning
 
-__all__ = ["SD3Velocity"]
+__all__ = ["SD3Adapter", "SD3Velocity"]
 
 
 class SD3Velocity(nn.Module):
@@ -32,3 +37,42 @@ class SD3Velocity(nn.Module):
             return_dict=False,
         )[0]
         return out.to(latents.dtype)
+
+
+class SD3Adapter(PipelineAdapter):
+    """A ``StableDiffusion3Pipeline``'s :class:`PipelineAdapter`: CLIP-L/G (+ T5) token embeddings and the two
+    pooled CLIP vectors per prompt.
+
+    Args:
+        resolution: image side in pixels; None = ``transformer.config.sample_size * vae_scale_factor``.
+        max_sequence_length: T5 tokens; None = 256 with T5, 0 without (its tokens would be zeros).
+    """
+
+    def __init__(self, pipe: Any, *, resolution: int | None = None, max_sequence_length: int | None = None):
+        super().__init__(pipe, resolution=resolution)
+        # Without T5 its tokens are zeros; the embedded default drops them (0) to keep sequences short.
+        self.max_sequence_length = (
+            max_sequence_length if max_sequence_length is not None else (256 if pipe.text_encoder_3 else 0)
+        )
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.transformer.config.in_channels)
+
+    @property
+    def patch_size(self) -> int:
+        return int(self.transformer.config.patch_size)
+
+    @property
+    def default_resolution(self) -> int:
+        return int(self.transformer.config.sample_size) * int(self.pipe.vae_scale_factor)
+
+    def _encode_prompt(self, prompt: str) -> tuple[Tensor, Tensor]:
+        embeds, _, pooled, _ = self.pipe.encode_prompt(
+            prompt=[prompt],
+            prompt_2=None,
+            prompt_3=None,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length,
+        )
+        return embeds[0], pooled[0]

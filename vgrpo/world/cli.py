@@ -195,7 +195,8 @@ def cmd_detector_check(args: argparse.Namespace) -> None:
     records = _records_with_scenes(path)
     roundtrip = None
     if args.pipeline is not None:
-        from vgrpo.models.pipeline import SD3Adapter, load_sd3_pipeline
+        from vgrpo.models.pipeline import load_sd3_pipeline
+        from vgrpo.models.sd3 import SD3Adapter
 
         adapter = SD3Adapter(load_sd3_pipeline(args.pipeline))
         generator = torch.Generator().manual_seed(0)

@@ -34,8 +34,7 @@ from vgrpo.atomic import atomic_dir
 from vgrpo.flow import interpolate, timestep_grid, velocity_target
 from vgrpo.images import images_to_tensor
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
-from vgrpo.models.pipeline import SD3Adapter
-from vgrpo.models.sd3 import SD3Velocity
+from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
 from vgrpo.policy import Conditioning
 from vgrpo.progress import progress_bar
 from vgrpo.samplers import euler_ode_sample

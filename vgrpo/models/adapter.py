@@ -1,0 +1,142 @@
+"""The pipeline-adapter interface: what training and evaluation need from a diffusers text-to-image pipeline.
+
+:class:`PipelineAdapter` holds what every family shares (prompt cache, latent size, VAE normalisation,
+timestep shift); :class:`vgrpo.models.sd3.SD3Adapter` and :class:`vgrpo.models.flux.FluxAdapter` add their
+text encoding and latent layout, and :func:`vgrpo.models.pipeline.build_adapter` picks one for a loaded
+pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vgrpo.flow import resolution_shift_mu
+from vgrpo.policy import Conditioning
+
+__all__ = ["PipelineAdapter"]
+
+
+class PipelineAdapter(ABC):
+    """What training and evaluation need from a pipeline: prompt conditioning, the latent shape at the chosen
+    resolution, latent <-> image conversion and the sampling schedule's shift.
+
+    Prompt conditioning is cached per prompt string (the text encoders are frozen), so a prompt is encoded
+    once per run however many iterations see it.
+
+    Args:
+        pipe: the diffusers pipeline.
+        resolution: image side in pixels, a multiple of ``vae_scale_factor * patch_size``; None = the
+            pipeline's default.
+    """
+
+    def __init__(self, pipe: Any, *, resolution: int | None = None):
+        self.pipe = pipe
+        self.transformer = pipe.transformer
+        self.vae = pipe.vae
+        self._cache: dict[str, tuple[Tensor, Tensor]] = {}
+        self.resolution = self.default_resolution if resolution is None else int(resolution)
+        step = int(pipe.vae_scale_factor) * self.patch_size
+        if self.resolution <= 0 or self.resolution % step:
+            raise ValueError(
+                f"resolution {self.resolution} px is not a positive multiple of {step} (the VAE's "
+                f"{pipe.vae_scale_factor}x downsampling times the transformer's {self.patch_size}x{self.patch_size} "
+                "patches)"
+            )
+
+    @property
+    @abstractmethod
+    def latent_channels(self) -> int:
+        """``C`` of the spatial latents the policy reads."""
+
+    @property
+    @abstractmethod
+    def default_resolution(self) -> int:
+        """The pipeline's own image side in pixels."""
+
+    @abstractmethod
+    def _encode_prompt(self, prompt: str) -> tuple[Tensor, Tensor]:
+        """One prompt's ``(token embeddings (L, D), pooled embedding (P,))`` from the pipeline's ``encode_prompt``."""
+
+    @property
+    def patch_size(self) -> int:
+        """Side of the transformer's latent patches (2 for SD3 and FLUX)."""
+        return 2
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of the policy's input at :attr:`resolution`."""
+        side = self.resolution // int(self.pipe.vae_scale_factor)
+        return (self.latent_channels, side, side)
+
+    @property
+    def image_seq_len(self) -> int:
+        """Image tokens the transformer sees at :attr:`resolution` (what FLUX's dynamic shift depends on)."""
+        _, h, w = self.latent_shape
+        return (h // self.patch_size) * (w // self.patch_size)
+
+    def dynamic_shift(self) -> float:
+        """FLUX.1's resolution-dependent shift (diffusers ``FluxPipeline``) as the equivalent static shift ``s = e^mu``.
+
+        ``mu`` is diffusers' ``calculate_shift`` of :attr:`image_seq_len` with the scheduler's
+        ``base_shift``/``max_shift``/``base_image_seq_len``/``max_image_seq_len``; its exponential time shift
+        ``e^mu / (e^mu + 1/t - 1)`` equals the static ``s t / (1 + (s - 1) t)`` at ``s = e^mu``, so one sigma
+        grid builder (:func:`vgrpo.flow.timestep_grid`) serves both.
+        """
+        cfg = self.pipe.scheduler.config
+        if cfg.get("time_shift_type", "exponential") != "exponential":
+            raise ValueError(f"time_shift_type {cfg.get('time_shift_type')!r} is not supported (only exponential)")
+        mu = resolution_shift_mu(
+            self.image_seq_len,
+            base_seq_len=cfg.get("base_image_seq_len", 256),
+            max_seq_len=cfg.get("max_image_seq_len", 4096),
+            base_shift=cfg.get("base_shift", 0.5),
+            max_shift=cfg.get("max_shift", 1.15),
+        )
+        return math.exp(mu)
+
+    def sigma_shift(self, shift: float | None, *, dynamic: bool) -> float | None:
+        """The static shift of the sampling grid: :meth:`dynamic_shift` when ``dynamic``, else ``shift``."""
+        if dynamic and shift is not None:
+            raise ValueError(f"a dynamic shift replaces the static one; got both (shift={shift})")
+        return self.dynamic_shift() if dynamic else shift
+
+    @property
+    def scheduler_shift(self) -> float | None:
+        """The shift the pipeline's own scheduler samples with (dynamic when ``use_dynamic_shifting``)."""
+        cfg = self.pipe.scheduler.config
+        dynamic = bool(cfg.get("use_dynamic_shifting", False))
+        return self.sigma_shift(None if dynamic else float(cfg.shift), dynamic=dynamic)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
+        """Conditioning for ``prompts`` (one row per prompt), from the pipeline's own ``encode_prompt``."""
+        # One prompt per call: a batched encode rounds differently with its batch-mates, and a prompt's
+        # embedding must not depend on which iteration first saw it (a resumed run would drift by 1e-10).
+        for p in sorted({p for p in prompts if p not in self._cache}):
+            embeds, pooled = self._encode_prompt(p)
+            self._cache[p] = (embeds.detach(), pooled.detach())
+        rows = [self._cache[p] for p in prompts]
+        return Conditioning(
+            prompt_embeds=torch.stack([r[0] for r in rows]),
+            pooled_prompt_embeds=torch.stack([r[1] for r in rows]),
+        )
+
+    def encode_images(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Images in [-1, 1] ``(N, 3, H, W)`` -> normalised latents ``(z - shift_factor) * scaling_factor``
+        (a posterior sample, the training input of SD3 and FLUX)."""
+        cfg = self.vae.config
+        dist = self.vae.encode(images.to(self.vae.dtype)).latent_dist
+        z = dist.sample(generator=generator)
+        return (z - (cfg.shift_factor or 0.0)) * cfg.scaling_factor
+
+    def decode(self, latents: Tensor) -> Tensor:
+        """Normalised latents -> images in [-1, 1] ``(N, 3, H, W)``, float32."""
+        cfg = self.vae.config
+        z = latents / cfg.scaling_factor + (cfg.shift_factor or 0.0)
+        return self.vae.decode(z.to(self.vae.dtype), return_dict=False)[0].float()
