@@ -1,4 +1,4 @@
-"""CLIP-family preference rewards (algorithm.md §6) on transformers' ``CLIPModel``, loaded from local directories.
+"""CLIP-family preference rewards on transformers' ``CLIPModel``, loaded from local directories.
 
 With ``v`` the L2-normalised image embedding and ``c`` the L2-normalised text embedding of one pair:
 
@@ -10,8 +10,8 @@ With ``v`` the L2-normalised image embedding and ``c`` the L2-normalised text em
   (Tencent-Hunyuan/MixGRPO, ``fastvideo/models/reward_model/pick_score.py``) on ``(s - 18) / 8``: both are a
   reward set's affine normalisation (``offset``/``scale`` of :class:`vgrpo.rewards.multi.RewardTerm`), not
   part of the score.
-* **HPSv2.1** (tgxs002/HPSv2, ``hpsv2/img_score.py``): ``cos(c, v)`` of open_clip's ViT-H-14 with the HPS
-  checkpoint (``diag(image_features @ text_features.T)`` on normalised features), converted to a
+* **HPSv2.1** (Wu et al. 2023; tgxs002/HPSv2, ``hpsv2/img_score.py``): ``cos(c, v)`` of open_clip's ViT-H-14
+  with the HPS checkpoint (``diag(image_features @ text_features.T)`` on normalised features), converted to a
   ``CLIPModel`` directory by :func:`vgrpo.rewards.convert.convert_open_clip`.
 * **Aesthetic** (christophschuhmann/improved-aesthetic-predictor ``simple_inference.py``, flow_grpo
   ``aesthetic_scorer.py``): a linear MLP on ``v`` of CLIP ViT-L/14.
