@@ -22,8 +22,8 @@ from PIL import Image
 
 from vgrpo.rewards.base import RewardError, TransientRewardError
 from vgrpo.rewards.geneval_server import GenEvalServerReward, restricted_loads
-from vgrpo.rewards.http import HTTPClient
-from vgrpo.rewards.registry import get_reward_class
+from vgrpo.rewards.http import HTTPClient, HTTPOptions
+from vgrpo.rewards.registry import build_reward, get_reward_class
 from vgrpo.rewards.vlm import UnifiedReward, VLMJudge
 
 Respond = Callable[[bytes, int], tuple[int, bytes]]  # (body, request index) -> (status, answer)
@@ -287,13 +287,33 @@ def test_http_client_concurrency_limit_holds_across_threads(serve: Callable[[Res
     assert 2 <= server.max_in_flight <= 3
 
 
-def test_http_client_rejects_bad_configuration() -> None:
+def test_http_client_rejects_bad_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="http://"):
-        HTTPClient("r", "127.0.0.1:80")
+        HTTPClient("r", HTTPOptions("127.0.0.1:80"))
     with pytest.raises(ValueError, match="attempts"):
-        HTTPClient("r", "http://127.0.0.1:80", attempts=0)
+        HTTPClient("r", HTTPOptions("http://127.0.0.1:80", attempts=0))
+    with pytest.raises(ValueError, match="timeouts"):
+        HTTPClient("r", HTTPOptions("http://127.0.0.1:80", read_timeout=0))
+    monkeypatch.delenv("VGRPO_TEST_UNSET_KEY", raising=False)
+    with pytest.raises(ValueError, match="'VGRPO_TEST_UNSET_KEY' is not set"):
+        HTTPClient("r", HTTPOptions("http://127.0.0.1:80", api_key_env="VGRPO_TEST_UNSET_KEY"))
     with pytest.raises(ValueError, match="placeholder"):
         VLMJudge(model="m", prompt_template="no placeholder")
+
+
+@pytest.mark.parametrize("name", ["unifiedreward", "geneval_server"])
+def test_remote_rewards_pass_params_options_to_one_http_options(name: str) -> None:
+    options = {"base_url": "http://127.0.0.1:9/", "read_timeout": 7.0, "attempts": 2, "max_concurrency": 3}
+    client = build_reward(name, options).client
+    assert client.options == HTTPOptions(**options)
+    assert client.base_url == "http://127.0.0.1:9" and client.timeout == (5.0, 7.0)
+    with pytest.raises(TypeError, match=r"bad options.*read_timout"):
+        build_reward(name, {"read_timout": 7.0})
+
+
+def test_remote_rewards_default_servers() -> None:
+    assert UnifiedReward().client.options == HTTPOptions("http://127.0.0.1:17140", max_concurrency=16)
+    assert GenEvalServerReward().client.options == HTTPOptions("http://127.0.0.1:18085", max_concurrency=1)
 
 
 # ---- the fake GenEval reward server (yifan123/reward-server protocol) ----

@@ -148,6 +148,9 @@ def test_image_reward_missing_files_are_named(converted: tuple[Path, dict], tmp_
     with pytest.raises(FileNotFoundError, match="not found"):
         ImageReward(tmp_path / "nowhere")
     path, _ = converted
+    for bad, message in (({"batch_size": 0}, "batch_size"), ({"dtype": "int8"}, "dtype")):
+        with pytest.raises(ValueError, match=message):
+            ImageReward(path, **bad)
     partial = tmp_path / "partial"
     partial.mkdir()
     for f in path.iterdir():

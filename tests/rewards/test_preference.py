@@ -115,6 +115,8 @@ def test_missing_directory_or_file_is_named(clip_dir: Path, tmp_path: Path) -> N
             CLIPScore(partial)
     with pytest.raises(ValueError, match="dtype"):
         PickScore(clip_dir, dtype="int8")
+    with pytest.raises(ValueError, match="batch_size"):
+        PickScore(clip_dir, batch_size=0)
 
 
 def test_registry_builds_pickscore(clip_dir: Path, images: np.ndarray) -> None:

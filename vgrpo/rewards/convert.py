@@ -159,6 +159,13 @@ def open_clip_to_hf(
     return config, out
 
 
+def _save_model(model: Any, state: StateDict, out_dir: Path) -> Any:
+    """``model`` (a transformers model) with ``state`` loaded strictly, written to ``out_dir``; returned."""
+    model.eval().load_state_dict(state, strict=True)
+    model.save_pretrained(out_dir)
+    return model
+
+
 def _save_processor(out_dir: Path, image_size: int) -> None:
     """A CLIP-style eval transform: bicubic resize of the short side, centre crop, OpenAI mean/std."""
     from transformers import CLIPImageProcessor
@@ -184,10 +191,8 @@ def convert_open_clip(
     from transformers import CLIPConfig, CLIPModel, CLIPTokenizer
 
     kwargs, sd = open_clip_to_hf(load_original(checkpoint), vision_heads, text_heads)
-    model = CLIPModel(CLIPConfig(**kwargs)).eval()
-    model.load_state_dict(sd, strict=True)
     out = Path(out_dir)
-    model.save_pretrained(out)
+    model = _save_model(CLIPModel(CLIPConfig(**kwargs)), sd, out)
     _save_processor(out, model.config.vision_config.image_size)
     if tokenizer_dir is not None:
         CLIPTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(out)
@@ -254,12 +259,8 @@ def convert_image_reward(
         load_original(checkpoint), vision_heads, text_heads
     )
     out = Path(out_dir)
-    vision = BlipVisionModel(BlipVisionConfig(**vision_cfg)).eval()
-    vision.load_state_dict(vision_sd, strict=True)
-    vision.save_pretrained(out / "vision")
-    text = BlipTextModel(BlipTextConfig(**text_cfg), add_pooling_layer=False).eval()
-    text.load_state_dict(text_sd, strict=True)
-    text.save_pretrained(out / "text")
+    vision = _save_model(BlipVisionModel(BlipVisionConfig(**vision_cfg)), vision_sd, out / "vision")
+    _save_model(BlipTextModel(BlipTextConfig(**text_cfg), add_pooling_layer=False), text_sd, out / "text")
     save_file({k: v.contiguous() for k, v in head.items()}, str(out / IMAGE_REWARD_HEAD_FILE))
     _save_processor(out, vision.config.image_size)
     if vocab_file is not None:

@@ -3,9 +3,9 @@
 * ``world`` -- the embedded world's exact detector (:class:`vgrpo.world.detect.WorldDetector`).
 * :class:`Mask2FormerDetector` -- GenEval's detector for real images: Mask2Former (Swin-S, COCO) through
   ``mmdet``, and CLIP ViT-L/14 zero-shot colour on the masked crop (:class:`ClipColorClassifier`), loaded
-  from local paths. ``mmdet`` is an optional extra (``pip install "vgrpo[geneval]"`` on a GPU machine); it
-  cannot be installed on the CPU-only machines the project is developed on, so :func:`parse_mmdet_result`
-  (both mmdet 2 tuples and mmdet 3 ``DetDataSample``) is tested on recorded outputs.
+  from local paths. ``mmdet`` is an optional extra (``pip install "vgrpo[geneval]"`` on a GPU machine);
+  :func:`parse_mmdet_result` (both mmdet 2 tuples and mmdet 3 ``DetDataSample``) is tested on recorded outputs
+  (docs/rewards.md).
 * :class:`RecordedDetector` -- detections saved earlier (JSONL keyed by the image's SHA-256), to re-score
   images offline or pin GenEval scoring in tests.
 """
@@ -236,7 +236,7 @@ class Mask2FormerDetector:
                 raise FileNotFoundError(f"GenEval detector: no {what} at {p}")
         try:
             from mmdet.apis import init_detector
-        except ImportError as exc:  # pragma: no cover - mmdet is not installable on CPU-only machines
+        except ImportError as exc:  # pragma: no cover - mmdet is an optional extra
             raise ImportError("the Mask2Former GenEval detector needs mmdet (and mmcv) installed") from exc
         import torch
 

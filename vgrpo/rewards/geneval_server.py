@@ -1,7 +1,8 @@
-"""Client of Flow-GRPO's GenEval reward server (algorithm.md §6): Mask2Former + CLIP colour behind HTTP.
+"""Client of Flow-GRPO's GenEval reward server: Mask2Former + CLIP colour behind HTTP.
 
-The protocol, from yifan123/reward-server (``app_geneval.py``, ``reward_server/gen_eval.py``) and its client in
-yifan123/flow_grpo (``flow_grpo/rewards.py``, ``geneval_score``): ``POST /`` whose body is a pickled dict
+GenEval (Ghosh et al. 2023) as Flow-GRPO (Liu et al. 2025) serves it for training. The protocol, from
+yifan123/reward-server (``app_geneval.py``, ``reward_server/gen_eval.py``) and its client in yifan123/flow_grpo
+(``flow_grpo/rewards.py``, ``geneval_score``): ``POST /`` whose body is a pickled dict
 
     {"images": [JPEG bytes, ...], "meta_datas": [{"tag", "include", "exclude"?, "prompt"}, ...], "only_strict": bool}
 
@@ -33,7 +34,7 @@ import numpy as np
 from PIL import Image
 
 from vgrpo.rewards.base import Metadata, Reward, RewardError, RewardOutput
-from vgrpo.rewards.http import DEFAULT_HOST, HTTPClient, truncate
+from vgrpo.rewards.http import DEFAULT_HOST, HTTPClient, HTTPOptions, truncate
 
 __all__ = ["GenEvalServerReward", "RestrictedUnpickler", "restricted_loads"]
 
@@ -70,8 +71,8 @@ class GenEvalServerReward(Reward):
             needs ``only_strict=False``).
         batch_size: images per request (Flow-GRPO: 64).
         jpeg_quality: the JPEG quality images are sent at (PIL's default 75, as Flow-GRPO).
-        connect_timeout, read_timeout, attempts, base_delay, max_delay, max_concurrency: see
-            :class:`vgrpo.rewards.http.HTTPClient` (one request per batch; Flow-GRPO sends them one at a time).
+        max_concurrency: requests in flight at most (one request per batch; Flow-GRPO sends them one at a time).
+        http: the other options of :class:`vgrpo.rewards.http.HTTPOptions` (timeouts, retries, ``api_key_env``).
 
     Sub-scores, named as :class:`vgrpo.rewards.geneval.GenEvalReward` names them: ``partial`` and ``exact``, and
     ``strict`` (the official GenEval rule) when not ``only_strict``.
@@ -88,12 +89,8 @@ class GenEvalServerReward(Reward):
         reward: Literal["partial", "exact", "strict"] = "partial",
         batch_size: int = 64,
         jpeg_quality: int = 75,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 120.0,
-        attempts: int = 5,
-        base_delay: float = 1.0,
-        max_delay: float = 30.0,
         max_concurrency: int = 1,
+        **http: Any,
     ):
         if reward not in ("partial", "exact", "strict"):
             raise ValueError(f"reward {self.name!r}: reward must be 'partial', 'exact' or 'strict', got {reward!r}")
@@ -101,16 +98,7 @@ class GenEvalServerReward(Reward):
             raise ValueError(f"reward {self.name!r}: reward='strict' (the official rule) needs only_strict=False")
         if batch_size < 1 or not 1 <= jpeg_quality <= 100:
             raise ValueError(f"reward {self.name!r}: need batch_size >= 1 and jpeg_quality in 1..100")
-        self.client = HTTPClient(
-            self.name,
-            base_url,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            attempts=attempts,
-            base_delay=base_delay,
-            max_delay=max_delay,
-            max_concurrency=max_concurrency,
-        )
+        self.client = HTTPClient(self.name, HTTPOptions(base_url, max_concurrency=max_concurrency, **http))
         self.only_strict = only_strict
         self.reward = reward
         self.batch_size = batch_size

@@ -1,6 +1,7 @@
 """The HTTP machinery shared by the rewards that run behind a server (VLM judges, Flow-GRPO's GenEval server).
 
-One :class:`HTTPClient` per reward: POSTs a body to ``{base_url}{path}`` with a (connect, read) timeout,
+One :class:`HTTPClient` per reward, configured by one :class:`HTTPOptions` (the keyword options a remote reward
+passes through from its params entry): POSTs a body to ``{base_url}{path}`` with a (connect, read) timeout,
 retries with exponential backoff and jitter on what may pass (connection errors, timeouts, 429, 5xx), never on
 what will not (other 4xx; a malformed answer is the caller's to reject), and keeps at most ``max_concurrency``
 requests in flight across every thread that uses it. Every failure is a :class:`RewardError` that names the
@@ -12,18 +13,20 @@ Only the body the caller builds is sent: the session ignores the environment (``
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import requests
 
 from vgrpo.rewards.base import RewardError, TransientRewardError
 
-__all__ = ["DEFAULT_HOST", "HTTPClient", "truncate"]
+__all__ = ["DEFAULT_HOST", "HTTPClient", "HTTPOptions", "truncate"]
 
 DEFAULT_HOST = "127.0.0.1"
 RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
@@ -40,11 +43,12 @@ def truncate(text: str | bytes, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more chars]"
 
 
-class HTTPClient:
-    """POSTs to one reward server with timeouts, bounded retries and a concurrency limit.
+@dataclass(frozen=True)
+class HTTPOptions:
+    """How a reward reaches its server. A remote reward takes these as keyword options (``base_url``,
+    ``read_timeout``, ... in its params entry) and hands them to its :class:`HTTPClient` unchanged.
 
     Args:
-        reward: the reward's registry name, quoted in every error.
         base_url: ``http://host:port`` (a path prefix is kept); a trailing slash is ignored.
         connect_timeout: seconds to open the connection.
         read_timeout: seconds to wait for each read of the answer (a VLM or a detector batch is slow).
@@ -52,38 +56,52 @@ class HTTPClient:
         base_delay: backoff before retry ``k`` (1-based) is ``min(max_delay, base_delay * 2**(k-1))``
             scaled by a uniform jitter in ``[0.5, 1]``; a ``Retry-After`` of seconds is honoured up to ``max_delay``.
         max_delay: the cap of one backoff, seconds.
-        max_concurrency: requests in flight at most, across all threads using this client.
-        headers: extra headers sent with every request (an ``Authorization`` the caller chose to send).
+        max_concurrency: requests in flight at most, across all threads using one client.
+        api_key_env: name of an environment variable whose value is sent as ``Authorization: Bearer``
+            (servers started with ``--api-key``); nothing is sent when ``None``. The key itself stays out of
+            params files.
     """
 
-    def __init__(
-        self,
-        reward: str,
-        base_url: str,
-        *,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 120.0,
-        attempts: int = 5,
-        base_delay: float = 1.0,
-        max_delay: float = 30.0,
-        max_concurrency: int = 8,
-        headers: Mapping[str, str] | None = None,
-    ):
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"reward {reward!r}: base_url must start with http:// or https://, got {base_url!r}")
-        if attempts < 1 or max_concurrency < 1:
+    base_url: str
+    connect_timeout: float = 5.0
+    read_timeout: float = 120.0
+    attempts: int = 5
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+    max_concurrency: int = 8
+    api_key_env: str | None = None
+
+
+class HTTPClient:
+    """POSTs to one reward server with timeouts, bounded retries and a concurrency limit.
+
+    Args:
+        reward: the reward's registry name, quoted in every error.
+        options: the server and how to reach it.
+
+    Raises:
+        ValueError: on options out of range, or an ``api_key_env`` that is not set.
+    """
+
+    def __init__(self, reward: str, options: HTTPOptions):
+        if not options.base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"reward {reward!r}: base_url must start with http:// or https://, got {options.base_url!r}"
+            )
+        if options.attempts < 1 or options.max_concurrency < 1:
             raise ValueError(f"reward {reward!r}: attempts and max_concurrency must be >= 1")
-        if connect_timeout <= 0 or read_timeout <= 0 or base_delay < 0 or max_delay < 0:
+        if options.connect_timeout <= 0 or options.read_timeout <= 0 or options.base_delay < 0 or options.max_delay < 0:
             raise ValueError(f"reward {reward!r}: timeouts must be > 0 and delays >= 0")
+        self.headers: dict[str, str] = {}
+        if options.api_key_env is not None:
+            if options.api_key_env not in os.environ:
+                raise ValueError(f"reward {reward!r}: environment variable {options.api_key_env!r} is not set")
+            self.headers["Authorization"] = f"Bearer {os.environ[options.api_key_env]}"
         self.reward = reward
-        self.base_url = base_url.rstrip("/")
-        self.timeout = (connect_timeout, read_timeout)
-        self.attempts = attempts
-        self.base_delay = base_delay
-        self.max_delay = max_delay
-        self.max_concurrency = max_concurrency
-        self.headers = dict(headers or {})
-        self._slots = threading.BoundedSemaphore(max_concurrency)
+        self.options = options
+        self.base_url = options.base_url.rstrip("/")
+        self.timeout = (options.connect_timeout, options.read_timeout)
+        self._slots = threading.BoundedSemaphore(options.max_concurrency)
         self._local = threading.local()
 
     def _session(self) -> requests.Session:
@@ -96,22 +114,23 @@ class HTTPClient:
         return session
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
+        max_delay = self.options.max_delay
         if retry_after is not None and retry_after.strip().isdigit():
-            return min(self.max_delay, float(retry_after))
-        return min(self.max_delay, self.base_delay * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            return min(max_delay, float(retry_after))
+        return min(max_delay, self.options.base_delay * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
     def post(self, path: str, body: bytes, content_type: str) -> bytes:
         """The body of a 2xx answer to ``POST {base_url}{path}``.
 
         Raises:
             RewardError: at once on a 4xx other than 429 (quoting the answer).
-            TransientRewardError: after ``attempts`` tries on connection errors, timeouts, 429 and 5xx (naming the
-                last status or exception).
+            TransientRewardError: after ``options.attempts`` tries on connection errors, timeouts, 429 and 5xx
+                (naming the last status or exception).
         """
         url = self.base_url + path
         headers = {"Content-Type": content_type, **self.headers}
         last = "no attempt made"
-        for attempt in range(1, self.attempts + 1):
+        for attempt in range(1, self.options.attempts + 1):
             retry_after = None
             try:
                 with self._slots:
@@ -129,10 +148,10 @@ class HTTPClient:
                 if response.status_code not in RETRY_STATUS:
                     raise RewardError(f"reward {self.reward!r}: POST {url} was refused ({last}); not retried")
                 retry_after = response.headers.get("Retry-After")
-            if attempt < self.attempts:
+            if attempt < self.options.attempts:
                 time.sleep(self._backoff(attempt, retry_after))
         raise TransientRewardError(
-            f"reward {self.reward!r}: POST {url} failed after {self.attempts} attempt(s); last: {last}"
+            f"reward {self.reward!r}: POST {url} failed after {self.options.attempts} attempt(s); last: {last}"
         )
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
@@ -140,9 +159,9 @@ class HTTPClient:
 
         The first error is raised once the calls already running have ended; calls not yet started are cancelled.
         """
-        if len(items) <= 1 or self.max_concurrency == 1:
+        if len(items) <= 1 or self.options.max_concurrency == 1:
             return [fn(item) for item in items]
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(items))) as pool:
+        with ThreadPoolExecutor(max_workers=min(self.options.max_concurrency, len(items))) as pool:
             futures: list[Future[R]] = [pool.submit(fn, item) for item in items]
             try:
                 return [future.result() for future in futures]

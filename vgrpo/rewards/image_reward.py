@@ -21,15 +21,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+from vgrpo.rewards.base import Metadata, RewardOutput
 from vgrpo.rewards.convert import IMAGE_REWARD_HEAD_FILE
 from vgrpo.rewards.preference import (
     WEIGHTS,
+    LocalModelReward,
     aesthetic_mlp,
     load_image_processor,
     require_files,
-    resolve_device,
-    resolve_dtype,
 )
 
 __all__ = ["IMAGE_REWARD_MEAN", "IMAGE_REWARD_STD", "ImageReward"]
@@ -42,39 +41,28 @@ MAX_LENGTH = 35
 """ImageReward's text length (``max_length=35`` in ``score`` and ``inference_rank``)."""
 
 
-class ImageReward(Reward):
+class ImageReward(LocalModelReward):
     """ImageReward-v1.0: ``(MLP(BERT_xattn(prompt, ViT(image))[CLS]) - mean) / std``; sub-score ``raw`` (MLP output).
 
     Args:
         path: a directory with ``vision/`` (``BlipVisionModel``), ``text/`` (``BlipTextModel`` with
             cross-attention), ``tokenizer/`` (BERT ``vocab.txt``), ``head.safetensors`` and
             ``preprocessor_config.json`` (see :func:`vgrpo.rewards.convert.convert_image_reward`).
-        device: default ``cuda`` when available, else ``cpu``.
-        dtype: the towers' dtype; the head and the normalisation run in float32.
-        batch_size: images per forward pass.
         max_length: text tokens, 35 as ImageReward (capped at the text tower's positions).
+        kwargs: ``device``, ``dtype`` (the towers'; the head and the normalisation run in float32) and
+            ``batch_size``, as :class:`vgrpo.rewards.preference.LocalModelReward`.
     """
 
     name: ClassVar[str] = "imagereward"
-    thread_safe: ClassVar[bool] = False  # the fast tokenizer's padding state is not shareable between threads
 
-    def __init__(
-        self,
-        path: str | Path,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype = torch.float32,
-        batch_size: int = 32,
-        max_length: int = MAX_LENGTH,
-    ):
+    def __init__(self, path: str | Path, *, max_length: int = MAX_LENGTH, **kwargs: Any):
         from safetensors.torch import load_file
         from transformers import BertTokenizer, BlipTextModel, BlipVisionModel
 
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.path = require_files(path, (IMAGE_REWARD_HEAD_FILE,), ("preprocessor_config.json",))
+        super().__init__(path, **kwargs)
+        require_files(self.path, (IMAGE_REWARD_HEAD_FILE,), ("preprocessor_config.json",))
         for sub, files in (("vision", WEIGHTS), ("text", WEIGHTS), ("tokenizer", ("vocab.txt",))):
             require_files(self.path / sub, files, *([("config.json",)] if sub != "tokenizer" else []))
-        self.device, self.dtype, self.batch_size = resolve_device(device), resolve_dtype(dtype), batch_size
         vision: Any = BlipVisionModel.from_pretrained(str(self.path / "vision"), use_safetensors=True, dtype=self.dtype)
         text: Any = BlipTextModel.from_pretrained(
             str(self.path / "text"), use_safetensors=True, dtype=self.dtype, add_pooling_layer=False
@@ -92,8 +80,7 @@ class ImageReward(Reward):
     def features(self, images: np.ndarray, prompts: Sequence[str]) -> torch.Tensor:
         """The text encoder's ``[CLS]`` feature ``(N, hidden)`` float32, cross-attending to each image's ViT tokens."""
         out = []
-        for start in range(0, len(images), self.batch_size):
-            sl = slice(start, start + self.batch_size)
+        for sl in self.batches(len(images)):
             pixels = self.processor(images=list(images[sl]), return_tensors="pt")["pixel_values"]
             image_embeds = self.vision(pixel_values=pixels.to(self.device, self.dtype)).last_hidden_state  # (B, L, Dv)
             image_atts = torch.ones(image_embeds.shape[:-1], dtype=torch.long, device=self.device)  # (B, L)

@@ -1,11 +1,12 @@
 """Several rewards as one: per-reward weights and normalisation, every sub-score kept, scoring in the background.
 
-A stage of the curriculum trains on a weighted set of rewards (SD3.5 stages 1 and 3: HPSv2.1 + PickScore +
-CLIPScore; FLUX: HPSv2.1, PickScore, ImageReward, UnifiedReward). :class:`MultiReward` scores a batch with each
-of them and returns, per reward, the score normalised as ``(score - offset) / scale`` -- MixGRPO brings
-PickScore to the scale of the others this way before its per-reward advantages are summed -- which
-:func:`vgrpo.advantages.compute_advantages` then normalises per group and sums with :attr:`MultiReward.weights`
-(algorithm.md §2). Raw scores and every sub-score come back for logging.
+A stage of the curriculum trains on a weighted set of rewards (V-GRPO, Tang et al. 2026: SD3.5-M stages 1 and 3,
+HPSv2.1 + PickScore + CLIPScore, App. A.2; FLUX, HPSv2.1, PickScore, ImageReward and UnifiedReward, App. A.1).
+:class:`MultiReward` scores a batch with each of them and returns, per reward, the score normalised as
+``(score - offset) / scale`` -- MixGRPO (Li et al. 2025) brings PickScore to the scale of the others this way
+before its per-reward advantages are summed -- which :func:`vgrpo.advantages.compute_advantages` then
+normalises per group (GRPO's advantage, Tang et al. 2026, Sec. 3) and sums with :attr:`MultiReward.weights`.
+Raw scores and every sub-score come back for logging.
 
 Throughput: :meth:`MultiReward.submit` scores on a background thread, so a rollout can decode and score chunk
 ``k`` while it samples chunk ``k + 1`` (PP-OCR's ONNX runtime and torch release the GIL while they compute).

@@ -1,4 +1,4 @@
-"""OCR reward of Flow-GRPO (algorithm.md §6) with a PP-OCR engine that runs offline on the CPU.
+"""The OCR reward as in Flow-GRPO (Liu et al. 2025), with a PP-OCR engine that runs offline on the CPU.
 
 The score: the target is the text between the first pair of double quotes in the prompt; recognised text
 and target are lower-cased with spaces removed; the distance is 0 when the target is a substring of the
@@ -63,8 +63,8 @@ class RapidOCRReader:
     whose wheel carries the ONNX models.
 
     Images smaller than ``min_side`` are upscaled with bicubic interpolation first: PP-OCR is trained on
-    anti-aliased text of natural sizes, and reads the embedded world's 7-pixel glyphs only once they are
-    smooth and large (nearest-neighbour upscaling read "no" as "H0").
+    anti-aliased text of natural sizes, and reads small glyphs (the embedded world's are 7 pixels) only once
+    they are smooth and large.
     """
 
     def __init__(self, min_side: int = 128, **engine_kwargs: Any):
@@ -101,8 +101,7 @@ class RapidOCRLineReader:
     is the expensive half of PP-OCR and adds nothing: the crop ``line_box`` (canvas fractions ``x0, y0, x1,
     y1``) is upscaled with bicubic interpolation to ``height`` pixels (the recogniser's input height is 48) and
     recognised in batches of ``batch_size``, each line right-padded to ``width`` pixels (PP-OCR's 320 by
-    default; a narrower pad is faster, and on the world's words at 192 misreads one of 184, benchmarks/rewards.py).
-    Text outside the box is not read.
+    default; a narrower pad trades accuracy for speed, docs/rewards.md). Text outside the box is not read.
     """
 
     def __init__(
@@ -194,8 +193,8 @@ class OCRReward(Reward):
 
 class PaddleOCRReader(RapidOCRReader):
     """PaddleOCR 3 (what Flow-GRPO uses), when ``paddleocr`` and ``paddlepaddle`` are installed and its models
-    are available locally (``engine_kwargs`` such as ``text_recognition_model_dir``). Not installable offline on
-    the development machines (it fetches models from a hub), so untested here; the default is RapidOCR."""
+    are available locally (``engine_kwargs`` such as ``text_recognition_model_dir``); the default is RapidOCR,
+    and the tests run RapidOCR only (docs/rewards.md)."""
 
     def __init__(self, min_side: int = 128, **engine_kwargs: Any):  # pragma: no cover - optional engine
         try:

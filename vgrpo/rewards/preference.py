@@ -1,4 +1,4 @@
-"""CLIP-family preference rewards (algorithm.md §6) on transformers' ``CLIPModel``, loaded from local directories.
+"""CLIP-family preference rewards on transformers' ``CLIPModel``, loaded from local directories.
 
 With ``v`` the L2-normalised image embedding and ``c`` the L2-normalised text embedding of one pair:
 
@@ -10,8 +10,8 @@ With ``v`` the L2-normalised image embedding and ``c`` the L2-normalised text em
   (Tencent-Hunyuan/MixGRPO, ``fastvideo/models/reward_model/pick_score.py``) on ``(s - 18) / 8``: both are a
   reward set's affine normalisation (``offset``/``scale`` of :class:`vgrpo.rewards.multi.RewardTerm`), not
   part of the score.
-* **HPSv2.1** (tgxs002/HPSv2, ``hpsv2/img_score.py``): ``cos(c, v)`` of open_clip's ViT-H-14 with the HPS
-  checkpoint (``diag(image_features @ text_features.T)`` on normalised features), converted to a
+* **HPSv2.1** (Wu et al. 2023; tgxs002/HPSv2, ``hpsv2/img_score.py``): ``cos(c, v)`` of open_clip's ViT-H-14
+  with the HPS checkpoint (``diag(image_features @ text_features.T)`` on normalised features), converted to a
   ``CLIPModel`` directory by :func:`vgrpo.rewards.convert.convert_open_clip`.
 * **Aesthetic** (christophschuhmann/improved-aesthetic-predictor ``simple_inference.py``, flow_grpo
   ``aesthetic_scorer.py``): a linear MLP on ``v`` of CLIP ViT-L/14.
@@ -38,6 +38,7 @@ __all__ = [
     "AestheticScore",
     "CLIPScore",
     "HPSv2",
+    "LocalModelReward",
     "PickScore",
     "aesthetic_mlp",
     "load_image_processor",
@@ -90,11 +91,6 @@ def load_image_processor(path: Path) -> Any:
     return cls.from_pretrained(str(path))
 
 
-def _batches(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
 def pooled_features(out: Any) -> torch.Tensor:
     """Projected features from ``get_*_features`` (a tensor in transformers 4, a model output in 5)."""
     return out if isinstance(out, torch.Tensor) else out.pooler_output
@@ -106,10 +102,16 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(p=2, dim=-1, keepdim=True)
 
 
-class _CLIPReward(Reward):
-    """Shared loading and embedding of a local ``CLIPModel`` directory; subclasses turn ``(v, c)`` into scores."""
+class LocalModelReward(Reward):
+    """A reward model read from a local directory and run in batches on one device.
 
-    needs_text: ClassVar[bool] = True
+    Args:
+        path: the model directory; subclasses name the files it must hold (:func:`require_files`).
+        device: default ``cuda`` when available, else ``cpu``.
+        dtype: the model's dtype, or its name.
+        batch_size: images per forward pass.
+    """
+
     thread_safe: ClassVar[bool] = False  # the fast tokenizer's padding state is not shareable between threads
 
     def __init__(
@@ -119,13 +121,29 @@ class _CLIPReward(Reward):
         dtype: str | torch.dtype = torch.float32,
         batch_size: int = 32,
     ):
-        from transformers import CLIPModel, CLIPTokenizer
-
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        groups: list[Sequence[Any]] = [("config.json",), WEIGHTS, ("preprocessor_config.json",)]
-        self.path = require_files(path, *groups, *([TOKENIZER] if self.needs_text else []))
+        self.path = Path(path)
         self.device, self.dtype, self.batch_size = resolve_device(device), resolve_dtype(dtype), batch_size
+
+    def batches(self, n: int) -> Iterator[slice]:
+        """Slices of ``range(n)`` of at most ``batch_size`` items."""
+        for start in range(0, n, self.batch_size):
+            yield slice(start, min(start + self.batch_size, n))
+
+
+class _CLIPReward(LocalModelReward):
+    """Shared loading and embedding of a local ``CLIPModel`` directory; subclasses turn ``(v, c)`` into scores.
+    Arguments as :class:`LocalModelReward`."""
+
+    needs_text: ClassVar[bool] = True
+
+    def __init__(self, path: str | Path, **kwargs: Any):
+        from transformers import CLIPModel, CLIPTokenizer
+
+        super().__init__(path, **kwargs)
+        groups: list[Sequence[Any]] = [("config.json",), WEIGHTS, ("preprocessor_config.json",)]
+        require_files(self.path, *groups, *([TOKENIZER] if self.needs_text else []))
         model: Any = CLIPModel.from_pretrained(str(self.path), use_safetensors=True, dtype=self.dtype)
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.processor = load_image_processor(self.path)
@@ -147,7 +165,7 @@ class _CLIPReward(Reward):
     def image_embeddings(self, images: np.ndarray) -> torch.Tensor:
         """``v``: L2-normalised image embeddings ``(N, D)`` float32 of uint8 ``images (N, H, W, 3)``."""
         out = []
-        for sl in _batches(len(images), self.batch_size):
+        for sl in self.batches(len(images)):
             pixels = self.processor(images=list(images[sl]), return_tensors="pt")["pixel_values"]
             feats = self.model.get_image_features(pixel_values=pixels.to(self.device, self.dtype))
             out.append(_normalise(pooled_features(feats)))
@@ -159,7 +177,7 @@ class _CLIPReward(Reward):
         if self.tokenizer is None:
             raise RuntimeError(f"reward {self.name!r} loads no tokenizer")
         out = []
-        for sl in _batches(len(prompts), self.batch_size):
+        for sl in self.batches(len(prompts)):
             tok = self.tokenizer(
                 list(prompts[sl]), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
             )

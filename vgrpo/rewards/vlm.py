@@ -17,7 +17,6 @@ import base64
 import io
 import json
 import math
-import os
 import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -26,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from vgrpo.rewards.base import Metadata, Reward, RewardError, RewardOutput
-from vgrpo.rewards.http import DEFAULT_HOST, HTTPClient, truncate
+from vgrpo.rewards.http import DEFAULT_HOST, HTTPClient, HTTPOptions, truncate
 
 __all__ = ["UNIFIEDREWARD_PROMPT", "UnifiedReward", "VLMJudge", "png_data_url"]
 
@@ -56,7 +55,6 @@ class VLMJudge(Reward):
     """A VLM asked one question per image that answers with ``<marker> <number>``.
 
     Args:
-        base_url: the server, ``http://host:port``; requests go to ``{base_url}/v1/chat/completions``.
         model: the served model name the request names.
         prompt_template: the question; ``{prompt}`` is replaced by the image's prompt.
         marker: the text that precedes the score in the answer (the first occurrence is read).
@@ -67,10 +65,9 @@ class VLMJudge(Reward):
         fallback_score: when set, a malformed answer (no score, out of range) scores this (in the judge's
             units, before ``normalize``) instead of raising; Flow-GRPO's behaviour is ``0.0``. Off by default.
             A broken server (non-JSON body, no ``choices``) always raises.
-        api_key_env: name of an environment variable whose value is sent as ``Authorization: Bearer``
-            (servers started with ``--api-key``); nothing is sent when ``None``.
-        connect_timeout, read_timeout, attempts, base_delay, max_delay, max_concurrency: see
-            :class:`vgrpo.rewards.http.HTTPClient` (one request per image).
+        base_url: the server, ``http://host:port``; requests go to ``{base_url}/v1/chat/completions``.
+        max_concurrency: requests in flight at most (one request per image).
+        http: the other options of :class:`vgrpo.rewards.http.HTTPOptions` (timeouts, retries, ``api_key_env``).
 
     Sub-scores: ``raw``, the judge's number (the fallback where one was used), and ``fallback``, 1 where the
     answer was malformed and ``fallback_score`` stood in.
@@ -83,7 +80,6 @@ class VLMJudge(Reward):
         *,
         model: str,
         prompt_template: str,
-        base_url: str = f"http://{DEFAULT_HOST}:30000",
         marker: str = "Final Score:",
         min_score: float = 1.0,
         max_score: float = 5.0,
@@ -91,34 +87,15 @@ class VLMJudge(Reward):
         max_tokens: int = 512,
         image_size: int | None = None,
         fallback_score: float | None = None,
-        api_key_env: str | None = None,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 120.0,
-        attempts: int = 5,
-        base_delay: float = 1.0,
-        max_delay: float = 30.0,
+        base_url: str = f"http://{DEFAULT_HOST}:30000",
         max_concurrency: int = 16,
+        **http: Any,
     ):
         if "{prompt}" not in prompt_template:
             raise ValueError(f"reward {self.name!r}: prompt_template has no '{{prompt}}' placeholder")
         if not min_score < max_score or (normalize and max_score <= 0):
             raise ValueError(f"reward {self.name!r}: need min_score < max_score (and max_score > 0 to normalize)")
-        headers = {}
-        if api_key_env is not None:
-            if api_key_env not in os.environ:
-                raise ValueError(f"reward {self.name!r}: environment variable {api_key_env!r} is not set")
-            headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
-        self.client = HTTPClient(
-            self.name,
-            base_url,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            attempts=attempts,
-            base_delay=base_delay,
-            max_delay=max_delay,
-            max_concurrency=max_concurrency,
-            headers=headers,
-        )
+        self.client = HTTPClient(self.name, HTTPOptions(base_url, max_concurrency=max_concurrency, **http))
         self.model = model
         self.prompt_template = prompt_template
         self.score_re = re.compile(re.escape(marker) + r"\s*\**\s*([-+]?\d+(?:\.\d+)?)")
