@@ -19,6 +19,8 @@ from torch import Tensor
 from tests.algorithms.helpers import make_config, make_policy
 from vgrpo.algorithms import build_algorithm
 from vgrpo.algorithms.base import PreparedBatch
+from vgrpo.algorithms.diffusion_nft import DiffusionNFTPayload
+from vgrpo.algorithms.vgrpo import VGRPOPayload
 from vgrpo.distributed import Distributed
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.train_step import build_optimizer, train_iteration
@@ -76,13 +78,14 @@ def run_case(name: str, dist: Distributed) -> tuple[dict[str, Tensor], dict[str,
     )
     batch = captured[0]
     out = {"advantages": dist.gather(batch.advantages), "samples": dist.gather(record.samples)}
-    pairs = batch.extras.get("pairs")
-    if pairs is not None:  # one row for share=batch (already global), else the ranks' rows in order
+    if isinstance(batch.payload, VGRPOPayload | DiffusionNFTPayload):
+        pairs = batch.payload.pairs  # one row for share=batch (already global), else the ranks' rows in order
         gather = (lambda x: x) if pairs.share == "batch" else dist.gather
         out |= {"pairs_t": gather(pairs.t), "pairs_eps": gather(pairs.eps)}
+    tensors = batch.payload.tensors()
     for key in ("old_surrogates", "v_old"):
-        if key in batch.extras:
-            out[key] = dist.gather(batch.extras[key])
+        if key in tensors:
+            out[key] = dist.gather(tensors[key])
     for param_name, p in policy.named_parameters():
         if p.requires_grad:
             value = p.detach()

@@ -29,7 +29,7 @@ def test_on_policy_ratio_is_one_with_bf16_autocast(memory_bounded):
     config = make_config({"name": "vgrpo", "memory_bounded": memory_bounded, "n_mc": 4})
     policy = AutocastVelocity(make_policy(config))
     algorithm, batch = prepared(config, policy)
-    assert batch.extras["old_surrogates"].dtype == torch.float32
+    assert batch.payload.old_surrogates.dtype == torch.float32
     metrics = algorithm.accumulate_gradients(policy, batch, torch.arange(N), step=1)
     # Rollout and training share the autocast wrapper, so the same bf16 kernels run twice: measured 0 on CPU.
     # The stated tolerance leaves room for nondeterministic GPU kernels.

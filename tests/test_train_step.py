@@ -5,6 +5,7 @@ import torch
 
 from tests.algorithms.helpers import GROUP, PROMPTS, make_config, make_policy
 from vgrpo.algorithms import ALGORITHMS, build_algorithm
+from vgrpo.guards import NonFiniteError
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.train_step import build_optimizer, minibatch_schedule, train_iteration
 
@@ -119,9 +120,41 @@ def test_mixgrpo_trains_only_inside_its_window():
         noise = torch.randn(PROMPTS * GROUP, *TINY_LATENT_SHAPE, generator=g)
         rollout = algorithm.rollout(policy, cond, noise, g, iteration)
         batch = algorithm.prepare(policy, rollout, cond, torch.zeros(PROMPTS * GROUP), g)
-        steps = batch.extras["train_steps"]
+        steps = batch.payload.train_steps
         assert set(steps.flatten().tolist()) == {start, start + 1}
         assert torch.nonzero(rollout.trajectory.sde_steps).flatten().tolist() == [start, start + 1]
+
+
+@pytest.mark.parametrize(("name", "field"), [("diffusion_nft", "v_old"), ("vgrpo", "old_surrogates")])
+def test_a_non_finite_prepared_tensor_stops_the_update_and_is_named(monkeypatch, name, field):
+    config = make_config(_algorithm_overrides(name))
+    policy = make_policy(config)
+    algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
+    precompute = algorithm.precompute
+
+    def poisoned(*args):
+        payload, metrics = precompute(*args)
+        getattr(payload, field).view(-1)[0] = float("nan")
+        return payload, metrics
+
+    monkeypatch.setattr(algorithm, "precompute", poisoned)
+    before = [p.detach().clone() for p in policy.parameters() if p.requires_grad]
+    with pytest.raises(NonFiniteError) as err:
+        train_iteration(
+            policy=policy,
+            algorithm=algorithm,
+            optimizer=build_optimizer(policy, config.optim),
+            reward_fn=toy_reward,
+            prompts=PROMPT_TEXTS,
+            cond=tiny_conditioning(PROMPTS),
+            config=config,
+            latent_shape=TINY_LATENT_SHAPE,
+            generator=torch.Generator().manual_seed(0),
+            iteration=1,
+        )
+    assert err.value.quantity == field
+    after = [p.detach() for p in policy.parameters() if p.requires_grad]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
 def test_diffusion_nft_old_policy_follows_by_ema():

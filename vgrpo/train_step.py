@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.advantages import compute_advantages
-from vgrpo.algorithms.base import Algorithm, Rollout
+from vgrpo.algorithms.base import Algorithm, Payload, Rollout
 from vgrpo.config import AdvantageConfig, OptimConfig, TrainConfig
 from vgrpo.distributed import Distributed, samples_per_process
 from vgrpo.guards import NonFiniteError, check_finite, nonfinite_summary
@@ -73,11 +73,11 @@ def _prompts_at(values: Tensor, prompts: Sequence[str], group_size: int) -> list
     return [prompts[i // group_size] for i in bad]
 
 
-def _check_prepared(extras: Mapping[str, object], dist: Distributed) -> None:
-    """Non-finite tensors among what ``prepare`` computed (old surrogates, log-probabilities, velocities).
-    Each rank holds its own samples', so the verdict is reduced: every rank skips, or none does."""
-    bad = {k: v for k, v in extras.items() if isinstance(v, Tensor) and v.is_floating_point()
-           and not bool(torch.isfinite(v).all())}  # fmt: skip
+def _check_prepared(payload: Payload, dist: Distributed) -> None:
+    """Non-finite floating-point tensors among the payload ``prepare`` computed (old surrogates, old x-predictions,
+    old velocities, reward weights). Each rank holds its own samples', so the verdict is reduced: every rank skips,
+    or none does."""
+    bad = {k: v for k, v in payload.tensors().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())}
     if dist.any(bool(bad)):
         name = next(iter(bad), "prepared batch")
         details = nonfinite_summary(bad[name]) if bad else {"on": "another rank"}
@@ -219,7 +219,7 @@ def update_policy(
     )
     check_finite("advantages", adv.advantages)
     prepared = algorithm.prepare(policy, batch.rollout, batch.sample_cond, adv.advantages[samples], batch.generator)
-    _check_prepared(prepared.extras, dist)
+    _check_prepared(prepared.payload, dist)
     t3 = _clock(device)
 
     params = trainable_parameters(policy)

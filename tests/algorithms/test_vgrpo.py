@@ -11,7 +11,7 @@ N = 6
 
 def _reinforce_grads(policy, batch, n_mc):
     """Independent REINFORCE gradient: -mean_i A_i grad(mean_j s_ij), written out by hand."""
-    pairs = batch.extras["pairs"]
+    pairs = batch.payload.pairs
     policy.zero_grad(set_to_none=True)
     s = []
     for j in range(n_mc):
@@ -133,7 +133,7 @@ def test_shared_pairs_make_surrogates_of_identical_outputs_identical():
         policy = make_policy(config)
         algorithm, batch = prepared(config, policy)
         batch.samples[1] = batch.samples[0]  # two samples of prompt 0 with the same output
-        s, _ = algorithm.current_surrogates(policy, batch.samples, batch.cond, batch.extras["pairs"], torch.arange(N))
+        s, _ = algorithm.current_surrogates(policy, batch.samples, batch.cond, batch.payload.pairs, torch.arange(N))
         assert torch.equal(s[0], s[1]) is identical, share
 
 
@@ -148,7 +148,7 @@ def test_naive_elbo_switches_every_technique_off():
     )
     policy = make_policy(config)
     algorithm, batch = prepared(config, policy)
-    assert batch.extras["pairs"].t.shape == (N, 4)
+    assert batch.payload.pairs.t.shape == (N, 4)
     assert algorithm.name == "vgrpo" and batch.metrics["surrogate/cv"] > 0
 
 

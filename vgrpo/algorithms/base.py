@@ -1,26 +1,27 @@
 """The small interface every algorithm implements, so one training step serves them all.
 
-An iteration is ``rollout -> rewards -> advantages -> prepare -> K x accumulate_gradients``
+An iteration is ``rollout -> rewards -> advantages -> prepare -> K x accumulate_gradients -> end_iteration``
 (:func:`vgrpo.train_step.train_iteration`). Algorithms differ only in how they sample, what they
-precompute with the behaviour policy, and how a minibatch turns into gradients.
+precompute with the behaviour policy (their payload, a dataclass of their own), and how a minibatch turns
+into gradients.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from vgrpo.distributed import Distributed
 from vgrpo.pairs import SharedPairs
-from vgrpo.policy import Conditioning, ParameterSnapshot
+from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
 from vgrpo.samplers import SDETrajectory, euler_ode_sample
 
-__all__ = ["Algorithm", "PreparedBatch", "Rollout", "micro_batches"]
+__all__ = ["Algorithm", "Payload", "PreparedBatch", "Rollout", "ScoredRollout", "micro_batches"]
 
 
 def micro_batches(idx: Tensor, size: int) -> Iterator[tuple[Tensor, slice]]:
@@ -45,13 +46,37 @@ class Rollout:
     trajectory: SDETrajectory | None = None
 
 
+@dataclass(frozen=True)
+class ScoredRollout:
+    """What an algorithm prepares from: this rank's rollout, its conditioning (``N`` rows) and its advantages
+    ``(N,)``."""
+
+    rollout: Rollout
+    cond: Conditioning
+    advantages: Tensor
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Base of the algorithms' payloads: the dataclass of what one algorithm precomputed for its gradient steps
+    (old surrogates, pairs, trajectories, ...), one field a quantity."""
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The fields that are tensors, by name (records such as pairs or a trajectory are not opened)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if isinstance(value, Tensor)}
+
+
+PayloadT = TypeVar("PayloadT", bound=Payload)
+
+
 @dataclass
-class PreparedBatch:
+class PreparedBatch(Generic[PayloadT]):
     """Everything an algorithm precomputed for the gradient steps of one iteration.
 
     Attributes:
         samples: ``(N, *S)``; cond: ``N`` rows; advantages: ``(N,)``.
-        extras: algorithm-specific tensors (old surrogates, pairs, trajectories, ...).
+        payload: the algorithm's own precomputation (``VGRPOPayload``, ``FlowGRPOPayload``, ...).
         metrics: diagnostics measured while preparing (surrogate CV, ...), of the global batch: the same on
             every rank.
     """
@@ -59,12 +84,13 @@ class PreparedBatch:
     samples: Tensor
     cond: Conditioning
     advantages: Tensor
-    extras: dict[str, Any] = field(default_factory=dict)
+    payload: PayloadT
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class Algorithm(ABC):
-    """Base class: subclasses are constructed from their typed config plus these plain values.
+class Algorithm(ABC, Generic[PayloadT]):
+    """Base class: subclasses are constructed from their typed config plus these plain values, and name the
+    payload their ``prepare`` hands to their ``accumulate_gradients`` (``Algorithm[VGRPOPayload]``, ...).
 
     Args:
         config: the algorithm's typed config (``TrainConfig.algorithm``).
@@ -98,6 +124,13 @@ class Algorithm(ABC):
         self.rollout_micro_batch = rollout_micro_batch
         self.train_micro_batch = train_micro_batch
         self.dist = dist if dist is not None else Distributed()
+        self._snapshots: dict[str, ParameterSnapshot] = {}
+
+    def keep_snapshot(self, name: str, policy: nn.Module) -> ParameterSnapshot:
+        """A copy of ``policy``'s trainable weights as they are now, listed under ``name`` in :meth:`snapshots`."""
+        snapshot = ParameterSnapshot(trainable_parameters(policy))
+        self._snapshots[name] = snapshot
+        return snapshot
 
     def local_pairs(self, pairs: SharedPairs, num_local: int) -> SharedPairs:
         """This rank's rows of the global batch's ``pairs``: rank 0's draw, broadcast (as the official code does;
@@ -122,7 +155,6 @@ class Algorithm(ABC):
     ) -> Rollout:
         """Sample ``N`` final latents from ``noise`` ``(N, *S)`` under the behaviour policy."""
 
-    @abstractmethod
     def prepare(
         self,
         policy: nn.Module,
@@ -130,11 +162,25 @@ class Algorithm(ABC):
         cond: Conditioning,
         advantages: Tensor,
         generator: torch.Generator,
-    ) -> PreparedBatch:
-        """Precompute, without gradient, what the gradient steps compare against."""
+    ) -> PreparedBatch[PayloadT]:
+        """Precompute, without gradient, what the gradient steps compare against (:meth:`precompute`), next to
+        the samples, conditioning and advantages ``(N,)`` it belongs to."""
+        payload, metrics = self.precompute(policy, ScoredRollout(rollout, cond, advantages), generator)
+        return PreparedBatch(
+            samples=rollout.samples, cond=cond, advantages=advantages, payload=payload, metrics=metrics
+        )
 
     @abstractmethod
-    def accumulate_gradients(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:
+    def precompute(
+        self, policy: nn.Module, scored: ScoredRollout, generator: torch.Generator
+    ) -> tuple[PayloadT, dict[str, float]]:
+        """The algorithm's payload for this rank's samples, and diagnostics of the global batch (the same on
+        every rank)."""
+
+    @abstractmethod
+    def accumulate_gradients(
+        self, policy: nn.Module, batch: PreparedBatch[PayloadT], idx: Tensor, step: int
+    ) -> dict[str, float]:
         """Backward the loss on samples ``idx`` into ``.grad`` (the caller steps the optimizer).
 
         ``step`` counts gradient steps within the iteration (0 = weights still equal the rollout's).
@@ -146,5 +192,6 @@ class Algorithm(ABC):
 
     def snapshots(self) -> dict[str, ParameterSnapshot]:
         """Copies of the weights the algorithm keeps besides the policy (Flow-GRPO's reference, DiffusionNFT's
-        old policy): what a checkpoint must save for a resumed run to continue exactly."""
-        return {}
+        old policy), made by :meth:`keep_snapshot`: what a checkpoint must save for a resumed run to continue
+        exactly."""
+        return dict(self._snapshots)

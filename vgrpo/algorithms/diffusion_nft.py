@@ -1,26 +1,45 @@
 """DiffusionNFT (Zheng et al. 2025): likelihood-free RL on the forward process.
 
-Read next to algorithm.md §5. An "old" copy of the trainable weights samples with the Euler ODE;
-the reward-derived weight ``r = clip(A / A_max / 2 + 0.5, 0, 1)`` mixes a positive and a negative
-implicit policy (:func:`vgrpo.losses.nft_loss`) trained with the self-normalised x-loss on noised
-samples; after each iteration the old weights follow the trained ones by EMA. Timestep-noise pairs
-reuse V-GRPO's :func:`vgrpo.pairs.draw_pairs`, drawn independently per sample (no sharing).
+An "old" copy of the trainable weights samples with the Euler ODE; the reward-derived weight
+``r = clip(A / A_max / 2 + 0.5, 0, 1)`` mixes a positive and a negative implicit policy
+(:func:`vgrpo.losses.nft_loss`) trained with the self-normalised x-loss on noised samples; after each
+iteration the old weights follow the trained ones by EMA. Timestep-noise pairs reuse V-GRPO's
+:func:`vgrpo.pairs.draw_pairs`, drawn independently per sample (no sharing).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vgrpo.algorithms.base import Algorithm, PreparedBatch, Rollout, micro_batches
+from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
 from vgrpo.config import DiffusionNFTConfig
 from vgrpo.losses import nft_loss
 from vgrpo.pairs import SharedPairs, draw_pairs
-from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
+from vgrpo.policy import Conditioning
 
-__all__ = ["DiffusionNFT", "nft_reward_weight"]
+__all__ = ["DiffusionNFT", "DiffusionNFTBatch", "DiffusionNFTPayload", "nft_reward_weight"]
+
+
+@dataclass(frozen=True)
+class DiffusionNFTPayload(Payload):
+    """What DiffusionNFT's gradient steps train against, for this rank's ``N`` samples.
+
+    Attributes:
+        pairs: the iteration's timestep-noise pairs, one row per sample (this rank's rows).
+        v_old: ``(N, N_MC, *S)`` the old policy's velocity at each pair.
+        reward_weight: ``(N,)`` the optimality probability ``r`` (:func:`nft_reward_weight`).
+    """
+
+    pairs: SharedPairs
+    v_old: Tensor
+    reward_weight: Tensor
+
+
+DiffusionNFTBatch = PreparedBatch[DiffusionNFTPayload]
 
 
 def nft_reward_weight(advantages: Tensor, adv_max: float) -> Tensor:
@@ -28,21 +47,12 @@ def nft_reward_weight(advantages: Tensor, adv_max: float) -> Tensor:
     return (advantages.float() / adv_max / 2 + 0.5).clamp(0.0, 1.0)
 
 
-class DiffusionNFT(Algorithm):
+class DiffusionNFT(Algorithm[DiffusionNFTPayload]):
     name = "diffusion_nft"
 
-    def __init__(
-        self,
-        config: DiffusionNFTConfig,
-        *,
-        policy: nn.Module,
-        **kwargs: Any,
-    ):
+    def __init__(self, config: DiffusionNFTConfig, *, policy: nn.Module, **kwargs: Any):
         super().__init__(config, **kwargs)
-        self.old = ParameterSnapshot(trainable_parameters(policy))
-
-    def snapshots(self) -> dict[str, ParameterSnapshot]:
-        return {"old": self.old}
+        self.old = self.keep_snapshot("old", policy)
 
     def rollout(
         self, policy: nn.Module, cond: Conditioning, noise: Tensor, generator: torch.Generator, iteration: int
@@ -50,15 +60,11 @@ class DiffusionNFT(Algorithm):
         with self.old.swapped_in():
             return self.ode_rollout(policy, cond, noise)
 
-    def prepare(
-        self,
-        policy: nn.Module,
-        rollout: Rollout,
-        cond: Conditioning,
-        advantages: Tensor,
-        generator: torch.Generator,
-    ) -> PreparedBatch:
-        n = rollout.samples.shape[0]
+    def precompute(
+        self, policy: nn.Module, scored: ScoredRollout, generator: torch.Generator
+    ) -> tuple[DiffusionNFTPayload, dict[str, float]]:
+        samples, cond = scored.rollout.samples, scored.cond
+        n = samples.shape[0]
         pairs = draw_pairs(  # the global batch's pairs, then this rank's rows (see Algorithm.local_pairs)
             num_prompts=n * self.dist.world_size // self.group_size,
             group_size=self.group_size,
@@ -70,25 +76,20 @@ class DiffusionNFT(Algorithm):
             generator=generator,
         )
         pairs = self.local_pairs(pairs, n)
-        v_old = torch.empty(n, pairs.n_mc, *rollout.samples.shape[1:])
+        v_old = torch.empty(n, pairs.n_mc, *samples.shape[1:])
         with torch.no_grad(), self.old.swapped_in():
             for j in range(pairs.n_mc):
                 for mb, pos in micro_batches(torch.arange(n), self.train_micro_batch):
-                    _, t, _, z = pairs.noised(j, mb, rollout.samples)
+                    _, t, _, z = pairs.noised(j, mb, samples)
                     v_old[pos, j] = policy(z, t, cond.index(mb)).float().cpu()
-        r = nft_reward_weight(advantages, self.config.adv_max)
-        return PreparedBatch(
-            samples=rollout.samples,
-            cond=cond,
-            advantages=advantages,
-            extras={"pairs": pairs, "v_old": v_old, "reward_weight": r},
-            metrics={"nft/reward_weight_mean": self.dist.gather(r).mean().item()},
-        )
+        r = nft_reward_weight(scored.advantages, self.config.adv_max)
+        payload = DiffusionNFTPayload(pairs=pairs, v_old=v_old, reward_weight=r)
+        return payload, {"nft/reward_weight_mean": self.dist.gather(r).mean().item()}
 
-    def accumulate_gradients(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:
-        pairs: SharedPairs = batch.extras["pairs"]
-        v_old: Tensor = batch.extras["v_old"]
-        r: Tensor = batch.extras["reward_weight"]
+    def accumulate_gradients(
+        self, policy: nn.Module, batch: DiffusionNFTBatch, idx: Tensor, step: int
+    ) -> dict[str, float]:
+        pairs, v_old, r = batch.payload.pairs, batch.payload.v_old, batch.payload.reward_weight
         totals: dict[str, float] = {}
         scale = 1.0 / (pairs.n_mc * idx.shape[0])
         for j in range(pairs.n_mc):

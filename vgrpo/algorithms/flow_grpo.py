@@ -1,7 +1,7 @@
 """Flow-GRPO (Liu et al. 2025) and MixGRPO (Li et al. 2025): GRPO over the SDE sampler's MDP.
 
-Read next to algorithm.md §5. The rollout stores the whole trajectory and the per-step Gaussian
-log-probabilities; each gradient step re-scores stored transitions under the current weights and
+The rollout follows Flow-GRPO's Sec. 4.1 ODE-to-SDE sampler and stores the whole trajectory and the per-step
+Gaussian log-probabilities; each gradient step re-scores stored transitions under the current weights and
 applies the PPO clip per (sample, step), plus a KL to the frozen reference. The loss is a mean
 over (sample, step) terms, so backwarding one step and one micro-batch at a time is exact.
 
@@ -10,38 +10,46 @@ MixGRPO is the same algorithm with SDE steps (and training) confined to a slidin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vgrpo.algorithms.base import Algorithm, PreparedBatch, Rollout, micro_batches
+from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
 from vgrpo.config import FlowGRPOConfig, MixGRPOConfig
 from vgrpo.losses import flow_grpo_loss, ratio_metrics
-from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
+from vgrpo.policy import Conditioning
 from vgrpo.samplers import SDETrajectory, mixgrpo_window_start, sde_sample, sde_step, window_mask
 
-__all__ = ["FlowGRPO", "MixGRPO"]
+__all__ = ["FlowGRPO", "FlowGRPOBatch", "FlowGRPOPayload", "MixGRPO"]
 
 
-class FlowGRPO(Algorithm):
+@dataclass(frozen=True)
+class FlowGRPOPayload(Payload):
+    """What Flow-GRPO's gradient steps re-score, for this rank's ``N`` samples.
+
+    Attributes:
+        trajectory: the rollout's stored states and behaviour log-probabilities.
+        train_steps: ``(N, K)`` the steps each sample trains on, drawn from the stochastic ones.
+    """
+
+    trajectory: SDETrajectory
+    train_steps: Tensor
+
+
+FlowGRPOBatch = PreparedBatch[FlowGRPOPayload]
+
+
+class FlowGRPO(Algorithm[FlowGRPOPayload]):
     """Flow-GRPO: SDE on every step, train on ``timestep_fraction`` of them per sample."""
 
     name = "flow_grpo"
 
-    def __init__(
-        self,
-        config: FlowGRPOConfig,
-        *,
-        policy: nn.Module,
-        **kwargs: Any,
-    ):
+    def __init__(self, config: FlowGRPOConfig, *, policy: nn.Module, **kwargs: Any):
         super().__init__(config, **kwargs)
         # The reference policy is the weights at construction (for LoRA: the adapter at init = base model).
-        self.reference = ParameterSnapshot(trainable_parameters(policy)) if config.kl_coef > 0 else None
-
-    def snapshots(self) -> dict[str, ParameterSnapshot]:
-        return {} if self.reference is None else {"reference": self.reference}
+        self.reference = self.keep_snapshot("reference", policy) if config.kl_coef > 0 else None
 
     def sde_steps(self, iteration: int) -> Tensor:
         """``(T,)`` bool: the stochastic (and trainable) steps at this iteration."""
@@ -75,32 +83,22 @@ class FlowGRPO(Algorithm):
         )
         return Rollout(samples=trajectory.samples, nfe=self.num_steps, trajectory=trajectory)
 
-    def prepare(
-        self,
-        policy: nn.Module,
-        rollout: Rollout,
-        cond: Conditioning,
-        advantages: Tensor,
-        generator: torch.Generator,
-    ) -> PreparedBatch:
-        assert rollout.trajectory is not None
-        trainable = torch.nonzero(rollout.trajectory.sde_steps).flatten()
+    def precompute(
+        self, policy: nn.Module, scored: ScoredRollout, generator: torch.Generator
+    ) -> tuple[FlowGRPOPayload, dict[str, float]]:
+        trajectory = scored.rollout.trajectory
+        assert trajectory is not None
+        trainable = torch.nonzero(trajectory.sde_steps).flatten()
         per_sample = max(1, int(self.config.timestep_fraction * trainable.shape[0]))
         # Each sample trains on its own random subset of the stochastic steps (Flow-GRPO's shuffle).
-        n = rollout.samples.shape[0]
+        n = scored.rollout.samples.shape[0]
         local = self.dist.local_generator(generator)  # per rank when sharded, like the SDE noise
         order = torch.stack([torch.randperm(trainable.shape[0], generator=local) for _ in range(n)])
         train_steps = trainable[order[:, :per_sample]]
-        return PreparedBatch(
-            samples=rollout.samples,
-            cond=cond,
-            advantages=advantages,
-            extras={"trajectory": rollout.trajectory, "train_steps": train_steps},
-        )
+        return FlowGRPOPayload(trajectory=trajectory, train_steps=train_steps), {}
 
-    def accumulate_gradients(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:
-        traj: SDETrajectory = batch.extras["trajectory"]
-        train_steps: Tensor = batch.extras["train_steps"]
+    def accumulate_gradients(self, policy: nn.Module, batch: FlowGRPOBatch, idx: Tensor, step: int) -> dict[str, float]:
+        traj, train_steps = batch.payload.trajectory, batch.payload.train_steps
         num_terms = idx.shape[0] * train_steps.shape[1]
         t_cap = float(self.sigmas[1])
         ratios, kls, loss_sum = [], [], 0.0

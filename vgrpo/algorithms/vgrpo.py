@@ -1,12 +1,13 @@
-"""V-GRPO (arXiv 2604.23380): GRPO on final samples with a variance-reduced ELBO surrogate.
+"""V-GRPO (Tang et al. 2026, arXiv 2604.23380): GRPO on final samples with a variance-reduced ELBO surrogate.
 
-Read next to algorithm.md §3. Per iteration:
+The approach of the paper's Sec. 4, with the variance reduction of Sec. 4.4 and the gradient-step control of
+Sec. 4.5. Per iteration:
 
 1. rollout: Euler ODE from noise; only the final latents ``o_i`` are kept (the whole generation is
    one action, so any sampler works);
 2. prepare: draw the N_MC shared timestep-noise pairs and compute, without gradient, the old
    surrogates ``s_ij(theta_old)`` (and ``x0_hat_old`` when the KL is on, ``x0_hat_ref`` under the
-   stage's starting weights when the reference KL is on);
+   stage's starting weights when the reference KL is on): the :class:`VGRPOPayload`;
 3. gradient steps on the clipped objective with ``rho_i = exp(mean_j s_ij - mean_j s_ij_old)``,
    plus ``beta KL(theta, theta_old) + beta_ref KL(theta, theta_ref)``, both in Eq. (16)'s x-space form.
 
@@ -22,19 +23,20 @@ equals the full-graph gradient.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vgrpo.algorithms.base import Algorithm, PreparedBatch, Rollout, micro_batches
+from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
 from vgrpo.config import NaiveELBOConfig, VGRPOConfig
 from vgrpo.losses import clipped_policy_loss, vgrpo_loss, vgrpo_ratio, vgrpo_surrogate_coefficients
 from vgrpo.pairs import SharedPairs, draw_pairs
-from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
+from vgrpo.policy import Conditioning
 from vgrpo.surrogate import SurrogateTerms, elbo_surrogate
 
-__all__ = ["VGRPO", "surrogate_cv"]
+__all__ = ["VGRPO", "VGRPOBatch", "VGRPOPayload", "surrogate_cv"]
 
 
 def surrogate_cv(surrogates: Tensor, group_size: int) -> dict[str, float]:
@@ -54,7 +56,27 @@ def surrogate_cv(surrogates: Tensor, group_size: int) -> dict[str, float]:
     }
 
 
-class VGRPO(Algorithm):
+@dataclass(frozen=True)
+class VGRPOPayload(Payload):
+    """What V-GRPO's gradient steps compare against, for this rank's ``N`` samples.
+
+    Attributes:
+        pairs: the iteration's timestep-noise pairs (this rank's rows).
+        old_surrogates: ``(N, N_MC)`` ``s_ij(theta_old)``.
+        old_x0_hat: ``(N, N_MC, *S)`` the behaviour policy's x-prediction when the KL is on, else None.
+        ref_x0_hat: ``(N, N_MC, *S)`` the reference's x-prediction when the reference KL is on, else None.
+    """
+
+    pairs: SharedPairs
+    old_surrogates: Tensor
+    old_x0_hat: Tensor | None
+    ref_x0_hat: Tensor | None
+
+
+VGRPOBatch = PreparedBatch[VGRPOPayload]
+
+
+class VGRPO(Algorithm[VGRPOPayload]):
     """V-GRPO and, with its techniques switched off, the naive ELBO-GRPO baseline."""
 
     name = "vgrpo"
@@ -64,10 +86,7 @@ class VGRPO(Algorithm):
         super().__init__(config, **kwargs)
         # The reference is the weights at construction: the stage's starting adapter (for the first stage of a
         # LoRA run, the base model). The paper's V-GRPO has no reference term; it is an option against drift.
-        self.reference = ParameterSnapshot(trainable_parameters(policy)) if config.ref_kl_coef > 0 else None
-
-    def snapshots(self) -> dict[str, ParameterSnapshot]:
-        return {} if self.reference is None else {"reference": self.reference}
+        self.reference = self.keep_snapshot("reference", policy) if config.ref_kl_coef > 0 else None
 
     # 1. rollout ------------------------------------------------------------------------------
     def rollout(
@@ -114,15 +133,11 @@ class VGRPO(Algorithm):
                     x0_hat[pos, j] = terms.x0_hat.cpu()
         return s, x0_hat
 
-    def prepare(
-        self,
-        policy: nn.Module,
-        rollout: Rollout,
-        cond: Conditioning,
-        advantages: Tensor,
-        generator: torch.Generator,
-    ) -> PreparedBatch:
-        num_samples = rollout.samples.shape[0]
+    def precompute(
+        self, policy: nn.Module, scored: ScoredRollout, generator: torch.Generator
+    ) -> tuple[VGRPOPayload, dict[str, float]]:
+        samples, cond = scored.rollout.samples, scored.cond
+        num_samples = samples.shape[0]
         # The pairs of the global batch (the same draw on every rank keeps the shared generator aligned), then
         # this rank's rows; the surrogate CV is a statistic of the global batch, so it sees every rank's values.
         global_samples = num_samples * self.dist.world_size
@@ -141,22 +156,17 @@ class VGRPO(Algorithm):
         pairs = self.local_pairs(pairs, num_samples)
         every = torch.arange(num_samples)
         old_s, old_x0_hat = self.current_surrogates(
-            policy, rollout.samples, cond, pairs, every, keep_x0_hat=self.config.kl_coef > 0
+            policy, samples, cond, pairs, every, keep_x0_hat=self.config.kl_coef > 0
         )
         ref_x0_hat = None
         if self.reference is not None:
             with self.reference.swapped_in():
-                ref_x0_hat = self.current_surrogates(policy, rollout.samples, cond, pairs, every, keep_x0_hat=True)[1]
-        return PreparedBatch(
-            samples=rollout.samples,
-            cond=cond,
-            advantages=advantages,
-            extras={"pairs": pairs, "old_surrogates": old_s, "old_x0_hat": old_x0_hat, "ref_x0_hat": ref_x0_hat},
-            metrics=surrogate_cv(self.dist.gather(old_s), self.group_size),
-        )
+                ref_x0_hat = self.current_surrogates(policy, samples, cond, pairs, every, keep_x0_hat=True)[1]
+        payload = VGRPOPayload(pairs=pairs, old_surrogates=old_s, old_x0_hat=old_x0_hat, ref_x0_hat=ref_x0_hat)
+        return payload, surrogate_cv(self.dist.gather(old_s), self.group_size)
 
     # 3. gradient steps -----------------------------------------------------------------------
-    def accumulate_gradients(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:
+    def accumulate_gradients(self, policy: nn.Module, batch: VGRPOBatch, idx: Tensor, step: int) -> dict[str, float]:
         if self.config.memory_bounded:
             return self._two_pass(policy, batch, idx, step)
         return self._full_graph(policy, batch, idx)
@@ -170,10 +180,10 @@ class VGRPO(Algorithm):
         diff = terms.x0_hat - other_x0_hat[pos, j].to(terms.x0_hat.device)
         return (diff**2).mean(dim=tuple(range(1, diff.ndim)))
 
-    def _full_graph(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor) -> dict[str, float]:
+    def _full_graph(self, policy: nn.Module, batch: VGRPOBatch, idx: Tensor) -> dict[str, float]:
         """Reference path: every pair's graph alive at once (micro-batched forwards, one backward),
         loss by :func:`vgrpo.losses.vgrpo_loss`."""
-        pairs: SharedPairs = batch.extras["pairs"]
+        pairs = batch.payload.pairs
         old_x0_hat, ref_x0_hat = self._targets(batch, idx)
         s_cols, kl_cols, ref_cols = [], [], []
         for j in range(pairs.n_mc):
@@ -195,7 +205,7 @@ class VGRPO(Algorithm):
         s = torch.stack(s_cols, dim=1)
         loss, metrics = vgrpo_loss(
             surrogates=s,
-            old_surrogates=batch.extras["old_surrogates"][idx].to(s.device),
+            old_surrogates=batch.payload.old_surrogates[idx].to(s.device),
             advantages=batch.advantages[idx].to(s.device),
             clip_range=self.config.clip_range,
             kl=torch.stack(kl_cols, dim=1) if kl_cols else None,
@@ -209,14 +219,14 @@ class VGRPO(Algorithm):
         return metrics
 
     @staticmethod
-    def _targets(batch: PreparedBatch, idx: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    def _targets(batch: VGRPOBatch, idx: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """``x0_hat_old`` and ``x0_hat_ref`` of the minibatch ``idx`` (None where that KL is off)."""
-        old, ref = batch.extras["old_x0_hat"], batch.extras.get("ref_x0_hat")
+        old, ref = batch.payload.old_x0_hat, batch.payload.ref_x0_hat
         return (None if old is None else old[idx]), (None if ref is None else ref[idx])
 
-    def _two_pass(self, policy: nn.Module, batch: PreparedBatch, idx: Tensor, step: int) -> dict[str, float]:
-        pairs: SharedPairs = batch.extras["pairs"]
-        old_s: Tensor = batch.extras["old_surrogates"][idx]
+    def _two_pass(self, policy: nn.Module, batch: VGRPOBatch, idx: Tensor, step: int) -> dict[str, float]:
+        pairs = batch.payload.pairs
+        old_s = batch.payload.old_surrogates[idx]
         old_x0_hat, ref_x0_hat = self._targets(batch, idx)
         advantages = batch.advantages[idx].float().cpu()
         # Pass 1: rho and dL/ds without a graph (theta == theta_old at step 0, so rho = 1 exactly).
