@@ -61,7 +61,8 @@ def logit_normal_timesteps(n: int, mean: float, std: float, generator: torch.Gen
 
 
 def flow_matching_loss(velocity: nn.Module, x0: Tensor, cond: Any, t: Tensor, eps: Tensor) -> Tensor:
-    """Rectified-flow matching loss (SD3, Esser et al. 2024; V-GRPO Sec. 3): ``mean ||v_theta(x_t, t) - (eps - x0)||^2``."""
+    """Rectified-flow matching loss (SD3, Esser et al. 2024; V-GRPO Sec. 3):
+    ``mean ||v_theta(x_t, t) - (eps - x0)||^2``."""
     v_hat = velocity(interpolate(x0, eps, t), t, cond)
     return (v_hat.float() - velocity_target(x0, eps)).pow(2).mean()
 
