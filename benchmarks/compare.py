@@ -264,7 +264,7 @@ def scores_of(table: dict[str, Any], reward: str) -> dict[str, Any]:
 
 def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
     """The base model's evaluation (the start of every curve)."""
-    from vgrpo.evaluation import evaluate
+    from vgrpo.evaluation import Sampling, evaluate
     from vgrpo.models.pipeline import build_adapter, load_pipeline
     from vgrpo.rewards.multi import MultiReward
     from vgrpo.world import read_jsonl
@@ -275,7 +275,7 @@ def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
     rewards = MultiReward.from_specs(REWARDS[spec.reward]["eval_rewards"])
     t0 = time.perf_counter()
     table, _ = evaluate(adapter=adapter, policy=policy, metadata=rows, rewards=rewards, group_size=sizes.eval_group,
-                        num_steps=sizes.eval_steps, seed=0, shift=adapter.sigma_shift(None, dynamic=False))  # fmt: skip
+                        sampling=Sampling(sizes.eval_steps, 0, adapter.sigma_shift(None, dynamic=False)))  # fmt: skip
     point = {"iteration": 0.0, "train_s": 0.0, "gradient_steps": 0.0, "nfe": 0.0, **scores_of(table, spec.reward)}
     return {"spec": asdict(spec), "name": spec.name, "curve": [point], "wall_s": time.perf_counter() - t0}
 

@@ -90,7 +90,7 @@ def _agreement(args: argparse.Namespace) -> dict[str, float]:
     base model's samples of the first ``--agreement-prompts`` OCR test prompts (4 each, 20 Euler steps, seed 0)."""
     import numpy as np
 
-    from vgrpo.evaluation import generate
+    from vgrpo.evaluation import Sampling, generate
     from vgrpo.images import tensor_to_images
     from vgrpo.models.pipeline import load_sd3_pipeline
     from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
@@ -102,8 +102,8 @@ def _agreement(args: argparse.Namespace) -> dict[str, float]:
     rows = [r for r in read_jsonl(args.prompts) if r["tag"] == "ocr"][: args.agreement_prompts]
     prompts = [str(r["prompt"]) for r in rows for _ in range(4)]
     images, _ = generate(encode=adapter.encode_prompts, decode=lambda z: tensor_to_images(adapter.decode(z)),
-                         policy=policy, prompts=prompts, latent_shape=adapter.latent_shape, num_steps=20, seed=0,
-                         shift=float(pipe.scheduler.config.shift))  # fmt: skip
+                         policy=policy, prompts=prompts, latent_shape=adapter.latent_shape,
+                         sampling=Sampling(20, 0, float(pipe.scheduler.config.shift)))  # fmt: skip
     full = OCRReward()(images, prompts).scores
     line = OCRReward(line_box=LINE_BOX)(images, prompts).scores
     return {
@@ -117,7 +117,7 @@ def _agreement(args: argparse.Namespace) -> dict[str, float]:
 
 def _overlap(rewards: object, args: argparse.Namespace) -> dict[str, float]:
     """Sampling + scoring wall time of the shipped base with scoring after sampling vs on the reward thread."""
-    from vgrpo.evaluation import evaluate
+    from vgrpo.evaluation import Sampling, evaluate
     from vgrpo.models.pipeline import load_sd3_pipeline
     from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
     from vgrpo.world import read_jsonl
@@ -129,7 +129,7 @@ def _overlap(rewards: object, args: argparse.Namespace) -> dict[str, float]:
     out: dict[str, float] = {}
     for overlap in (False, True):
         table, _ = evaluate(adapter=adapter, policy=policy, metadata=metadata, rewards=rewards,  # type: ignore[arg-type]
-                            group_size=4, num_steps=20, seed=0, shift=float(pipe.scheduler.config.shift),
+                            group_size=4, sampling=Sampling(20, 0, float(pipe.scheduler.config.shift)),
                             micro_batch=32, overlap=overlap)  # fmt: skip
         out[f"{'overlapped' if overlap else 'sequential'}_total_s"] = table["seconds"]["total"]
         out[f"{'overlapped' if overlap else 'sequential'}_sampling_s"] = table["seconds"]["sampling"]

@@ -92,7 +92,8 @@ class StageTracker(StageCallbacks):
             log_metrics(self.client, self.run_id, metrics, step=iteration)
 
     def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
-        from vgrpo.evaluation import flat_metrics, grid_image, grid_of
+        from vgrpo.grids import grid_image, grid_of
+        from vgrpo.tables import flat_metrics
 
         if self.client is not None and self.run_id is not None:
             _log_table(self.client, self.run_id, table, flat_metrics(table), iteration)

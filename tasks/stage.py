@@ -187,7 +187,7 @@ def train_stage(
 
 
 def _flat(table: dict[str, Any]) -> dict[str, Any]:
-    from vgrpo.evaluation import flat_metrics
+    from vgrpo.tables import flat_metrics
 
     return {"iteration": table.get("iteration"), **flat_metrics(table)}
 
@@ -201,7 +201,8 @@ def _eval_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def _evaluate(stage: dict[str, Any], out_dir: str, root: str, grid: Path | None) -> dict[str, Any]:
     """The final evaluation of a stage's exported weights; writes the captioned sample grid to ``grid``."""
     from vgrpo.config import StageConfig
-    from vgrpo.evaluation import flat_metrics, grid_of, write_grid
+    from vgrpo.grids import grid_of, write_grid
+    from vgrpo.tables import flat_metrics
     from vgrpo.trainer import Trainer
 
     cfg = StageConfig.model_validate(stage)

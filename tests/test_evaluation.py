@@ -11,24 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from vgrpo.evaluation import (
-    FRAME_COLORS,
-    compare,
-    evaluate,
-    flat_metrics,
-    generate,
-    grid_image,
-    grid_of,
-    sample_noise,
-    summarise,
-    write_grid,
-)
+from vgrpo.evaluation import Sampling, evaluate, generate, sample_noise
 from vgrpo.flow import timestep_grid
+from vgrpo.grids import FRAME_COLORS, grid_image, grid_of, write_grid
 from vgrpo.models.sd3 import SD3Velocity
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_sd3_transformer
 from vgrpo.policy import Conditioning
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
+from vgrpo.tables import compare, flat_metrics, summarise
 
 
 def encode(prompts: list[str]) -> Conditioning:
@@ -62,11 +53,12 @@ def test_sample_noise_depends_only_on_seed_and_index() -> None:
 
 def test_generate_does_not_depend_on_micro_batch(policy: SD3Velocity) -> None:
     prompts = [f"prompt {i}" for i in range(5)]
-    kw = {"encode": encode, "decode": decode, "policy": policy, "latent_shape": TINY_LATENT_SHAPE, "num_steps": 3}
-    one, _ = generate(prompts=prompts, seed=0, micro_batch=1, **kw)  # type: ignore[arg-type]
-    all_, _ = generate(prompts=prompts, seed=0, micro_batch=8, **kw)  # type: ignore[arg-type]
+    kw = {"encode": encode, "decode": decode, "policy": policy, "latent_shape": TINY_LATENT_SHAPE,
+          "sampling": Sampling(num_steps=3, seed=0)}  # fmt: skip
+    one, _ = generate(prompts=prompts, micro_batch=1, **kw)  # type: ignore[arg-type]
+    all_, _ = generate(prompts=prompts, micro_batch=8, **kw)  # type: ignore[arg-type]
     np.testing.assert_array_equal(one, all_)
-    sub, _ = generate(prompts=prompts[3:], seed=0, **kw)  # type: ignore[arg-type]
+    sub, _ = generate(prompts=prompts[3:], **kw)  # type: ignore[arg-type]
     assert not np.array_equal(sub[0], all_[3])  # sample index 0 of another list: other noise, by design
 
 
@@ -145,10 +137,12 @@ def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
     adapter, velocity = SD3Adapter(pipe), SD3Velocity(pipe.transformer.eval())
     with MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr"}]) as rewards:
         kw = {"adapter": adapter, "policy": velocity, "metadata": metadata, "rewards": rewards, "group_size": 2,
-              "num_steps": 2, "seed": 0, "micro_batch": 4}  # fmt: skip
-        table, images = evaluate(overlap=True, **kw)  # type: ignore[arg-type]
-        again, images2 = evaluate(overlap=False, guidance_scale=None, **kw)  # type: ignore[arg-type]
-        cfg, _ = evaluate(guidance_scale=3.0, base=velocity, p_mix=0.5, **kw)  # type: ignore[arg-type]
+              "micro_batch": 4}  # fmt: skip
+        plain = Sampling(num_steps=2, seed=0)
+        table, images = evaluate(overlap=True, sampling=plain, **kw)  # type: ignore[arg-type]
+        again, images2 = evaluate(overlap=False, sampling=plain, **kw)  # type: ignore[arg-type]
+        hybrid = Sampling(num_steps=2, seed=0, guidance_scale=3.0, p_mix=0.5)
+        cfg, _ = evaluate(sampling=hybrid, base=velocity, **kw)  # type: ignore[arg-type]
     np.testing.assert_array_equal(images, images2)
     assert images.shape == (14, 16, 16, 3)
     assert table["rewards"] == again["rewards"]

@@ -45,9 +45,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from vgrpo.atomic import write_json_atomic
     from vgrpo.checkpoint import LORA_FILE
     from vgrpo.config import EvaluationConfig
-    from vgrpo.evaluation import compare, evaluate, grid_of, write_grid
+    from vgrpo.evaluation import Sampling, evaluate
+    from vgrpo.grids import grid_of, write_grid
     from vgrpo.models.pipeline import build_adapter, load_pipeline
     from vgrpo.rewards.multi import MultiReward
+    from vgrpo.tables import compare
 
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
     baseline = _read_evaluation(args.baseline) if args.baseline is not None else None
@@ -72,8 +74,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     with MultiReward.from_specs([r.model_dump() for r in cfg.rewards]) as rewards:
         table, images = evaluate(
             adapter=adapter, policy=policy.eval(), metadata=metadata,
-            rewards=rewards, group_size=cfg.group_size, num_steps=cfg.num_steps, seed=cfg.seed,
-            shift=adapter.scheduler_shift, guidance_scale=cfg.guidance_scale, base=base, p_mix=cfg.p_mix,
+            rewards=rewards, group_size=cfg.group_size, sampling=Sampling.of(cfg, adapter.scheduler_shift), base=base,
             micro_batch=cfg.micro_batch, overlap=cfg.overlap, progress=True,
         )  # fmt: skip
     table |= {"pipeline": str(args.pipeline), "lora": args.lora, "prompt_file": str(args.prompts)}

@@ -4,7 +4,7 @@ runs them in a loop; an orchestrator may run each as a task):
 * :func:`prepare_prompts` -- read, check and filter the training and evaluation prompt rows;
 * :func:`setup_policy` -- the pipeline, its LoRA, the optimizer, the algorithm and the rewards (:class:`StagePolicy`);
 * :func:`rollout` -> :func:`score` -> :func:`update` -- one iteration (:mod:`vgrpo.train_step`);
-* :class:`Evaluator` / :func:`evaluate` / :func:`evaluate_adapter` -- the evaluation routine, of the policy in
+* :func:`evaluate` / :func:`evaluate_adapter` -- the stage's :class:`vgrpo.evaluation.Evaluator`, of the policy in
   memory or of exported weights;
 * :func:`export` -- the LoRA in diffusers' format, or the whole pipeline.
 
@@ -32,9 +32,10 @@ from torch import nn
 from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoint import load_lora_into, save_lora
-from vgrpo.config import EvaluationConfig, StageConfig
+from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed
 from vgrpo.ema import PolicyEMA, maybe_swapped_in
+from vgrpo.evaluation import Evaluator, build_evaluator
 from vgrpo.guards import NonFiniteError
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
@@ -46,12 +47,10 @@ from vgrpo.seeding import derive_seed
 from vgrpo.train_step import RolloutBatch, build_optimizer, gather_rewards, rollout_batch, update_policy
 
 __all__ = [
-    "Evaluator",
     "Scores",
     "StagePolicy",
     "StagePrompts",
     "StageRollout",
-    "build_evaluator",
     "evaluate",
     "evaluate_adapter",
     "evaluation_rows",
@@ -286,50 +285,10 @@ def update(
 # -- phase: evaluate ---------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Evaluator:
-    """The evaluation routine of a stage (:func:`vgrpo.evaluation.evaluate`): fixed prompts, seeds and rewards,
-    the stage's sampling shift, and the base model for hybrid sampling (FLUX, ``p_mix``) when configured."""
-
-    rows: list[dict[str, Any]]
-    rewards: MultiReward
-    config: EvaluationConfig
-    shift: float | None
-    base: nn.Module | None = None
-
-    def __call__(self, adapter: Any, policy: nn.Module, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
-        from vgrpo.evaluation import evaluate
-
-        ev = self.config
-        table, images = evaluate(
-            adapter=adapter, policy=policy, metadata=self.rows, rewards=self.rewards, group_size=ev.group_size,
-            num_steps=ev.num_steps, seed=ev.seed, shift=self.shift, guidance_scale=ev.guidance_scale,
-            base=self.base, p_mix=ev.p_mix, micro_batch=ev.micro_batch,
-        )  # fmt: skip
-        table["iteration"] = iteration
-        return table, images
-
-
 def evaluate(stage: StagePolicy, evaluator: Evaluator, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
     """The evaluation of the stage's policy in memory: its EMA when one is kept, else the live weights."""
     with maybe_swapped_in(stage.ema):
         return evaluator(stage.adapter, stage.policy, iteration)
-
-
-def build_evaluator(
-    config: StageConfig, rows: list[dict[str, Any]] | None, root: Path, shift: float | None, dist: Distributed
-) -> Evaluator | None:
-    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0)."""
-    if not rows or not dist.is_main:
-        return None
-    base = None
-    if config.evaluation.base_pipeline is not None:
-        from vgrpo.models.pipeline import build_adapter, load_pipeline
-
-        base_pipe = load_pipeline(root / config.evaluation.base_pipeline).to(dist.device)
-        base = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
-    rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards])
-    return Evaluator(rows=rows, rewards=rewards, config=config.evaluation, shift=shift, base=base)
 
 
 def evaluate_adapter(

@@ -25,11 +25,11 @@ import numpy as np
 
 from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed, samples_per_process
+from vgrpo.evaluation import build_evaluator
 from vgrpo.guards import NonFiniteError, TrainingDiverged
 from vgrpo.phases import (
     StagePolicy,
     StagePrompts,
-    build_evaluator,
     evaluate,
     export,
     prepare_prompts,

@@ -276,15 +276,15 @@ def test_run_stage_trains_a_saved_flux_pipeline(flux_world: Path, lora: bool) ->
 
 
 def test_hybrid_sampling_runs_through_the_flux_adapter(flux: Any) -> None:
-    from vgrpo.evaluation import generate
+    from vgrpo.evaluation import Sampling, generate
 
     adapter, policy = build_adapter(flux, resolution=16)
     base = FluxVelocity(tiny_flux_pipeline(seed=1).transformer)  # other weights, same shapes
 
-    def sample(**hybrid: Any) -> torch.Tensor:
+    def sample(base: Any = None, p_mix: float | None = None) -> torch.Tensor:
         images, _ = generate(encode=adapter.encode_prompts, decode=lambda z: z.numpy(), policy=policy.eval(),
-                             prompts=PROMPTS, latent_shape=adapter.latent_shape, num_steps=4, seed=0,
-                             shift=adapter.scheduler_shift, **hybrid)  # fmt: skip
+                             prompts=PROMPTS, latent_shape=adapter.latent_shape, base=base,
+                             sampling=Sampling(4, 0, adapter.scheduler_shift, p_mix=p_mix))  # fmt: skip
         return torch.from_numpy(images)
 
     alone, base_alone = sample(), sample(base=base.eval(), p_mix=0.0)

@@ -51,6 +51,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     import torch
 
     from vgrpo.atomic import write_json_atomic
+    from vgrpo.evaluation import Sampling
     from vgrpo.evaluation import evaluate as evaluate_pipeline
     from vgrpo.rewards.multi import MultiReward
     from vgrpo.world.pretrain import pretrain
@@ -63,7 +64,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     def evaluate(adapter: Any, velocity: Any, step: int) -> dict[str, float]:
         table, _ = evaluate_pipeline(
             adapter=adapter, policy=velocity, metadata=eval_md, rewards=rewards, group_size=cfg.eval_group,
-            num_steps=cfg.sample_steps, seed=cfg.seed, shift=cfg.model.scheduler_shift,
+            sampling=Sampling(cfg.sample_steps, cfg.seed, cfg.model.scheduler_shift),
         )  # fmt: skip
         geneval, ocr = table["rewards"]["geneval"], table["rewards"]["ocr"]
         out = {k: geneval.get(k) for k in ("geneval_strict", "geneval_partial", "varied_group_frac")}
