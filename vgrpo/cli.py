@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vgrpo.config import ConfigError, load_config, overrides_from_pairs
+from vgrpo.config import load_config, overrides_from_pairs
+from vgrpo.errors import ConfigError
 from vgrpo.guards import TrainingDiverged
 
 __all__ = ["add_params_arguments", "dir_size_mb", "main", "run_command"]
@@ -44,8 +45,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
     from vgrpo.atomic import write_json_atomic
     from vgrpo.checkpoint import LORA_FILE
-    from vgrpo.config import EvaluationConfig
     from vgrpo.evaluation import compare, evaluate, grid_of, write_grid
+    from vgrpo.evaluation_config import EvaluationConfig
     from vgrpo.models.pipeline import build_adapter, load_pipeline
     from vgrpo.rewards.multi import MultiReward
 

@@ -28,8 +28,9 @@ from torch import nn
 from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoint import load_lora_into, save_lora
-from vgrpo.config import EvaluationConfig, StageConfig
+from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed
+from vgrpo.evaluation_config import EvaluationConfig
 from vgrpo.guards import NonFiniteError
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from vgrpo.cli import add_params_arguments, dir_size_mb, run_command
-from vgrpo.config import ConfigError, load_config, overrides_from_pairs
+from vgrpo.config import load_config, overrides_from_pairs
+from vgrpo.errors import ConfigError
 from vgrpo.prompts import load_prompts
 from vgrpo.world.config import PretrainConfig
 

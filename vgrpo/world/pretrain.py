@@ -36,6 +36,7 @@ from vgrpo.images import images_to_tensor
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.models.pipeline import SD3Adapter
 from vgrpo.models.sd3 import SD3Velocity
+from vgrpo.optim import build_adamw, clip_gradients
 from vgrpo.policy import Conditioning
 from vgrpo.progress import progress_bar
 from vgrpo.samplers import euler_ode_sample
@@ -62,7 +63,7 @@ def logit_normal_timesteps(n: int, mean: float, std: float, generator: torch.Gen
 
 
 def flow_matching_loss(velocity: nn.Module, x0: Tensor, cond: Any, t: Tensor, eps: Tensor) -> Tensor:
-    """Rectified-flow matching loss (algorithm.md §1): ``mean ||v_theta(x_t, t) - (eps - x0)||^2``."""
+    """Rectified-flow matching loss of SD3 (Esser et al. 2024): ``mean ||v_theta(x_t, t) - (eps - x0)||^2``."""
     v_hat = velocity(interpolate(x0, eps, t), t, cond)
     return (v_hat.float() - velocity_target(x0, eps)).pow(2).mean()
 
@@ -77,7 +78,7 @@ def vae_loss(vae: Any, x: Tensor, kl_weight: float, generator: torch.Generator) 
 def train_vae(vae: Any, config: PretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> float:
     """Train ``vae`` in place on fresh renders; returns the final loss."""
     cfg, allowed = config.vae, allowed_pairs(config.held_out_pairs)
-    opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = build_adamw(vae.parameters(), cfg)
     warmup = max(1, cfg.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, cfg.steps, warmup))
     vae.train()
@@ -87,7 +88,7 @@ def train_vae(vae: Any, config: PretrainConfig, rng: np.random.Generator, genera
             _, images = world_batch(rng, cfg.batch_size, config.tags, allowed, config.model.resolution)
             loss = vae_loss(vae, images_to_tensor(images), cfg.kl_weight, generator)
             loss.backward()
-            nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+            clip_gradients(vae.parameters(), cfg)
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
@@ -207,7 +208,7 @@ def pretrain(
         pipe.text_encoder_2.requires_grad_(False).eval()
     trained = nn.ModuleList([getattr(pipe, name) for name in slots]).train()
     ema = copy.deepcopy(trained).eval().requires_grad_(False)  # on resume: the saved pipeline holds the EMA
-    opt = torch.optim.AdamW(trained.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    opt = build_adamw(trained.parameters(), config)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, config.steps, config.warmup_steps))
     state = PretrainState()
     if saved is not None:
@@ -272,7 +273,7 @@ def pretrain(
             eps = torch.randn(x0.shape, generator=generator)
             loss = flow_matching_loss(velocity, x0, condition(prompts), t, eps)
             loss.backward()
-            grad_norm = float(nn.utils.clip_grad_norm_(trained.parameters(), config.max_grad_norm))
+            grad_norm = float(clip_gradients(trained.parameters(), config))
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
