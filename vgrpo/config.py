@@ -25,6 +25,7 @@ from vgrpo.algorithms.config import (
     VGRPOConfig,
 )
 from vgrpo.config_base import FrozenConfig
+from vgrpo.distributed import samples_per_process
 from vgrpo.errors import ConfigError
 from vgrpo.evaluation_config import EvaluationConfig
 from vgrpo.models.config import LoraConfig, PrecisionConfig
@@ -37,6 +38,7 @@ __all__ = [
     "TrainConfig",
     "load_config",
     "load_curriculum",
+    "load_stage",
     "merge_overrides",
     "overrides_from_pairs",
 ]
@@ -261,3 +263,21 @@ def load_curriculum(
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: stage names must differ, got {names}")
     return curriculum, stages
+
+
+def load_stage(
+    paths: Sequence[str | Path], overrides: Mapping[str, Any] | None = None, *, world_size: int = 1
+) -> StageConfig:
+    """A stage's config from its params files (as :func:`load_config`), checked to split over ``world_size``
+    processes, before they start waiting for each other.
+
+    Raises:
+        ConfigError: naming the files and every offending key, or why the batch does not split.
+    """
+    config = load_config(paths, overrides, schema=StageConfig)
+    rollout = config.rollout
+    try:
+        samples_per_process(rollout.prompts_per_iteration, rollout.group_size, config.optim.minibatches, world_size)
+    except ValueError as exc:
+        raise ConfigError(f"{' + '.join(str(p) for p in paths)}: {exc}") from exc
+    return config

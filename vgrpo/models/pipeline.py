@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vgrpo.errors import UserError
 from vgrpo.flow import resolution_shift_mu
 from vgrpo.policy import Conditioning
 
@@ -32,7 +33,7 @@ PIPELINE_COMPONENTS: dict[str, tuple[str, ...]] = {
 """Pipeline classes we load, and the components each must have (SD3's T5 is optional: :func:`load_sd3_pipeline`)."""
 
 
-class PipelineError(ValueError):
+class PipelineError(UserError, ValueError):
     """A pipeline directory is missing or incomplete; the message names the path and the component."""
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import resource
 import shutil
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.atomic import atomic_dir
+from vgrpo.evaluation import evaluate as evaluate_pipeline
 from vgrpo.flow import interpolate, timestep_grid, velocity_target
 from vgrpo.images import images_to_tensor
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
@@ -39,6 +41,8 @@ from vgrpo.models.sd3 import SD3Velocity
 from vgrpo.optim import build_adamw, clip_gradients
 from vgrpo.policy import Conditioning
 from vgrpo.progress import progress_bar
+from vgrpo.prompts import load_prompts
+from vgrpo.rewards.multi import MultiReward
 from vgrpo.samplers import euler_ode_sample
 from vgrpo.world.config import PretrainConfig
 from vgrpo.world.data import world_batch
@@ -50,6 +54,7 @@ __all__ = [
     "flow_matching_loss",
     "logit_normal_timesteps",
     "pretrain",
+    "pretrain_base",
     "sample_images",
     "train_vae",
 ]
@@ -316,3 +321,32 @@ def _prompt_corpus(config: PretrainConfig, n: int = 4000) -> list[str]:
     rng = np.random.default_rng(config.seed + 1)
     allowed = allowed_pairs(config.held_out_pairs)
     return [sample_metadata(rng, config.tags[i % len(config.tags)], allowed)["prompt"] for i in range(n)]
+
+
+def pretrain_base(
+    config: PretrainConfig, test_split: str | Path, work_dir: str | Path, pipeline_dir: str | Path
+) -> tuple[Path, dict[str, Any]]:
+    """:func:`pretrain` evaluated every ``config.eval_every`` steps: GenEval (strict, partial, varied groups) and
+    OCR of the EMA model on the first ``config.eval_prompts`` prompts of ``test_split``. Returns the pipeline
+    directory and the run's metrics: wall time, peak memory and the last evaluation."""
+    metadata = load_prompts(test_split)[: config.eval_prompts]
+    rewards = MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr"}])
+
+    def evaluate(adapter: SD3Adapter, velocity: nn.Module, step: int) -> dict[str, float]:
+        table, _ = evaluate_pipeline(
+            adapter=adapter, policy=velocity, metadata=metadata, rewards=rewards, group_size=config.eval_group,
+            num_steps=config.sample_steps, seed=config.seed, shift=config.model.scheduler_shift,
+        )  # fmt: skip
+        geneval, ocr = table["rewards"]["geneval"], table["rewards"]["ocr"]
+        out = {k: geneval.get(k) for k in ("geneval_strict", "geneval_partial", "varied_group_frac")}
+        out["ocr"] = ocr["mean"]
+        return {k: float(v) for k, v in out.items() if v is not None}
+
+    t0 = time.perf_counter()
+    final = pretrain(config, work_dir, pipeline_dir, evaluate=evaluate)
+    history = json.loads((final / "pretrain_history.json").read_text())
+    return final, {
+        "wall_s": time.perf_counter() - t0,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "final": history[-1] if history else {},
+    }
