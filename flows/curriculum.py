@@ -143,7 +143,8 @@ def vgrpo(
     """Run every stage of ``curriculum``; with ``ablations``, once per file, each cell its own flow run (at most
     ``devices`` at once); with ``ablation``, one cell (that file merged after each stage's files). Returns each
     stage's output, hash, MLflow run and final evaluation."""
-    from vgrpo.config import ConfigError, load_curriculum
+    from vgrpo.config import load_curriculum
+    from vgrpo.errors import ConfigError
 
     if ablations and ablation:
         raise ConfigError("give ablations (a sweep) or ablation (one cell), not both")

@@ -100,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tasks.stage import run_tracked_stage
     from vgrpo.atomic import write_json_atomic
-    from vgrpo.config import ConfigError, load_curriculum, overrides_from_pairs
+    from vgrpo.config import load_curriculum, overrides_from_pairs
+    from vgrpo.errors import ConfigError
     from vgrpo.guards import TrainingDiverged
 
     try:

@@ -119,3 +119,45 @@ def test_bad_evaluation_params_and_prompt_lines_exit_2(tmp_path: Path, capsys: p
     no_prompt.write_text('{"tag": "ocr"}\n')
     assert main([*base, "--prompts", str(no_prompt)]) == 2
     assert f"{no_prompt}:1: expected a JSON object with a non-empty string 'prompt'" in capsys.readouterr().err
+
+
+def test_only_user_errors_exit_2_and_bugs_propagate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One bad-input family: params, prompt files, pipeline and checkpoint errors are UserErrors (keeping their
+    builtin bases); any other exception of a command is a bug and keeps its traceback."""
+    import argparse
+
+    from vgrpo.checkpoint import CheckpointError
+    from vgrpo.cli import run_command
+    from vgrpo.errors import ConfigError, UserError
+    from vgrpo.models.pipeline import PipelineError
+    from vgrpo.prompts import PromptFileError
+
+    for error, builtin in [(ConfigError, ValueError), (PipelineError, ValueError), (PromptFileError, ValueError),
+                           (CheckpointError, RuntimeError)]:  # fmt: skip
+        assert issubclass(error, UserError) and issubclass(error, builtin)
+
+    def fail(exc: Exception):
+        def func(_: argparse.Namespace) -> None:
+            raise exc
+
+        return argparse.Namespace(func=func)
+
+    assert run_command(fail(CheckpointError("runs/x: incomplete checkpoint"))) == 2
+    assert capsys.readouterr().err == "error: runs/x: incomplete checkpoint\n"
+    with pytest.raises(ValueError, match="a bug"):
+        run_command(fail(ValueError("a bug")))
+
+
+def test_detector_check_needs_a_split_with_scenes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"tag": "single_object", "include": [{"class": "ring", "count": 1}], "prompt": "a ring"}\n')
+    assert world_main(["detector-check", "--prompts", str(rows), "--out", str(tmp_path / "q.json")]) == 2
+    assert f"{rows}:1: a record needs its ground-truth 'scene'" in capsys.readouterr().err
+    assert world_main(["world-splits", "--params", str(PARAMS), "--set", "train_prompts=1", "test_prompts=28",
+                       "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        world_main(["detector-check", "--prompts", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "q.json")])
+        == 0
+    )
+    quality = json.loads((tmp_path / "q.json").read_text())
+    assert quality["ground_truth"] == 1.0 and quality["pipeline"] is None and quality["images"] > 0

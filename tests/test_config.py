@@ -2,7 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from vgrpo.config import ConfigError, MixGRPOConfig, NaiveELBOConfig, TrainConfig, VGRPOConfig, load_config
+from vgrpo.algorithms.config import MixGRPOConfig, NaiveELBOConfig, VGRPOConfig
+from vgrpo.config import TrainConfig, load_config
+from vgrpo.errors import ConfigError
 
 PARAMS = Path(__file__).resolve().parents[1] / "params"
 
@@ -84,3 +86,57 @@ def test_naive_preset_is_vgrpo_with_techniques_off():
     config = load_config([PARAMS / "base.yaml", PARAMS / "algorithms" / "naive_elbo.yaml"])
     assert isinstance(config.algorithm, NaiveELBOConfig)
     assert config.algorithm.share == "none" and not config.algorithm.self_normalize
+
+
+@pytest.mark.parametrize("module", ["vgrpo.config", "vgrpo.algorithms.config", "vgrpo.world.config"])
+def test_config_modules_import_first_in_a_fresh_process(module):
+    """vgrpo.config imports the configs beside their readers (vgrpo.algorithms.config runs the algorithms
+    package's __init__): no import order may meet a half-initialised module."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def _leaves(raw: dict, prefix: str = ""):
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+@pytest.mark.parametrize(
+    ("file", "section", "schema"),
+    [("pretrain.yaml", "pretrain", "PretrainConfig"), ("rewards.yaml", None, "WorldRewardModelsConfig")],
+)
+def test_world_params_load_with_every_value_they_spell(file, section, schema):
+    """The world's optimiser fields come from the shared AdamWConfig; the files keep their flat keys and values."""
+    import yaml
+
+    from vgrpo.optim import AdamWConfig
+    from vgrpo.world import config as world_config
+
+    path = PARAMS / "embedded" / file
+    config = load_config([path], section=section, schema=getattr(world_config, schema))
+    raw = yaml.safe_load(path.read_text())
+    raw = raw[section] if section else raw
+    dumped = config.model_dump(mode="json")
+    for dotted, value in _leaves(raw):
+        node = dumped
+        for key in dotted.split("."):
+            node = node[key]
+        assert node == value, dotted
+    jobs = [config, config.vae] if section else [config.world_clip, config.world_pickscore]
+    assert all(isinstance(job, AdamWConfig) for job in jobs)
+
+
+def test_world_optimiser_keys_reject_bad_values_and_unknown_keys(tmp_path):
+    from vgrpo.world.config import PretrainConfig
+
+    for text, key in [("pretrain:\n  lr: 0\n", "lr"), ("pretrain:\n  vae:\n    weight_decay: -1\n", "vae.weight_decay"),
+                      ("pretrain:\n  vae:\n    momentum: 0.9\n", "vae.momentum")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=key):
+            load_config([_write(tmp_path, text)], section="pretrain", schema=PretrainConfig)

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from vgrpo.config import EMAConfig, StageConfig
+from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed
-from vgrpo.ema import PolicyEMA
+from vgrpo.ema import EMAConfig, PolicyEMA
 from vgrpo.phases import setup_policy
 from vgrpo.policy import trainable_parameters
 from vgrpo.stage import StageCallbacks, run_stage

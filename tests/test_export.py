@@ -10,8 +10,8 @@ import torch
 from tests.models.test_embedded import TINY
 from vgrpo.checkpoint import save_lora
 from vgrpo.cli import main
-from vgrpo.config import LoraConfig
 from vgrpo.models import add_lora
+from vgrpo.models.config import LoraConfig
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.models.pipeline import load_sd3_pipeline
 

@@ -171,7 +171,7 @@ def test_ablation_sweep_runs_the_curriculum_once_per_file_nested_under_one_sweep
 
     from flows.curriculum import vgrpo
     from tasks.tracking import tracking_uri
-    from vgrpo.config import ConfigError
+    from vgrpo.errors import ConfigError
 
     (project / "one.yaml").write_text(yaml.safe_dump({"curriculum": {
         "name": "one", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml"]}}))  # fmt: skip

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from vgrpo import Trainer
-from vgrpo.config import ConfigError
+from vgrpo.errors import ConfigError
 from vgrpo.models.pipeline import load_pipeline
 from vgrpo.rewards.multi import RewardTerm
 from vgrpo.stage import run_stage

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_dir", "write_json_atomic", "write_text_atomic"]
+__all__ = ["atomic_dir", "dir_size_mb", "write_json_atomic", "write_text_atomic"]
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -52,3 +52,8 @@ def atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def dir_size_mb(path: Path) -> float:
+    """Size of the files under ``path`` in MiB (of a model directory written by :func:`atomic_dir`)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from vgrpo.atomic import atomic_dir
+from vgrpo.errors import UserError
 from vgrpo.policy import ParameterSnapshot
 
 __all__ = [
@@ -47,7 +48,7 @@ LORA_PIPELINES = {"SD3Transformer2DModel": "StableDiffusion3Pipeline", "FluxTran
 """Transformer class -> the pipeline class whose LoRA loader mixin writes (and reads) its adapter files."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is incomplete or does not fit the model; the message names the directory."""
 
 

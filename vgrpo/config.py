@@ -1,197 +1,47 @@
-"""Typed, frozen configs for a training run, loaded from YAML; an unknown or mistyped key is an error.
+"""A run's config, composed from the configs that sit beside their readers, and loaded from YAML files merged in
+order; an unknown or mistyped key is an error (:class:`vgrpo.errors.ConfigError`, naming the file and the key).
 
-Defaults are the paper's (algorithm.md §3-4, SD3.5-M stage 1) unless a comment says otherwise;
-``[inferred]`` marks reconstructions the reference could not confirm. ``params/`` files hold only
-overrides of these defaults.
+:class:`TrainConfig` is one run's training (rollouts, advantages, optimiser, algorithm, LoRA, precision);
+:class:`StageConfig` adds a curriculum stage's prompts, rewards, length and evaluation, and
+:class:`CurriculumConfig` lists the stages. Their parts' defaults are the V-GRPO paper's (Tang et al. 2026,
+Sec. 4; SD3.5-M stage 1, App. A.2) unless a description says otherwise; ``params/`` files hold only overrides.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from vgrpo.algorithms.config import (
+    AdvantageConfig,
+    AlgorithmConfig,
+    DiffusionNFTConfig,
+    MixGRPOConfig,
+    RolloutConfig,
+    VGRPOConfig,
+)
+from vgrpo.config_base import FrozenConfig
+from vgrpo.distributed import samples_per_process
+from vgrpo.ema import EMAConfig
+from vgrpo.errors import ConfigError
+from vgrpo.evaluation_config import EvaluationConfig
+from vgrpo.models.config import LoraConfig, PrecisionConfig
+from vgrpo.optim import OptimConfig
+from vgrpo.rewards.config import RewardConfig, check_unique_keys
 
 __all__ = [
-    "AdvantageConfig",
-    "AlgorithmConfig",
-    "ConfigError",
     "CurriculumConfig",
-    "DiffusionNFTConfig",
-    "EmbeddedModelConfig",
-    "EvaluationConfig",
-    "FlowGRPOConfig",
-    "FrozenConfig",
-    "LoraConfig",
-    "MixGRPOConfig",
-    "NaiveELBOConfig",
-    "OptimConfig",
-    "PrecisionConfig",
-    "RewardConfig",
-    "RolloutConfig",
     "StageConfig",
     "TrainConfig",
-    "VGRPOConfig",
     "load_config",
     "load_curriculum",
+    "load_stage",
     "merge_overrides",
     "overrides_from_pairs",
-]
-
-
-class ConfigError(ValueError):
-    """A params file or override is invalid; the message names the file and the key."""
-
-
-class FrozenConfig(BaseModel):
-    """Base of every config: frozen, and an unknown key is an error."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RolloutConfig(FrozenConfig):
-    prompts_per_iteration: int = Field(8, ge=1, description="B: prompts per iteration (paper SD3.5: 48).")
-    group_size: int = Field(8, ge=2, description="G: samples per prompt (paper SD3.5: 24; FLUX: 12).")
-    num_steps: int = Field(10, ge=1, description="Sampler steps T (paper SD3.5: 40 ODE steps).")
-    shift: float | None = Field(3.0, gt=0, description="SD3 static timestep shift; None for no shift.")
-    dynamic_shift: bool = Field(
-        False, description="FLUX: shift from the image token count (diffusers calculate_shift); needs shift: null."
-    )
-    resolution: int | None = Field(
-        None, gt=0, description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
-        "checks it is a multiple of the VAE factor x patch size (FLUX.1: 16).",
-    )  # fmt: skip
-    micro_batch_size: int = Field(32, ge=1, description="Samples per model call in rollouts (memory only).")
-
-    @model_validator(mode="after")
-    def _check_shift(self) -> RolloutConfig:
-        if self.dynamic_shift and self.shift is not None:
-            raise ValueError(f"dynamic_shift replaces the static shift: set shift to null (got shift={self.shift})")
-        return self
-
-
-class AdvantageConfig(FrozenConfig):
-    aggregation: Literal["normalize_then_sum", "sum_then_normalize"] = "normalize_then_sum"
-    std_scope: Literal["group", "global"] = "group"
-    delta: float = Field(1e-4, gt=0, description="Added to the std so constant groups stay finite.")
-    soft_clip_eta: float | None = Field(3.0, gt=0, description="V-GRPO Eq. 17 (SD3.5: 3, FLUX: 2); None = off.")
-    clamp: float | None = Field(None, gt=0, description="Hard clamp |A| (Flow-GRPO: 5); None = off.")
-    weights: dict[str, float] = Field(default_factory=dict, description="Reward weights; empty = 1 each.")
-
-
-class OptimConfig(FrozenConfig):
-    lr: float = Field(3e-4, gt=0, description="AdamW lr (SD3.5 LoRA: 3e-4; FLUX full: 1e-5).")
-    weight_decay: float = Field(1e-4, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(1e-8, gt=0)
-    max_grad_norm: float | None = Field(1.0, gt=0, description="[inferred] global-norm clip; None = off.")
-    gradient_steps: int = Field(1, ge=1, description="Optimizer steps per iteration (SD3.5: 1, FLUX: 4).")
-    minibatches: int = Field(
-        1, ge=1, description="Each step uses 1/minibatches of the batch, cycling; 1 = full batch [inferred]."
-    )
-    micro_batch_size: int = Field(16, ge=1, description="Samples per forward/backward (memory only).")
-
-
-class LoraConfig(FrozenConfig):
-    rank: int = Field(32, ge=1)
-    alpha: int = Field(64, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: tuple[str, ...] = (
-        "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
-    )  # fmt: skip
-
-
-class PrecisionConfig(FrozenConfig):
-    """How the model computes; the surrogates, ratios and losses are always float32."""
-
-    autocast: Literal["fp32", "bf16"] = Field(
-        "fp32", description="bf16 autocast of the transformer in rollouts and training (GPU runs); fp32 = off."
-    )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (memory for time).")
-
-
-class VGRPOConfig(FrozenConfig):
-    """V-GRPO, algorithm.md §3: every variance-reduction technique and step control switchable."""
-
-    name: Literal["vgrpo"] = "vgrpo"
-    n_mc: int = Field(4, ge=1, description="Monte Carlo pairs per sample (paper: 4; [inferred] 10 GenEval/OCR).")
-    share: Literal["batch", "group", "none"] = Field("batch", description="Technique 1: pair sharing scope.")
-    timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = Field(
-        "stratified", description="Technique 2."
-    )
-    prediction: Literal["x", "v", "eps"] = Field("x", description="Technique 3: residual space.")
-    self_normalize: bool = Field(True, description="Technique 4: divide by sg(mean |residual|).")
-    clip_range: float | None = Field(None, gt=0, description="PPO ratio clip (FLUX: 1e-2 / 6e-3); None = off.")
-    kl_coef: float = Field(0.0, ge=0, description="beta of the x-space KL to the behaviour policy (stage 5: 0.3).")
-    ref_kl_coef: float = Field(
-        0.0,
-        ge=0,
-        description="beta_ref of the same x-space KL to the stage's starting weights (the frozen reference, as "
-        "Flow-GRPO's KL); 0 = off, as in the paper.",
-    )
-    memory_bounded: bool = Field(True, description="Two-pass update (one graph at a time) vs one full graph.")
-    logit_normal_mean: float = 0.0
-    logit_normal_std: float = Field(1.0, gt=0)
-
-
-class NaiveELBOConfig(VGRPOConfig):
-    """The paper's unstable baseline: V-GRPO with all four variance-reduction techniques off."""
-
-    name: Literal["naive_elbo"] = "naive_elbo"  # type: ignore[assignment]
-    share: Literal["batch", "group", "none"] = "none"
-    timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = "uniform"
-    prediction: Literal["x", "v", "eps"] = "v"
-    self_normalize: bool = False
-
-
-class FlowGRPOConfig(FrozenConfig):
-    """Flow-GRPO (MDP over SDE steps), algorithm.md §5."""
-
-    name: Literal["flow_grpo"] = "flow_grpo"
-    noise_level: float = Field(0.7, gt=0, description="a in sigma_t = a sqrt(t / (1 - t)).")
-    clip_range: float = Field(1e-4, gt=0)
-    kl_coef: float = Field(0.04, ge=0, description="KL to the frozen reference (GenEval/OCR 0.04, PickScore 0.01).")
-    timestep_fraction: float = Field(0.99, gt=0, le=1, description="Fraction of SDE steps trained per sample.")
-
-
-class MixGRPOConfig(FlowGRPOConfig):
-    """MixGRPO: SDE and training only inside a sliding window of steps, ODE elsewhere."""
-
-    name: Literal["mixgrpo"] = "mixgrpo"  # type: ignore[assignment]
-    window_size: int = Field(4, ge=1)
-    shift_interval: int = Field(25, ge=1, description="Iterations between window advances.")
-    timestep_fraction: float = Field(1.0, gt=0, le=1)
-    kl_coef: float = Field(0.0, ge=0)
-
-
-class DiffusionNFTConfig(FrozenConfig):
-    """DiffusionNFT (likelihood-free, positive/negative velocities), algorithm.md §5."""
-
-    name: Literal["diffusion_nft"] = "diffusion_nft"
-    beta: float = Field(1.0, gt=0, description="b in v+ = b v_theta + (1 - b) v_old.")
-    adv_max: float = Field(5.0, gt=0, description="r = clip(A / adv_max / 2 + 0.5, 0, 1).")
-    n_mc: int = Field(4, ge=1, description="[inferred] training timesteps per sample and iteration.")
-    timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = "uniform"
-    ema_decay_rate: float = Field(0.001, ge=0, description="[inferred] old-policy EMA decay = min(rate * it, max).")
-    ema_decay_max: float = Field(0.5, ge=0, le=1)
-
-
-class EMAConfig(FrozenConfig):
-    """``ema:`` in a stage's params. Off by default (the paper's FLUX recipe states no EMA)."""
-
-    enabled: bool = Field(False, description="Keep an EMA of the trainable weights; evaluate and export it.")
-    decay: float = Field(0.9, ge=0.0, lt=1.0, description="EMA decay (Flow-GRPO's SD3 trainer: 0.9).")
-    every: int = Field(1, ge=1, description="Iterations between EMA updates.")
-    warmup: bool = Field(
-        True, description="Decay min((1 + n) / (10 + n), decay) at update n, as Flow-GRPO's EMA; off: decay throughout."
-    )
-
-
-AlgorithmConfig = Annotated[
-    VGRPOConfig | NaiveELBOConfig | FlowGRPOConfig | MixGRPOConfig | DiffusionNFTConfig,
-    Field(discriminator="name"),
 ]
 
 
@@ -225,45 +75,6 @@ class TrainConfig(FrozenConfig):
             )
         if isinstance(algo, MixGRPOConfig) and algo.window_size > rollout.num_steps:
             raise ValueError(f"algorithm.window_size={algo.window_size} > rollout.num_steps={rollout.num_steps}")
-        return self
-
-
-class EmbeddedModelConfig(FrozenConfig):
-    """Architecture of the embedded default pipeline (:mod:`vgrpo.models.embedded`)."""
-
-    resolution: int = Field(32, ge=8, description="Image side in pixels.")
-    vocab_size: int = Field(1000, ge=300, description="BPE vocabulary cap (the world needs about 430).")
-    max_text_tokens: int = Field(20, ge=4, description="CLIP context length (world prompts need <= 17).")
-    text_hidden_size: int = Field(64, ge=8)
-    text_layers: int = Field(2, ge=2, description="SD3 reads the penultimate layer, so at least 2.")
-    text_heads: int = Field(4, ge=1)
-    text_projection_dim: int = Field(32, ge=4)
-    vae_channels: tuple[int, ...] = Field(
-        (16, 32), min_length=1, description="Encoder widths; each block after the first halves the resolution."
-    )
-    vae_layers_per_block: int = Field(1, ge=1)
-    vae_norm_groups: int = Field(8, ge=1)
-    latent_channels: int = Field(4, ge=1)
-    patch_size: int = Field(
-        2, ge=1, description="Transformer patch on the 16 x 16 latents: 64 tokens of 2 x 2 x 4 = 16 values."
-    )
-    num_layers: int = Field(4, ge=1)
-    attention_head_dim: int = Field(32, ge=4)
-    num_attention_heads: int = Field(4, ge=1)
-    scheduler_shift: float = Field(1.0, gt=0, description="Static shift of the sampling schedule.")
-
-    @model_validator(mode="after")
-    def _check_shapes(self) -> EmbeddedModelConfig:
-        down = 2 ** (len(self.vae_channels) - 1)
-        if self.resolution % (down * self.patch_size):
-            raise ValueError(
-                f"resolution={self.resolution} must be divisible by the VAE downsampling ({down}) x patch_size "
-                f"({self.patch_size})"
-            )
-        if any(c % self.vae_norm_groups for c in self.vae_channels):
-            raise ValueError(f"vae_norm_groups={self.vae_norm_groups} must divide every vae_channels entry")
-        if self.text_hidden_size % self.text_heads:
-            raise ValueError(f"text_heads={self.text_heads} must divide text_hidden_size={self.text_hidden_size}")
         return self
 
 
@@ -385,76 +196,6 @@ def load_config(
         raise ConfigError(f"invalid params in {', '.join(sources) or 'defaults'}:\n{_describe(exc)}") from exc
 
 
-# --- Rewards and evaluation (vgrpo/rewards/, vgrpo/evaluation.py) ------------------------------------------------
-
-
-class RewardConfig(FrozenConfig):
-    """One reward of a set (:class:`vgrpo.rewards.multi.RewardTerm`), built by name from the registry."""
-
-    name: str = Field(
-        description="Registry name (vgrpo.rewards.registry.REWARDS: geneval, ocr, pickscore, ...), an entry point of "
-        "the `vgrpo.rewards` group, or `module:Class` (a Reward subclass) / `module:function` (a reward function)."
-    )
-    key: str | None = Field(None, description="Name in logs and tables; default `name`. Needed to use one twice.")
-    weight: float = Field(1.0, description="w_m in A = sum_m w_m A^m (algorithm.md §2).")
-    offset: float = Field(0.0, description="Normalised score (s - offset) / scale; MixGRPO's PickScore: 18.")
-    scale: float = Field(1.0, gt=0, description="MixGRPO's PickScore: 8; flow_grpo's PickScore: 26.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the reward's class.")
-
-    @model_validator(mode="after")
-    def _check_name(self) -> RewardConfig:
-        from vgrpo.rewards.registry import resolve_reward
-
-        try:
-            resolve_reward(self.name)  # imports a user's reward now, so a typo fails before any compute
-        except (KeyError, TypeError) as exc:
-            raise ValueError(exc.args[0] if exc.args else str(exc)) from exc  # str(KeyError) adds quotes
-        return self
-
-    @property
-    def resolved_key(self) -> str:
-        from vgrpo.rewards.registry import reward_key
-
-        return reward_key(self.name, self.key)
-
-
-def _unique_reward_keys(rewards: Sequence[RewardConfig]) -> None:
-    keys = [r.resolved_key for r in rewards]
-    dupes = sorted({k for k in keys if keys.count(k) > 1})
-    if dupes:
-        raise ValueError(f"reward keys {dupes} are used twice; give one of them another `key`")
-
-
-class EvaluationConfig(FrozenConfig):
-    """The evaluation routine (:func:`vgrpo.evaluation.evaluate`): fixed prompts, fixed seeds, a table."""
-
-    group_size: int = Field(4, ge=1, description="Samples per prompt (GenEval: 4).")
-    num_steps: int = Field(20, ge=1, description="Euler steps (paper: 40 for SD3.5-M, 50 for FLUX).")
-    seed: int = 0
-    max_prompts: int | None = Field(None, ge=1, description="First N prompts of the prompt file; None = all.")
-    guidance_scale: float | None = Field(None, gt=0, description="CFG scale; None or 1 = off (SD3.5-M: 4.5).")
-    p_mix: float | None = Field(None, ge=0, le=1, description="Hybrid sampling with `base_pipeline` (FLUX: 0.8).")
-    base_pipeline: str | None = Field(None, description="Pipeline directory of the base for hybrid sampling.")
-    micro_batch: int = Field(64, ge=1, description="Samples per sampler call (memory only).")
-    overlap: bool = Field(
-        False, description="Score chunk k while sampling chunk k+1 (helps when they use different devices)."
-    )
-    grid_prompts: int = Field(8, ge=0, description="Prompts shown in the image grid (all their samples).")
-    rewards: tuple[RewardConfig, ...] = Field(
-        (RewardConfig(name="geneval"), RewardConfig(name="ocr")), min_length=1, description="What the table reports."
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> EvaluationConfig:
-        if (self.p_mix is None) != (self.base_pipeline is None):
-            raise ValueError("hybrid sampling needs both p_mix and base_pipeline (or neither)")
-        _unique_reward_keys(self.rewards)
-        return self
-
-
-# --- One stage of a curriculum (vgrpo/stage.py) ----------------------------------------------------------------
-
-
 class StageConfig(TrainConfig):
     """A training stage: the run config (rollout, advantage, optim, algorithm, lora) plus its prompts, rewards,
     length, checkpoint cadence and evaluation. Reward weights live on the rewards (``rewards[].weight``)."""
@@ -484,7 +225,7 @@ class StageConfig(TrainConfig):
 
     @model_validator(mode="after")
     def _check_stage(self) -> StageConfig:
-        _unique_reward_keys(self.rewards)
+        check_unique_keys(self.rewards)
         if self.prompt_tag_weights is not None and any(w <= 0 for w in self.prompt_tag_weights.values()):
             raise ValueError(f"prompt_tag_weights must all be > 0, got {self.prompt_tag_weights}")
         if self.advantage.weights:
@@ -524,3 +265,21 @@ def load_curriculum(
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: stage names must differ, got {names}")
     return curriculum, stages
+
+
+def load_stage(
+    paths: Sequence[str | Path], overrides: Mapping[str, Any] | None = None, *, world_size: int = 1
+) -> StageConfig:
+    """A stage's config from its params files (as :func:`load_config`), checked to split over ``world_size``
+    processes, before they start waiting for each other.
+
+    Raises:
+        ConfigError: naming the files and every offending key, or why the batch does not split.
+    """
+    config = load_config(paths, overrides, schema=StageConfig)
+    rollout = config.rollout
+    try:
+        samples_per_process(rollout.prompts_per_iteration, rollout.group_size, config.optim.minibatches, world_size)
+    except ValueError as exc:
+        raise ConfigError(f"{' + '.join(str(p) for p in paths)}: {exc}") from exc
+    return config

@@ -16,12 +16,24 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
+from pydantic import Field
 from torch import nn
 
-from vgrpo.config import EMAConfig
+from vgrpo.config_base import FrozenConfig
 from vgrpo.policy import ParameterSnapshot
 
-__all__ = ["PolicyEMA", "maybe_swapped_in"]
+__all__ = ["EMAConfig", "PolicyEMA", "maybe_swapped_in"]
+
+
+class EMAConfig(FrozenConfig):
+    """``ema:`` in a stage's params. Off by default (the paper's FLUX recipe states no EMA)."""
+
+    enabled: bool = Field(False, description="Keep an EMA of the trainable weights; evaluate and export it.")
+    decay: float = Field(0.9, ge=0.0, lt=1.0, description="EMA decay (Flow-GRPO's SD3 trainer: 0.9).")
+    every: int = Field(1, ge=1, description="Iterations between EMA updates.")
+    warmup: bool = Field(
+        True, description="Decay min((1 + n) / (10 + n), decay) at update n, as Flow-GRPO's EMA; off: decay throughout."
+    )
 
 
 class PolicyEMA:

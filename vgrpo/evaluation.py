@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vgrpo.config import EvaluationConfig, StageConfig
+from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed
+from vgrpo.evaluation_config import EvaluationConfig
 from vgrpo.flow import timestep_grid
 from vgrpo.policy import Conditioning, VelocityModel
 from vgrpo.rewards.base import Metadata

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from vgrpo.errors import UserError
+
 __all__ = ["MAX_PROMPT_FILE_BYTES", "PromptFileError", "check_geneval_metadata", "load_prompts"]
 
 MAX_PROMPT_FILE_BYTES = 64 * 2**20
@@ -19,7 +21,7 @@ MAX_PROMPT_FILE_BYTES = 64 * 2**20
 MAX_PROMPT_CHARS = 2000
 
 
-class PromptFileError(ValueError):
+class PromptFileError(UserError, ValueError):
     """A prompt file is missing, too large, empty or has a bad line; the message names the file and line."""
 
 

@@ -42,7 +42,7 @@ from vgrpo.policy import trainable_parameters
 from vgrpo.resume import ResumableRun
 from vgrpo.rewards.multi import MultiReward
 
-__all__ = ["PhaseRunner", "StageCallbacks", "StageResult", "call_directly", "run_stage"]
+__all__ = ["PhaseRunner", "PrintProgress", "StageCallbacks", "StageResult", "call_directly", "run_stage"]
 
 T = TypeVar("T")
 
@@ -74,6 +74,23 @@ class StageCallbacks:
 
     def on_checkpoint(self, path: Path, iteration: int) -> None:
         """A resumable checkpoint was written."""
+
+
+class PrintProgress(StageCallbacks):
+    """One printed line per iteration (the reward and the seconds it took), and why an iteration was skipped."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        if metrics.get("guard/skipped"):
+            return  # on_skip says why
+        print(f"{self.name} iteration {iteration}: reward {metrics.get('reward/total_mean', float('nan')):.4f}, "
+              f"{metrics['time/iteration_s']:.1f} s", flush=True)  # fmt: skip
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        print(f"{self.name} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
+              f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied", flush=True)  # fmt: skip
 
 
 @dataclass

@@ -22,9 +22,11 @@ from torch import Tensor, nn
 
 from vgrpo.advantages import compute_advantages
 from vgrpo.algorithms.base import Algorithm, Payload, Rollout
-from vgrpo.config import AdvantageConfig, OptimConfig, TrainConfig
+from vgrpo.algorithms.config import AdvantageConfig
+from vgrpo.config import TrainConfig
 from vgrpo.distributed import Distributed, samples_per_process
 from vgrpo.guards import NonFiniteError, check_finite, nonfinite_summary
+from vgrpo.optim import OptimConfig, build_adamw, clip_gradients
 from vgrpo.policy import Conditioning, trainable_parameters
 
 __all__ = [
@@ -89,9 +91,7 @@ def build_optimizer(policy: nn.Module, config: OptimConfig) -> torch.optim.Optim
     params = trainable_parameters(policy)
     if not params:
         raise ValueError("the policy has no trainable parameters")
-    return torch.optim.AdamW(
-        params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.adam_eps
-    )
+    return build_adamw(params, config, betas=config.betas, eps=config.adam_eps)
 
 
 def minibatch_schedule(num_samples: int, minibatches: int, steps: int, generator: torch.Generator) -> list[Tensor]:
@@ -223,14 +223,13 @@ def update_policy(
     t3 = _clock(device)
 
     params = trainable_parameters(policy)
-    max_norm = optim.max_grad_norm if optim.max_grad_norm is not None else float("inf")
     per_step: dict[str, list[float]] = {}
     schedule = minibatch_schedule(num_samples, optim.minibatches, optim.gradient_steps, batch.generator)
     for step, idx in enumerate(schedule):
         optimizer.zero_grad(set_to_none=True)
         step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, prepared, idx, step))
         dist.average_gradients(params)  # before clipping, so every rank clips and steps the same gradient
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = clip_gradients(params, optim)
         if not torch.isfinite(grad_norm):  # no step: this iteration is skipped (vgrpo.guards)
             optimizer.zero_grad(set_to_none=True)
             bad = {k: v for k, v in step_metrics.items() if not math.isfinite(v)}

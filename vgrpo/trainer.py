@@ -24,9 +24,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from vgrpo.config import ConfigError, RewardConfig, StageConfig, load_config, load_curriculum
+from vgrpo.config import StageConfig, load_config, load_curriculum
 from vgrpo.distributed import Distributed
+from vgrpo.errors import ConfigError
 from vgrpo.rewards.base import Reward
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward, RewardTerm
 from vgrpo.rewards.registry import FunctionReward
 from vgrpo.stage import PhaseRunner, StageCallbacks, StageResult, call_directly, run_stage

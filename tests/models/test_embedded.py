@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from vgrpo.config import EmbeddedModelConfig
+from vgrpo.models.config import EmbeddedModelConfig
 from vgrpo.models.embedded import BOS_TOKEN, EOS_TOKEN, build_pipeline, train_clip_tokenizer
 from vgrpo.models.pipeline import PipelineError, load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter

@@ -212,7 +212,7 @@ def test_flux_params_validate() -> None:
     config = load_config([ROOT / "params" / f for f in files], schema=StageConfig)
     assert config.rollout.dynamic_shift and config.rollout.shift is None and config.rollout.resolution == 720
     assert config.lora is None and config.evaluation.p_mix == 0.8
-    from vgrpo.config import RolloutConfig
+    from vgrpo.algorithms.config import RolloutConfig
 
     with pytest.raises(ValueError, match="set shift to null"):
         RolloutConfig(dynamic_shift=True, shift=3.0)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vgrpo.config import RewardConfig, StageConfig
+from vgrpo.config import StageConfig
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.rewards.registry import ENTRY_POINT_GROUP, build_reward
 

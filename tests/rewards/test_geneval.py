@@ -200,7 +200,7 @@ def test_colored_detections_colour_only_what_a_clause_asks() -> None:
 def _tiny_clip_dir(tmp_path: Path) -> Path:
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
 
-    from vgrpo.config import EmbeddedModelConfig
+    from vgrpo.models.config import EmbeddedModelConfig
     from vgrpo.models.embedded import train_clip_tokenizer
 
     corpus = [t.format(c=c, cls=cls) for t in ("a photo of a {c} {cls}", "a photo of a {c}-colored {cls}",

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vgrpo.config import EmbeddedModelConfig
+from vgrpo.models.config import EmbeddedModelConfig
 from vgrpo.models.embedded import train_clip_tokenizer
 from vgrpo.rewards.convert import convert_aesthetic, convert_open_clip, open_clip_to_hf
 from vgrpo.rewards.preference import AestheticScore, CLIPScore, HPSv2, PickScore

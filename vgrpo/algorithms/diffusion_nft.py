@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
-from vgrpo.config import DiffusionNFTConfig
+from vgrpo.algorithms.config import DiffusionNFTConfig
 from vgrpo.losses import nft_loss
 from vgrpo.pairs import SharedPairs, draw_pairs
 from vgrpo.policy import Conditioning

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
-from vgrpo.config import FlowGRPOConfig, MixGRPOConfig
+from vgrpo.algorithms.config import FlowGRPOConfig, MixGRPOConfig
 from vgrpo.losses import flow_grpo_loss, ratio_metrics
 from vgrpo.policy import Conditioning
 from vgrpo.samplers import SDETrajectory, mixgrpo_window_start, sde_sample, sde_step, window_mask

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from vgrpo.algorithms.base import Algorithm
-from vgrpo.config import TrainConfig
 from vgrpo.distributed import Distributed
 from vgrpo.flow import timestep_grid
+
+if TYPE_CHECKING:  # vgrpo.config imports this package's configs: a runtime import would be a circle
+    from vgrpo.config import TrainConfig
 
 __all__ = ["ALGORITHMS", "build_algorithm", "get_algorithm_class"]
 

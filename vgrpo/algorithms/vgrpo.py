@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
-from vgrpo.config import NaiveELBOConfig, VGRPOConfig
+from vgrpo.algorithms.config import NaiveELBOConfig, VGRPOConfig
 from vgrpo.losses import clipped_policy_loss, vgrpo_loss, vgrpo_ratio, vgrpo_surrogate_coefficients
 from vgrpo.pairs import SharedPairs, draw_pairs
 from vgrpo.policy import Conditioning

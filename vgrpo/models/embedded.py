@@ -7,7 +7,7 @@ assembled into a ``StableDiffusion3Pipeline``, saved with ``save_pretrained`` an
 (``text_encoder_3=None``, a configuration diffusers supports): T5 tokens would multiply the sequence
 length, which is what drives cost on a CPU.
 
-Everything here builds offline from :class:`~vgrpo.config.EmbeddedModelConfig`; training lives in
+Everything here builds offline from :class:`~vgrpo.models.config.EmbeddedModelConfig`; training lives in
 :mod:`vgrpo.world.pretrain`.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import torch
 
-from vgrpo.config import EmbeddedModelConfig
+from vgrpo.models.config import EmbeddedModelConfig
 
 __all__ = [
     "BOS_TOKEN",

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vgrpo.errors import UserError
 from vgrpo.models.adapter import PipelineAdapter
 from vgrpo.models.flux import FluxAdapter, FluxVelocity
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
@@ -30,7 +31,7 @@ PIPELINE_COMPONENTS: dict[str, tuple[str, ...]] = {
 """Pipeline classes we load, and the components each must have (SD3's T5 is optional: :func:`load_sd3_pipeline`)."""
 
 
-class PipelineError(ValueError):
+class PipelineError(UserError, ValueError):
     """A pipeline directory is missing or incomplete; the message names the path and the component."""
 
 

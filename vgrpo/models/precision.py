@@ -42,7 +42,7 @@ def apply_precision(
     autocast: Literal["fp32", "bf16"],
     gradient_checkpointing: bool,
 ) -> nn.Module:
-    """The policy to train with ``precision`` settings (:class:`vgrpo.config.PrecisionConfig`): ``policy``
+    """The policy to train with ``precision`` settings (:class:`vgrpo.models.config.PrecisionConfig`): ``policy``
     itself for fp32, else wrapped in :class:`AutocastVelocity`; turns on ``transformer``'s gradient
     checkpointing (diffusers' ``enable_gradient_checkpointing``) when asked."""
     if gradient_checkpointing:

@@ -14,7 +14,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from vgrpo.config import EmbeddedModelConfig
+from vgrpo.models.config import EmbeddedModelConfig
 from vgrpo.policy import Conditioning
 
 __all__ = [

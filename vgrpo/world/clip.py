@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.atomic import atomic_dir
-from vgrpo.config import EmbeddedModelConfig
+from vgrpo.models.config import EmbeddedModelConfig
+from vgrpo.optim import build_adamw, clip_gradients
 from vgrpo.progress import progress_bar
 from vgrpo.world.config import WorldAugmentConfig, WorldCLIPConfig
 from vgrpo.world.degrade import hard_negative
@@ -261,10 +262,8 @@ def fit(
     clipping and CLIP's clip of ``logit_scale``; returns per-step diagnostics (``log`` gets 100-step means)."""
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": opt_config.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-        lr=opt_config.lr,
-    )
+    groups: list[dict[str, Any]] = [{"params": decay}, {"params": rest, "weight_decay": 0.0}]
+    opt = build_adamw(groups, opt_config)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, steps, opt_config.warmup_steps))
     model.train()
     history: list[dict[str, float]] = []
@@ -272,7 +271,7 @@ def fit(
         for step in range(1, steps + 1):
             loss, metrics = step_loss()
             loss.backward()
-            metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(model.parameters(), opt_config.max_grad_norm))
+            metrics["grad_norm"] = float(clip_gradients(model.parameters(), opt_config))
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()

@@ -1,6 +1,10 @@
 """Typed configs of the embedded world's training jobs: base pretraining (``params/embedded/pretrain.yaml``) and
 the world's learned reward models (``params/embedded/rewards.yaml``). Every value is spelled out in those files
-so that DVC's params tracking sees all of them."""
+so that DVC's params tracking sees all of them, but ``pretrain.vae``'s weight decay and gradient clip, which keep
+the defaults of :mod:`vgrpo.optim` (a dependency of the pretraining stage).
+
+Each job's optimiser is the shared :class:`vgrpo.optim.AdamWConfig`, whose fields (``lr``, ``weight_decay``,
+``max_grad_norm``) each job config inherits at the top of its section."""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vgrpo.config import EmbeddedModelConfig, FrozenConfig
+from vgrpo.config_base import FrozenConfig
+from vgrpo.models.config import EmbeddedModelConfig
+from vgrpo.optim import AdamWConfig, LearningRate, WeightDecay
 
 __all__ = [
     "PretrainConfig",
@@ -20,27 +26,26 @@ __all__ = [
 ]
 
 
-class VAETrainConfig(FrozenConfig):
-    """Stage 1 of pretraining: the autoencoder, on rendered world images."""
+class VAETrainConfig(AdamWConfig):
+    """Stage 1 of pretraining: the autoencoder, on rendered world images (AdamW, warm-up over the first 5% of the
+    steps, then cosine decay)."""
 
+    lr: LearningRate = 4e-3
     steps: int = Field(800, ge=1)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(4e-3, gt=0)
     kl_weight: float = Field(1e-6, ge=0, description="Weight of the KL to N(0, I) (SD-VAE scale).")
 
 
-class PretrainConfig(FrozenConfig):
-    """Pretraining of the embedded base pipeline on freshly rendered world pairs."""
+class PretrainConfig(AdamWConfig):
+    """Pretraining of the embedded base pipeline on freshly rendered world pairs; the transformer's optimiser is
+    AdamW (the inherited fields) with warm-up and cosine decay."""
 
     seed: int = 0
     model: EmbeddedModelConfig = EmbeddedModelConfig()
     vae: VAETrainConfig = VAETrainConfig()
     steps: int = Field(1900, ge=1, description="Transformer optimizer steps.")
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(200, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
     ema_decay: float = Field(
         0.99, ge=0, lt=1, description="EMA of the transformer weights that is saved (0.999 lags ~1000 steps)."
     )
@@ -80,9 +85,9 @@ class WorldAugmentConfig(FrozenConfig):
     noise_std_max: float = Field(6.0, ge=0, description="Gaussian noise std (0-255 units) drawn from [0, this].")
 
 
-class WorldCLIPConfig(FrozenConfig):
+class WorldCLIPConfig(AdamWConfig):
     """A tiny ``transformers.CLIPModel`` trained contrastively on world image-caption pairs (the CLIPScore
-    reward of the embedded world)."""
+    reward of the embedded world), by AdamW (the inherited fields) with warm-up and cosine decay."""
 
     seed: int = 0
     image_size: int = Field(32, ge=8, description="The world's native resolution; no resizing.")
@@ -101,10 +106,8 @@ class WorldCLIPConfig(FrozenConfig):
     logit_scale_init: float = Field(2.6592, description="log(1 / 0.07), CLIP's initial temperature.")
     steps: int = Field(3000, ge=1)
     batch_size: int = Field(128, ge=2)
-    lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(150, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: WeightDecay = 0.1
     hard_negatives: int = Field(
         1, ge=0, description="Attribute-swapped captions per image added to the image->text softmax (NegCLIP)."
     )
@@ -133,17 +136,17 @@ class WorldCLIPConfig(FrozenConfig):
         return self
 
 
-class WorldPreferenceConfig(FrozenConfig):
+class WorldPreferenceConfig(AdamWConfig):
     """A PickScore-style preference model: the world CLIP fine-tuned with a Bradley-Terry loss on (clean render,
-    degraded render) pairs (Kirstain et al. 2023, Sec. 4)."""
+    degraded render) pairs (Kirstain et al. 2023, Sec. 4), by AdamW (the inherited fields) with warm-up and cosine
+    decay."""
 
     seed: int = 0
     steps: int = Field(1200, ge=1)
     batch_size: int = Field(64, ge=1, description="Pairs per step.")
-    lr: float = Field(3e-4, gt=0)
+    lr: LearningRate = 3e-4
     warmup_steps: int = Field(60, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: WeightDecay = 0.1
     degradations: tuple[
         Literal["blur", "noise", "color_shift", "clutter", "wrong_color", "wrong_shape", "wrong_position"], ...
     ] = Field(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import resource
 import shutil
 import time
 from collections.abc import Callable
@@ -31,12 +32,17 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.atomic import atomic_dir
+from vgrpo.evaluation import Sampling
+from vgrpo.evaluation import evaluate as evaluate_pipeline
 from vgrpo.flow import interpolate, timestep_grid, velocity_target
 from vgrpo.images import images_to_tensor
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
+from vgrpo.optim import build_adamw, clip_gradients
 from vgrpo.policy import Conditioning
 from vgrpo.progress import progress_bar
+from vgrpo.prompts import load_prompts
+from vgrpo.rewards.multi import MultiReward
 from vgrpo.samplers import euler_ode_sample
 from vgrpo.world.config import PretrainConfig
 from vgrpo.world.data import world_batch
@@ -48,6 +54,7 @@ __all__ = [
     "flow_matching_loss",
     "logit_normal_timesteps",
     "pretrain",
+    "pretrain_base",
     "sample_images",
     "train_vae",
 ]
@@ -77,7 +84,7 @@ def vae_loss(vae: Any, x: Tensor, kl_weight: float, generator: torch.Generator) 
 def train_vae(vae: Any, config: PretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> float:
     """Train ``vae`` in place on fresh renders; returns the final loss."""
     cfg, allowed = config.vae, allowed_pairs(config.held_out_pairs)
-    opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = build_adamw(vae.parameters(), cfg)
     warmup = max(1, cfg.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, cfg.steps, warmup))
     vae.train()
@@ -87,7 +94,7 @@ def train_vae(vae: Any, config: PretrainConfig, rng: np.random.Generator, genera
             _, images = world_batch(rng, cfg.batch_size, config.tags, allowed, config.model.resolution)
             loss = vae_loss(vae, images_to_tensor(images), cfg.kl_weight, generator)
             loss.backward()
-            nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+            clip_gradients(vae.parameters(), cfg)
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
@@ -207,7 +214,7 @@ def pretrain(
         pipe.text_encoder_2.requires_grad_(False).eval()
     trained = nn.ModuleList([getattr(pipe, name) for name in slots]).train()
     ema = copy.deepcopy(trained).eval().requires_grad_(False)  # on resume: the saved pipeline holds the EMA
-    opt = torch.optim.AdamW(trained.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    opt = build_adamw(trained.parameters(), config)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, config.steps, config.warmup_steps))
     state = PretrainState()
     if saved is not None:
@@ -272,7 +279,7 @@ def pretrain(
             eps = torch.randn(x0.shape, generator=generator)
             loss = flow_matching_loss(velocity, x0, condition(prompts), t, eps)
             loss.backward()
-            grad_norm = float(nn.utils.clip_grad_norm_(trained.parameters(), config.max_grad_norm))
+            grad_norm = float(clip_gradients(trained.parameters(), config))
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
@@ -315,3 +322,32 @@ def _prompt_corpus(config: PretrainConfig, n: int = 4000) -> list[str]:
     rng = np.random.default_rng(config.seed + 1)
     allowed = allowed_pairs(config.held_out_pairs)
     return [sample_metadata(rng, config.tags[i % len(config.tags)], allowed)["prompt"] for i in range(n)]
+
+
+def pretrain_base(
+    config: PretrainConfig, test_split: str | Path, work_dir: str | Path, pipeline_dir: str | Path
+) -> tuple[Path, dict[str, Any]]:
+    """:func:`pretrain` evaluated every ``config.eval_every`` steps: GenEval (strict, partial, varied groups) and
+    OCR of the EMA model on the first ``config.eval_prompts`` prompts of ``test_split``. Returns the pipeline
+    directory and the run's metrics: wall time, peak memory and the last evaluation."""
+    metadata = load_prompts(test_split)[: config.eval_prompts]
+    rewards = MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr"}])
+
+    def evaluate(adapter: SD3Adapter, velocity: nn.Module, step: int) -> dict[str, float]:
+        table, _ = evaluate_pipeline(
+            adapter=adapter, policy=velocity, metadata=metadata, rewards=rewards, group_size=config.eval_group,
+            sampling=Sampling(config.sample_steps, config.seed, config.model.scheduler_shift),
+        )  # fmt: skip
+        geneval, ocr = table["rewards"]["geneval"], table["rewards"]["ocr"]
+        out = {k: geneval.get(k) for k in ("geneval_strict", "geneval_partial", "varied_group_frac")}
+        out["ocr"] = ocr["mean"]
+        return {k: float(v) for k, v in out.items() if v is not None}
+
+    t0 = time.perf_counter()
+    final = pretrain(config, work_dir, pipeline_dir, evaluate=evaluate)
+    history = json.loads((final / "pretrain_history.json").read_text())
+    return final, {
+        "wall_s": time.perf_counter() - t0,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "final": history[-1] if history else {},
+    }

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vgrpo.atomic import write_text_atomic
 from vgrpo.clauses import GENEVAL_TAGS, Detection, relative_position
+from vgrpo.prompts import PromptFileError, load_prompts
 from vgrpo.world.render import FONT_CHARS, max_text_chars, pixel_box
 from vgrpo.world.scene import (
     COLORS,
@@ -241,6 +243,33 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a JSONL file written by :func:`write_jsonl` (blank lines skipped)."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def write_splits(
+    out_dir: str | Path,
+    seed: int,
+    n_train: int,
+    n_test: int,
+    *,
+    held_out_pairs: Iterable[Pair],
+    tags: tuple[str, ...],
+) -> tuple[int, int]:
+    """:func:`make_splits` written to ``train.jsonl`` and ``test.jsonl`` in ``out_dir``, each row with its
+    ground-truth ``scene``; returns the two sizes."""
+    train, test = make_splits(seed, n_train, n_test, held_out_pairs=held_out_pairs, tags=tags)
+    for name, records in (("train", train), ("test", test)):
+        write_jsonl(Path(out_dir) / f"{name}.jsonl", ({**md, "scene": scene_to_dict(sc)} for md, sc in records))
+    return len(train), len(test)
+
+
+def read_split(path: str | Path) -> list[Record]:
+    """``(metadata, scene)`` of every row of a split file written by :func:`write_splits`; a row without its
+    ground-truth ``scene`` is a :class:`vgrpo.prompts.PromptFileError` naming the file and the row."""
+    rows = load_prompts(path)
+    for i, md in enumerate(rows, 1):
+        if "scene" not in md:
+            raise PromptFileError(f"{path}:{i}: a record needs its ground-truth 'scene' (a world split file)")
+    return [(md, scene_from_dict(md["scene"])) for md in rows]
 
 
 def ocr_text_ok(text: str, size: int = 32) -> bool:

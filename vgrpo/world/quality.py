@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from vgrpo.clauses import GENEVAL_TAGS
+from vgrpo.images import images_to_tensor, tensor_to_images
+from vgrpo.models.pipeline import load_sd3_pipeline
+from vgrpo.models.sd3 import SD3Adapter
 from vgrpo.rewards.geneval import score_detections
 from vgrpo.world.detect import detect
-from vgrpo.world.prompts import Record
+from vgrpo.world.prompts import Record, read_split
 from vgrpo.world.render import render
 
-__all__ = ["detector_quality", "wrong_prompts"]
+__all__ = ["check_split", "detector_quality", "vae_roundtrip", "wrong_prompts"]
 
 
 def _requirement(metadata: dict[str, Any]) -> list[str]:
@@ -85,3 +90,26 @@ def detector_quality(
     }
     out["images"] = len(rows)
     return out
+
+
+def vae_roundtrip(pipeline_dir: str | Path) -> Callable[[np.ndarray], np.ndarray]:
+    """uint8 ``(N, H, W, 3)`` images -> the same encoded and decoded by the VAE of the SD3 pipeline in
+    ``pipeline_dir`` (posterior samples from one generator seeded 0)."""
+    adapter = SD3Adapter(load_sd3_pipeline(pipeline_dir))
+    generator = torch.Generator().manual_seed(0)
+
+    @torch.no_grad()
+    def roundtrip(images: np.ndarray) -> np.ndarray:
+        latents = adapter.encode_images(images_to_tensor(images), generator=generator)
+        return tensor_to_images(adapter.decode(latents))
+
+    return roundtrip
+
+
+def check_split(path: str | Path, pipeline_dir: str | Path | None = None) -> dict[str, Any]:
+    """:func:`detector_quality` of a world split file (rows with their ground-truth scenes), with the VAE round
+    trips of the pipeline in ``pipeline_dir`` when given; the result names both inputs."""
+    records = read_split(path)
+    roundtrip = vae_roundtrip(pipeline_dir) if pipeline_dir is not None else None
+    quality = detector_quality(records, roundtrip=roundtrip)
+    return quality | {"prompts": str(path), "pipeline": None if pipeline_dir is None else str(pipeline_dir)}

@@ -1,0 +1,130 @@
+"""Configs of the rollouts, the advantages and the five algorithms (the ``rollout:``, ``advantage:`` and
+``algorithm:`` sections of a run's params).
+
+Defaults are the V-GRPO paper's (Tang et al. 2026, Sec. 4; SD3.5-M stage 1, App. A.2) unless a description says
+otherwise; ``[inferred]`` marks reconstructions the paper's text could not confirm.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from vgrpo.config_base import FrozenConfig
+
+__all__ = [
+    "AdvantageConfig",
+    "AlgorithmConfig",
+    "DiffusionNFTConfig",
+    "FlowGRPOConfig",
+    "MixGRPOConfig",
+    "NaiveELBOConfig",
+    "RolloutConfig",
+    "VGRPOConfig",
+]
+
+
+class RolloutConfig(FrozenConfig):
+    prompts_per_iteration: int = Field(8, ge=1, description="B: prompts per iteration (paper SD3.5: 48).")
+    group_size: int = Field(8, ge=2, description="G: samples per prompt (paper SD3.5: 24; FLUX: 12).")
+    num_steps: int = Field(10, ge=1, description="Sampler steps T (paper SD3.5: 40 ODE steps).")
+    shift: float | None = Field(3.0, gt=0, description="SD3 static timestep shift; None for no shift.")
+    dynamic_shift: bool = Field(
+        False, description="FLUX: shift from the image token count (diffusers calculate_shift); needs shift: null."
+    )
+    resolution: int | None = Field(
+        None, gt=0, description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
+        "checks it is a multiple of the VAE factor x patch size (FLUX.1: 16).",
+    )  # fmt: skip
+    micro_batch_size: int = Field(32, ge=1, description="Samples per model call in rollouts (memory only).")
+
+    @model_validator(mode="after")
+    def _check_shift(self) -> RolloutConfig:
+        if self.dynamic_shift and self.shift is not None:
+            raise ValueError(f"dynamic_shift replaces the static shift: set shift to null (got shift={self.shift})")
+        return self
+
+
+class AdvantageConfig(FrozenConfig):
+    aggregation: Literal["normalize_then_sum", "sum_then_normalize"] = "normalize_then_sum"
+    std_scope: Literal["group", "global"] = "group"
+    delta: float = Field(1e-4, gt=0, description="Added to the std so constant groups stay finite.")
+    soft_clip_eta: float | None = Field(3.0, gt=0, description="V-GRPO Eq. 17 (SD3.5: 3, FLUX: 2); None = off.")
+    clamp: float | None = Field(None, gt=0, description="Hard clamp |A| (Flow-GRPO: 5); None = off.")
+    weights: dict[str, float] = Field(default_factory=dict, description="Reward weights; empty = 1 each.")
+
+
+class VGRPOConfig(FrozenConfig):
+    """V-GRPO (Tang et al. 2026, Sec. 4): the ELBO surrogate with each variance-reduction technique (Sec. 4.4)
+    and each gradient-step control (Sec. 4.5) switchable."""
+
+    name: Literal["vgrpo"] = "vgrpo"
+    n_mc: int = Field(4, ge=1, description="Monte Carlo pairs per sample (paper: 4; [inferred] 10 GenEval/OCR).")
+    share: Literal["batch", "group", "none"] = Field("batch", description="Technique 1: pair sharing scope.")
+    timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = Field(
+        "stratified", description="Technique 2."
+    )
+    prediction: Literal["x", "v", "eps"] = Field("x", description="Technique 3: residual space.")
+    self_normalize: bool = Field(True, description="Technique 4: divide by sg(mean |residual|).")
+    clip_range: float | None = Field(None, gt=0, description="PPO ratio clip (FLUX: 1e-2 / 6e-3); None = off.")
+    kl_coef: float = Field(
+        0.0, ge=0, description="beta of the x-space KL to the behaviour policy, V-GRPO Eq. 16 (stage 5: 0.3)."
+    )
+    ref_kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="beta_ref of the same x-space KL to the stage's starting weights (the frozen reference, as "
+        "Flow-GRPO's KL); 0 = off, as in the paper.",
+    )
+    memory_bounded: bool = Field(True, description="Two-pass update (one graph at a time) vs one full graph.")
+    logit_normal_mean: float = 0.0
+    logit_normal_std: float = Field(1.0, gt=0)
+
+
+class NaiveELBOConfig(VGRPOConfig):
+    """The paper's unstable baseline: V-GRPO with all four variance-reduction techniques off."""
+
+    name: Literal["naive_elbo"] = "naive_elbo"  # type: ignore[assignment]
+    share: Literal["batch", "group", "none"] = "none"
+    timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = "uniform"
+    prediction: Literal["x", "v", "eps"] = "v"
+    self_normalize: bool = False
+
+
+class FlowGRPOConfig(FrozenConfig):
+    """Flow-GRPO (Liu et al. 2025): an MDP over the steps of its ODE-to-SDE sampler (Sec. 4.1)."""
+
+    name: Literal["flow_grpo"] = "flow_grpo"
+    noise_level: float = Field(0.7, gt=0, description="a in sigma_t = a sqrt(t / (1 - t)).")
+    clip_range: float = Field(1e-4, gt=0)
+    kl_coef: float = Field(0.04, ge=0, description="KL to the frozen reference (GenEval/OCR 0.04, PickScore 0.01).")
+    timestep_fraction: float = Field(0.99, gt=0, le=1, description="Fraction of SDE steps trained per sample.")
+
+
+class MixGRPOConfig(FlowGRPOConfig):
+    """MixGRPO (Li et al. 2025): SDE and training only inside a sliding window of steps, ODE elsewhere."""
+
+    name: Literal["mixgrpo"] = "mixgrpo"  # type: ignore[assignment]
+    window_size: int = Field(4, ge=1)
+    shift_interval: int = Field(25, ge=1, description="Iterations between window advances.")
+    timestep_fraction: float = Field(1.0, gt=0, le=1)
+    kl_coef: float = Field(0.0, ge=0)
+
+
+class DiffusionNFTConfig(FrozenConfig):
+    """DiffusionNFT (Zheng et al. 2025): likelihood-free, trained on positive and negative velocities."""
+
+    name: Literal["diffusion_nft"] = "diffusion_nft"
+    beta: float = Field(1.0, gt=0, description="b in v+ = b v_theta + (1 - b) v_old.")
+    adv_max: float = Field(5.0, gt=0, description="r = clip(A / adv_max / 2 + 0.5, 0, 1).")
+    n_mc: int = Field(4, ge=1, description="[inferred] training timesteps per sample and iteration.")
+    timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = "uniform"
+    ema_decay_rate: float = Field(0.001, ge=0, description="[inferred] old-policy EMA decay = min(rate * it, max).")
+    ema_decay_max: float = Field(0.5, ge=0, le=1)
+
+
+AlgorithmConfig = Annotated[
+    VGRPOConfig | NaiveELBOConfig | FlowGRPOConfig | MixGRPOConfig | DiffusionNFTConfig,
+    Field(discriminator="name"),
+]

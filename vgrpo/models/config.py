@@ -1,0 +1,69 @@
+"""Configs of the model: the LoRA adapter (``lora:``), the precision (``precision:``) and the architecture of the
+embedded default pipeline (``pretrain.model:``, built by :mod:`vgrpo.models.embedded`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from vgrpo.config_base import FrozenConfig
+
+__all__ = ["EmbeddedModelConfig", "LoraConfig", "PrecisionConfig"]
+
+
+class LoraConfig(FrozenConfig):
+    rank: int = Field(32, ge=1)
+    alpha: int = Field(64, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: tuple[str, ...] = (
+        "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+    )  # fmt: skip
+
+
+class PrecisionConfig(FrozenConfig):
+    """How the model computes; the surrogates, ratios and losses are always float32."""
+
+    autocast: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16 autocast of the transformer in rollouts and training (GPU runs); fp32 = off."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (memory for time).")
+
+
+class EmbeddedModelConfig(FrozenConfig):
+    """Architecture of the embedded default pipeline (:mod:`vgrpo.models.embedded`)."""
+
+    resolution: int = Field(32, ge=8, description="Image side in pixels.")
+    vocab_size: int = Field(1000, ge=300, description="BPE vocabulary cap (the world needs about 430).")
+    max_text_tokens: int = Field(20, ge=4, description="CLIP context length (world prompts need <= 17).")
+    text_hidden_size: int = Field(64, ge=8)
+    text_layers: int = Field(2, ge=2, description="SD3 reads the penultimate layer, so at least 2.")
+    text_heads: int = Field(4, ge=1)
+    text_projection_dim: int = Field(32, ge=4)
+    vae_channels: tuple[int, ...] = Field(
+        (16, 32), min_length=1, description="Encoder widths; each block after the first halves the resolution."
+    )
+    vae_layers_per_block: int = Field(1, ge=1)
+    vae_norm_groups: int = Field(8, ge=1)
+    latent_channels: int = Field(4, ge=1)
+    patch_size: int = Field(
+        2, ge=1, description="Transformer patch on the 16 x 16 latents: 64 tokens of 2 x 2 x 4 = 16 values."
+    )
+    num_layers: int = Field(4, ge=1)
+    attention_head_dim: int = Field(32, ge=4)
+    num_attention_heads: int = Field(4, ge=1)
+    scheduler_shift: float = Field(1.0, gt=0, description="Static shift of the sampling schedule.")
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> EmbeddedModelConfig:
+        down = 2 ** (len(self.vae_channels) - 1)
+        if self.resolution % (down * self.patch_size):
+            raise ValueError(
+                f"resolution={self.resolution} must be divisible by the VAE downsampling ({down}) x patch_size "
+                f"({self.patch_size})"
+            )
+        if any(c % self.vae_norm_groups for c in self.vae_channels):
+            raise ValueError(f"vae_norm_groups={self.vae_norm_groups} must divide every vae_channels entry")
+        if self.text_hidden_size % self.text_heads:
+            raise ValueError(f"text_heads={self.text_heads} must divide text_hidden_size={self.text_hidden_size}")
+        return self

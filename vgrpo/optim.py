@@ -1,0 +1,64 @@
+"""The optimiser of every training job: AdamW with global-norm gradient clipping, configured by one
+:class:`AdamWConfig`.
+
+A job's config inherits its fields flat, so each params section keeps ``lr``, ``weight_decay`` and
+``max_grad_norm`` at its own top level: the RL stages under ``optim:`` (:class:`OptimConfig`), the embedded
+world's base pretraining under ``pretrain:`` and ``pretrain.vae:``, and its reward models under ``world_clip:`` and
+``world_pickscore:`` (:mod:`vgrpo.world.config`). A job restates only the defaults it changes, with the shared
+constraints (:data:`LearningRate`, :data:`WeightDecay`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated, Any
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from vgrpo.config_base import FrozenConfig
+
+__all__ = ["AdamWConfig", "LearningRate", "OptimConfig", "WeightDecay", "build_adamw", "clip_gradients"]
+
+LearningRate = Annotated[float, Field(gt=0, description="AdamW learning rate.")]
+WeightDecay = Annotated[float, Field(ge=0, description="AdamW's decoupled weight decay.")]
+
+
+class AdamWConfig(FrozenConfig):
+    """AdamW's step size and weight decay, and the global-norm clip of the gradients before each step: what every
+    training job states of its optimiser."""
+
+    lr: LearningRate = 1e-3
+    weight_decay: WeightDecay = 0.0
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Global-norm gradient clip; None = off.")
+
+
+class OptimConfig(AdamWConfig):
+    """The RL stage's optimiser (``optim:``): AdamW with its moment settings, plus the steps and minibatches of
+    one iteration. The global-norm clip at 1 is [inferred]."""
+
+    lr: LearningRate = Field(3e-4, description="AdamW lr (SD3.5 LoRA: 3e-4; FLUX full: 1e-5).")
+    weight_decay: WeightDecay = 1e-4
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's decay rates of the two moments.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW's epsilon.")
+    gradient_steps: int = Field(1, ge=1, description="Optimizer steps per iteration (SD3.5: 1, FLUX: 4).")
+    minibatches: int = Field(
+        1, ge=1, description="Each step uses 1/minibatches of the batch, cycling; 1 = full batch [inferred]."
+    )
+    micro_batch_size: int = Field(16, ge=1, description="Samples per forward/backward (memory only).")
+
+
+def build_adamw(
+    params: Iterable[Tensor] | Iterable[dict[str, Any]], config: AdamWConfig, **moments: Any
+) -> torch.optim.AdamW:
+    """AdamW over ``params`` (tensors, or parameter groups whose own keys override the config's) with the config's
+    lr and weight decay; ``moments`` are AdamW's ``betas`` and ``eps`` where a job sets them (else torch's)."""
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, **moments)
+
+
+def clip_gradients(params: Iterable[Tensor], config: AdamWConfig) -> Tensor:
+    """Scale the gradients of ``params`` to a global norm of at most ``config.max_grad_norm`` (none when it is
+    None); returns the norm before clipping."""
+    max_norm = config.max_grad_norm if config.max_grad_norm is not None else float("inf")
+    return nn.utils.clip_grad_norm_(params, max_norm)
