@@ -44,49 +44,45 @@ def cmd_world_splits(args: argparse.Namespace) -> None:
     print(f"wrote {n_train} train and {n_test} test prompts to {out}")
 
 
-def cmd_pretrain(args: argparse.Namespace) -> None:
+def _report(args: argparse.Namespace, metrics: dict[str, Any], line: str) -> None:
+    """A training command's end: its one-line summary, and its metrics to ``--metrics`` when given."""
     from vgrpo.atomic import write_json_atomic
+
+    print(line)
+    if args.metrics:
+        write_json_atomic(args.metrics, metrics)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
     from vgrpo.world.pretrain import pretrain_base
 
     cfg = _pretrain_config(args)
     use_threads(args.threads)
     final, metrics = pretrain_base(cfg, Path(args.splits) / "test.jsonl", args.work, args.out)
-    print(f"pipeline written to {final} in {metrics['wall_s']:.0f} s")
-    if args.metrics:
-        write_json_atomic(args.metrics, metrics)
+    _report(args, metrics, f"pipeline written to {final} in {metrics['wall_s']:.0f} s")
 
 
 def cmd_train_world_clip(args: argparse.Namespace) -> None:
-    from vgrpo.atomic import write_json_atomic
     from vgrpo.world.reward_models import make_world_clip
 
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="world_clip", schema=WorldCLIPConfig)
     use_threads(args.threads, flush_denormal=True)
     metrics = make_world_clip(cfg, Path(args.splits) / "test.jsonl", args.out)
-    print(
-        f"world CLIP written to {Path(args.out)} ({metrics['dir_mb']:.2f} MB) in {metrics['train_s']:.0f} s: "
-        f"retrieval {metrics['retrieval_acc']:.3f} (chance {metrics['retrieval_chance']:.3f}), in-batch i2t "
-        f"{metrics['in_batch_i2t_top1']:.3f}"
-    )
-    if args.metrics:
-        write_json_atomic(args.metrics, metrics)
+    _report(args, metrics, f"world CLIP written to {Path(args.out)} ({metrics['dir_mb']:.2f} MB) in "
+            f"{metrics['train_s']:.0f} s: retrieval {metrics['retrieval_acc']:.3f} (chance "
+            f"{metrics['retrieval_chance']:.3f}), in-batch i2t {metrics['in_batch_i2t_top1']:.3f}")  # fmt: skip
 
 
 def cmd_train_world_preference(args: argparse.Namespace) -> None:
-    from vgrpo.atomic import write_json_atomic
     from vgrpo.world.reward_models import make_world_pickscore
 
     overrides = overrides_from_pairs(args.set)
     cfg = load_config(args.params, overrides, section="world_pickscore", schema=WorldPreferenceConfig)
     use_threads(args.threads, flush_denormal=True)
     metrics = make_world_pickscore(cfg, args.clip, args.out)
-    print(
-        f"world PickScore written to {Path(args.out)} ({metrics['dir_mb']:.2f} MB) in {metrics['train_s']:.0f} s: "
-        f"pair accuracy {metrics['pair_acc']:.3f} (world CLIP before fine-tuning: "
-        f"{metrics['init_clip']['pair_acc']:.3f})"
-    )
-    if args.metrics:
-        write_json_atomic(args.metrics, metrics)
+    _report(args, metrics, f"world PickScore written to {Path(args.out)} ({metrics['dir_mb']:.2f} MB) in "
+            f"{metrics['train_s']:.0f} s: pair accuracy {metrics['pair_acc']:.3f} (world CLIP before fine-tuning: "
+            f"{metrics['init_clip']['pair_acc']:.3f})")  # fmt: skip
 
 
 def cmd_detector_check(args: argparse.Namespace) -> None:
