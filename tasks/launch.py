@@ -10,8 +10,9 @@ stage command (:func:`tasks.stage._train`), and its result read back.
 Each process trains its share of every batch (:mod:`vgrpo.distributed`; gloo on CPU, NCCL on GPUs). Every line
 rank 0 prints (and the launcher's own) goes to ``log`` (the Prefect task's logger, or stdout under DVC); the other
 ranks write to ``launch/rank-<r>.log``. Rank 0 writes the result (history, evaluations, resumed_from, the
-output's hash) atomically to ``launch/result.json``; a rank that meets an error a user can fix writes it there. When the caller is interrupted
-(a cancelled flow run, Ctrl-C) or a process fails, the whole group is stopped.
+output's hash) atomically to ``launch/result.json``; a rank that meets an error a user can fix writes it there.
+When the caller is interrupted (a cancelled flow run, Ctrl-C) the whole group is stopped; when a process fails,
+torchrun stops the others.
 """
 
 from __future__ import annotations
