@@ -2,9 +2,11 @@
 
 * ``prepare-prompts``: the stage's prompt rows, cached on the prompt files' bytes and the filters.
 * ``train-stage``: :meth:`vgrpo.trainer.Trainer.train` with each phase as its own task run (:mod:`tasks.phases`) and
-  its MLflow run. Cached on the training fingerprint (never the evaluation settings), the starting adapter's
-  hash and the library's source; the flow refreshes the cache when the stage's output is gone or changed
-  (:func:`output_is_intact`). A resumed stage continues the MLflow run its checkpoint names.
+  its MLflow run; on ``launch.processes`` processes under ``accelerate launch`` when it asks for more than one
+  (:mod:`tasks.launch`), rank 0 alone tracking. Cached on the training fingerprint (never the evaluation settings
+  nor ``launch``), the starting adapter's hash and the library's source; the flow refreshes the cache when the
+  stage's output is gone or changed (:func:`output_is_intact`). A resumed stage continues the MLflow run its
+  checkpoint names.
 * ``evaluate``: the exported adapter under the stage's evaluation settings, cached on the adapter's hash and
   those settings: changing an evaluation setting re-evaluates and never retrains.
 
@@ -16,13 +18,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.context import TaskRunContext
+
+if TYPE_CHECKING:
+    from vgrpo.distributed import Distributed
 
 __all__ = [
     "Tracking",
@@ -32,6 +38,7 @@ __all__ = [
     "output_is_intact",
     "prepare_prompts_task",
     "run_tracked_stage",
+    "train_and_track",
     "train_stage",
 ]
 
@@ -125,9 +132,29 @@ def output_is_intact(stage: dict[str, Any], run_root: str, init_hash: str | None
 
 
 def _train(stage: dict[str, Any], init_lora: str | None, run_root: str, root: str, tracking: Tracking | None,
-           phases: Any, prompts: Any) -> dict[str, Any]:  # fmt: skip
+           phases: Any, prompts: Any, log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
     """Train one stage with its MLflow run (continued when its checkpoint names one); returns the output
-    directory, its content hash, the run id and the training history."""
+    directory, its content hash, the run id and the training history. When the stage's ``launch`` asks for more
+    than one process, ``accelerate launch`` runs it (:mod:`tasks.launch`; each output line goes to ``log``, and
+    ``phases`` and ``prompts`` are not used: the processes call the phases directly)."""
+    from vgrpo.config import StageConfig
+
+    if StageConfig.model_validate(stage).launch.launched:
+        from tasks.launch import launch_stage
+
+        started = time.perf_counter()
+        launched = launch_stage(stage, init_lora, run_root, root, tracking, log)
+        return {**launched, "wall_s": time.perf_counter() - started}  # with the processes' start
+    trained = train_and_track(stage, init_lora, run_root, root, tracking, phases, prompts)
+    assert trained is not None  # one process is rank 0
+    return trained
+
+
+def train_and_track(stage: dict[str, Any], init_lora: str | None, run_root: str, root: str, tracking: Tracking | None,
+                    phases: Any, prompts: Any, dist: Distributed | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """The body of :func:`_train` on one process: this process alone, or one rank of a launched stage
+    (:mod:`tasks.launched_stage`). Rank 0 opens (or continues) the MLflow run, reports, writes the manifest and
+    returns the result; every other rank trains its share silently and returns ``None``."""
     from tasks.callbacks import StageTracker
     from vgrpo.atomic import write_json_atomic
     from vgrpo.config import StageConfig
@@ -138,17 +165,22 @@ def _train(stage: dict[str, Any], init_lora: str | None, run_root: str, root: st
     cfg = StageConfig.model_validate(stage)
     out_dir, work_dir = Path(run_root) / "stages" / cfg.name, Path(run_root) / "work" / cfg.name
     init = Path(root) / init_lora if init_lora else None
-    previous = ResumableRun.for_stage(cfg, work_dir, init).peek()
-    tracker = StageTracker.open(cfg, stage, tracking, (previous or {}).get("run", {}).get("mlflow_run_id"))
+    tracker = None
+    if dist is None or dist.is_main:
+        previous = ResumableRun.for_stage(cfg, work_dir, init).peek()
+        tracker = StageTracker.open(cfg, stage, tracking, (previous or {}).get("run", {}).get("mlflow_run_id"))
     started = time.perf_counter()
     try:
         trainer = Trainer(cfg, work_dir=work_dir, out_dir=out_dir, init_lora=Path(init_lora) if init_lora else None,
-                          root=Path(root), callbacks=tracker, phases=phases or call_directly)  # fmt: skip
-        result = trainer.train(final_evaluation=False, prompts=prompts,
-                               run_state={"mlflow_run_id": tracker.run_id} if tracker.run_id else None)  # fmt: skip
+                          root=Path(root), callbacks=tracker, phases=phases or call_directly, dist=dist)  # fmt: skip
+        run_state = {"mlflow_run_id": tracker.run_id} if tracker is not None and tracker.run_id else None
+        result = trainer.train(final_evaluation=False, prompts=prompts, run_state=run_state)
     except BaseException:
-        tracker.close("FAILED")  # the stage resumes from its checkpoint, in this same run
+        if tracker is not None:
+            tracker.close("FAILED")  # the stage resumes from its checkpoint, in this same run
         raise
+    if tracker is None:
+        return None
     out_hash = dir_hash(out_dir)
     init_hash = dir_hash(init) if init is not None else None
     write_json_atomic(work_dir / MANIFEST, {"fingerprint": training_hash(cfg), "init_hash": init_hash,
@@ -172,14 +204,17 @@ def train_stage(
     tracking: Tracking | None = None,
     prompts: Any = None,
 ) -> dict[str, Any]:
-    """Train one stage, each phase a task run; ``init_hash`` (the previous adapter's :func:`dir_hash`) is read
-    only by the cache key. No retries: a failure inside a stage is a bug or bad input (transient reward faults
-    are retried by the score phase), and the stage resumes from its checkpoint when the flow runs again."""
+    """Train one stage, each phase a task run (a launched stage: the processes' rank-0 output in this task's log);
+    ``init_hash`` (the previous adapter's :func:`dir_hash`) is read only by the cache key. No retries: a failure
+    inside a stage is a bug or bad input (transient reward faults are retried by the score phase), and the stage
+    resumes from its checkpoint when the flow runs again."""
+    from prefect import get_run_logger
     from prefect.runtime import flow_run
 
     from tasks.phases import PrefectPhases
 
-    out = _train(stage, init_lora, run_root, root, tracking, PrefectPhases(stage["name"]), prompts)
+    out = _train(stage, init_lora, run_root, root, tracking, PrefectPhases(stage["name"]), prompts,
+                 log=get_run_logger().info)  # fmt: skip
     return {**out, "flow_run_id": str(flow_run.get_id())}
 
 
@@ -195,7 +230,8 @@ def _flat(table: dict[str, Any]) -> dict[str, Any]:
 def _eval_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     stage, root = parameters["stage"], Path(parameters["root"])
     prompts = _file_hash(root / stage["eval_prompts"]) if stage.get("eval_prompts") else None
-    return "evaluate-" + _digest(stage, parameters["out_dir"], parameters["adapter_hash"], prompts, code_version())
+    evaluated = {k: v for k, v in stage.items() if k != "launch"}  # the final evaluation runs in this process
+    return "evaluate-" + _digest(evaluated, parameters["out_dir"], parameters["adapter_hash"], prompts, code_version())
 
 
 def _evaluate(stage: dict[str, Any], out_dir: str, root: str, grid: Path | None) -> dict[str, Any]:
@@ -238,7 +274,8 @@ def run_tracked_stage(
 ) -> dict[str, Any]:
     """Train and evaluate one stage with its MLflow run (when ``tracking_uri`` is given), phases called directly:
     the body of DVC's stages (:mod:`tasks.dvc_stage`). The adapter goes to ``run_root/stages/<name>``, resumable
-    checkpoints to ``run_root/work/<name>``."""
+    checkpoints to ``run_root/work/<name>``. A stage whose ``launch`` asks for more than one process trains under
+    ``accelerate launch`` (its rank-0 output on stdout) and is evaluated here."""
     from tasks.callbacks import log_evaluation
 
     name = stage["name"]

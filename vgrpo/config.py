@@ -29,6 +29,7 @@ from vgrpo.distributed import samples_per_process
 from vgrpo.ema import EMAConfig
 from vgrpo.errors import ConfigError
 from vgrpo.evaluation_config import EvaluationConfig
+from vgrpo.launch_config import LaunchConfig
 from vgrpo.models.config import LoraConfig, PrecisionConfig
 from vgrpo.optim import OptimConfig
 from vgrpo.rewards.config import RewardConfig, check_unique_keys
@@ -198,7 +199,8 @@ def load_config(
 
 class StageConfig(TrainConfig):
     """A training stage: the run config (rollout, advantage, optim, algorithm, lora) plus its prompts, rewards,
-    length, checkpoint cadence and evaluation. Reward weights live on the rewards (``rewards[].weight``)."""
+    length, checkpoint cadence, evaluation and how many processes train it (``launch``). Reward weights live on
+    the rewards (``rewards[].weight``)."""
 
     name: str = Field("stage", pattern=r"^[A-Za-z0-9_.-]+$", description="Directory and run name.")
     pipeline: str = Field("models/embedded-base", description="Base pipeline directory (the model params file's).")
@@ -222,10 +224,14 @@ class StageConfig(TrainConfig):
     )
     eval_prompts: str | None = Field(None, description="Evaluation prompt file; None = no evaluation.")
     evaluation: EvaluationConfig = EvaluationConfig()
+    launch: LaunchConfig = LaunchConfig()
 
     @model_validator(mode="after")
     def _check_stage(self) -> StageConfig:
         check_unique_keys(self.rewards)
+        rollout = self.rollout
+        self.launch.check_fits(autocast=self.precision.autocast, prompts_per_iteration=rollout.prompts_per_iteration,
+                               group_size=rollout.group_size, minibatches=self.optim.minibatches)  # fmt: skip
         if self.prompt_tag_weights is not None and any(w <= 0 for w in self.prompt_tag_weights.values()):
             raise ValueError(f"prompt_tag_weights must all be > 0, got {self.prompt_tag_weights}")
         if self.advantage.weights:

@@ -44,7 +44,9 @@ def adapter_hash(lora_dir: Path) -> str:
 
 def training_hash(config: StageConfig) -> str:
     """Fingerprint of everything that decides the stage's steps (a checkpoint from other params is not resumed)."""
-    trained = config.model_dump(mode="json", exclude=set(EVALUATION_FIELDS))
+    # ``launch`` says how many processes share the batch, not which steps it takes: a checkpoint resumes on
+    # another number of processes (tests/test_distributed.py).
+    trained = config.model_dump(mode="json", exclude={*EVALUATION_FIELDS, "launch"})
     return hashlib.sha256(json.dumps(trained, sort_keys=True).encode()).hexdigest()[:16]
 
 
