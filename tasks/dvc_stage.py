@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vgrpo.config import load_curriculum, overrides_from_pairs
     from vgrpo.errors import ConfigError
     from vgrpo.guards import TrainingDiverged
+    from vgrpo.preflight import PreflightError, check_or_raise
 
     try:
         spec, stages = load_curriculum(args.curriculum, overrides_from_pairs(args.set), extra=args.params)
@@ -120,6 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if init is not None and not Path(init).is_dir():
         print(f"error: stage {args.stage} starts from {init}, which does not exist (run the previous stage)",
               file=sys.stderr)  # fmt: skip
+        return 2
+    try:  # every input the stage reads, listed in one message before any compute
+        check_or_raise([cfg], init_lora=init, checkpoint_dir=run_root / "work")
+    except PreflightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     tags = {"vgrpo.runner": "dvc", "vgrpo.dvc_stage": f"stage@{args.stage}"}
     if args.params:
