@@ -96,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--details", default=None, help="JSON to write with the whole final evaluation")
     parser.add_argument("--plots", default=None, help="per-iteration plots JSON to write")
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the curriculum's name)")
+    parser.add_argument("--dvc-stage", default=None, help="the DVC stage's name for MLflow (default: stage@STAGE)")
     args = parser.parse_args(argv)
 
     from tasks.stage import run_tracked_stage
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PreflightError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    tags = {"vgrpo.runner": "dvc", "vgrpo.dvc_stage": f"stage@{args.stage}"}
+    tags = {"vgrpo.runner": "dvc", "vgrpo.dvc_stage": args.dvc_stage or f"stage@{args.stage}"}
     if args.params:
         tags["vgrpo.extra_params"] = ",".join(args.params)
     try:

@@ -284,8 +284,12 @@ class _Findings:
         out = [Problem(m, users[0] + (f", and {len(users) - 1} more" if len(users) > 1 else ""))
                for m, users in self.found.items()]  # fmt: skip
         for name, users in self.variables.items():
+            keys: dict[str, list[str]] = {}  # stage -> its keys that read the variable
+            for user in dict.fromkeys(users):
+                stage, _, key = user.partition(": ")
+                keys.setdefault(stage, []).append(key)
             what = f"the environment variable {name} is not set: export {name}=<folder> (docs/real-models.md)"
-            out.append(Problem(what, f"read by {'; '.join(dict.fromkeys(users))}"))
+            out.append(Problem(what, "read by " + "; ".join(f"{s}: {', '.join(k)}" for s, k in keys.items())))
         return out
 
 
