@@ -8,8 +8,9 @@ per ablation params file, each cell its own flow run (:mod:`flows.sweep`).
 
     prefect deployment run vgrpo/embedded-curriculum --watch     (with a server and `python -m flows.deploy`)
 
-All params (of every ablation too) are validated before the first stage starts
-(:func:`vgrpo.config.load_curriculum`); ``overrides`` (``-p overrides='{...}'``) apply to every stage, after the
+All params (of every ablation too) are validated, and every input they name checked
+(:func:`vgrpo.config.load_curriculum`, :func:`vgrpo.preflight.preflight`), before the first stage starts and before
+any MLflow run opens; ``overrides`` (``-p overrides='{...}'``) apply to every stage, after the
 params files. MLflow logging is on when ``MLFLOW_TRACKING_URI`` is set.
 """
 
@@ -155,6 +156,9 @@ def vgrpo(
     loaded = {name: load_curriculum(Path(root) / curriculum, overrides, root=root,
                                     extra=[str(Path(root) / f)] if f else [])
               for name, f in (variants or {"": None}).items()}  # fmt: skip
+    from vgrpo.preflight import check_or_raise  # every input of every stage (and cell), before any MLflow run
+
+    check_or_raise([s for _, cell in loaded.values() for s in cell], root, checkpoint_dir=Path(root) / run_root)
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
     if ablations:
         from flows.sweep import run_sweep

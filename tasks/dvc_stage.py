@@ -96,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--details", default=None, help="JSON to write with the whole final evaluation")
     parser.add_argument("--plots", default=None, help="per-iteration plots JSON to write")
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the curriculum's name)")
+    parser.add_argument("--dvc-stage", default=None, help="the DVC stage's name for MLflow (default: stage@STAGE)")
     args = parser.parse_args(argv)
 
     from tasks.stage import run_tracked_stage
@@ -103,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vgrpo.config import load_curriculum, overrides_from_pairs
     from vgrpo.errors import ConfigError
     from vgrpo.guards import TrainingDiverged
+    from vgrpo.preflight import PreflightError, check_or_raise
 
     try:
         spec, stages = load_curriculum(args.curriculum, overrides_from_pairs(args.set), extra=args.params)
@@ -121,7 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: stage {args.stage} starts from {init}, which does not exist (run the previous stage)",
               file=sys.stderr)  # fmt: skip
         return 2
-    tags = {"vgrpo.runner": "dvc", "vgrpo.dvc_stage": f"stage@{args.stage}"}
+    try:  # every input the stage reads, listed in one message before any compute
+        check_or_raise([cfg], init_lora=init, checkpoint_dir=run_root / "work")
+    except PreflightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tags = {"vgrpo.runner": "dvc", "vgrpo.dvc_stage": args.dvc_stage or f"stage@{args.stage}"}
     if args.params:
         tags["vgrpo.extra_params"] = ",".join(args.params)
     try:

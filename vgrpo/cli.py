@@ -61,14 +61,18 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    """One stage (:class:`vgrpo.trainer.Trainer`), sharded over the processes ``accelerate launch`` started."""
+    """One stage (:class:`vgrpo.trainer.Trainer`), sharded over the processes ``accelerate launch`` started, after
+    :func:`vgrpo.preflight.preflight` has checked every input it reads."""
     from vgrpo.atomic import write_json_atomic
     from vgrpo.distributed import Distributed
+    from vgrpo.preflight import check_or_raise
     from vgrpo.stage import PrintProgress
     from vgrpo.trainer import Trainer
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # checked before the processes wait for each other
     cfg = load_stage(args.params, overrides_from_pairs(args.set), world_size=world_size)
+    checked = cfg if args.pipeline is None else cfg.model_copy(update={"pipeline": args.pipeline})
+    check_or_raise([checked], args.root, init_lora=args.init_lora, world_size=world_size, checkpoint_dir=args.work_dir)
     use_threads(args.threads)
     dist = Distributed.from_environment()
     trainer = Trainer(cfg, work_dir=Path(args.work_dir), pipeline=args.pipeline, out_dir=Path(args.out),

@@ -5,10 +5,14 @@ order; an unknown or mistyped key is an error (:class:`vgrpo.errors.ConfigError`
 :class:`StageConfig` adds a curriculum stage's prompts, rewards, length and evaluation, and
 :class:`CurriculumConfig` lists the stages. Their parts' defaults are the V-GRPO paper's (Tang et al. 2026,
 Sec. 4; SD3.5-M stage 1, App. A.2) unless a description says otherwise; ``params/`` files hold only overrides.
+``${NAME}`` in a string value is the environment variable ``NAME`` (the real-model params name their weights
+``${VGRPO_MODELS}/...``: :func:`expand_variables`).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -38,12 +42,16 @@ __all__ = [
     "CurriculumConfig",
     "StageConfig",
     "TrainConfig",
+    "expand_variables",
     "load_config",
     "load_curriculum",
     "load_stage",
     "merge_overrides",
     "overrides_from_pairs",
+    "unset_variables",
 ]
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class TrainConfig(FrozenConfig):
@@ -116,6 +124,25 @@ def merge_overrides(base: Mapping[str, Any], override: Mapping[str, Any]) -> dic
     return merged
 
 
+def expand_variables(value: Any) -> Any:
+    """``value`` (a params file's mapping) with ``${NAME}`` in every string replaced by the environment variable
+    ``NAME``. An unset variable is left as written: a run that reads the value refuses it before any compute
+    (:func:`vgrpo.preflight.preflight` names the stage, the key and the variable), and a config that never reads it
+    (``Trainer(pipeline=...)`` over the params' ``pipeline``) still loads."""
+    if isinstance(value, str):
+        return _VARIABLE.sub(lambda m: os.environ.get(m.group(1), m.group(0)), value)
+    if isinstance(value, Mapping):
+        return {key: expand_variables(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [expand_variables(item) for item in value]
+    return value
+
+
+def unset_variables(text: str) -> list[str]:
+    """The names of the ``${NAME}`` references in ``text`` that :func:`expand_variables` left (the unset ones)."""
+    return _VARIABLE.findall(text)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
@@ -183,7 +210,7 @@ def load_config(
     sources = []
     for raw in paths:
         path = Path(raw)
-        data = _read_yaml(path)
+        data = expand_variables(_read_yaml(path))
         if section is not None:
             data = data.get(section, {}) or {}
         merged = merge_overrides(merged, data)
