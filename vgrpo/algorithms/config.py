@@ -37,12 +37,24 @@ class RolloutConfig(FrozenConfig):
         None, gt=0, description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
         "checks it is a multiple of the VAE factor x patch size (FLUX.1: 16).",
     )  # fmt: skip
+    schedule: Literal["uniform", "diffusers"] = Field(
+        "uniform",
+        description="Sigma grid (vgrpo.flow.timestep_grid): `uniform` = shift(linspace(1, 0, T + 1)), FluxPipeline's "
+        "and the FastVideo-based RL code's (DanceGRPO, MixGRPO); `diffusers` = FlowMatchEulerDiscreteScheduler."
+        "set_timesteps(T) without sigmas, StableDiffusion3Pipeline's and Flow-GRPO's (its last step is short: "
+        "penultimate sigma 0.0089 at T = 10, shift 3, against 0.25).",
+    )
     micro_batch_size: int = Field(32, ge=1, description="Samples per model call in rollouts (memory only).")
 
     @model_validator(mode="after")
     def _check_shift(self) -> RolloutConfig:
         if self.dynamic_shift and self.shift is not None:
             raise ValueError(f"dynamic_shift replaces the static shift: set shift to null (got shift={self.shift})")
+        if self.dynamic_shift and self.schedule == "diffusers":
+            raise ValueError(
+                "schedule: diffusers is the SD3 pipeline's static-shift schedule; with FLUX's dynamic shift "
+                "FluxPipeline passes its own sigmas, which is schedule: uniform"
+            )
         return self
 
 
