@@ -61,6 +61,13 @@ class RolloutConfig(FrozenConfig):
 class AdvantageConfig(FrozenConfig):
     aggregation: Literal["normalize_then_sum", "sum_then_normalize"] = "normalize_then_sum"
     std_scope: Literal["group", "global"] = "group"
+    std_ddof: Literal[0, 1] = Field(
+        0,
+        description="Delta degrees of freedom of the std: 0 = the population std, Flow-GRPO's np.std (its per-prompt "
+        "stat tracker; also DiffusionNFT's code) and the default the embedded curriculum was recorded with; 1 = "
+        "torch's unbiased std, as the FastVideo-based GRPO code (DanceGRPO, MixGRPO) divides, the lineage of the "
+        "official V-GRPO code ([inferred]; the SD3.5 and FLUX params set it).",
+    )
     delta: float = Field(1e-4, gt=0, description="Added to the std so constant groups stay finite.")
     soft_clip_eta: float | None = Field(3.0, gt=0, description="V-GRPO Eq. 17 (SD3.5: 3, FLUX: 2); None = off.")
     clamp: float | None = Field(None, gt=0, description="Hard clamp |A| (Flow-GRPO: 5); None = off.")
