@@ -119,6 +119,13 @@ class FlowGRPOConfig(FrozenConfig):
     clip_range: float = Field(1e-4, gt=0)
     kl_coef: float = Field(0.04, ge=0, description="KL to the frozen reference (GenEval/OCR 0.04, PickScore 0.01).")
     timestep_fraction: float = Field(0.99, gt=0, le=1, description="Fraction of SDE steps trained per sample.")
+    reference: Literal["base", "start"] = Field(
+        "base",
+        description="The KL's frozen reference: `base` = the pretrained model (a LoRA's weights zeroed, so a stage "
+        "that starts from an earlier stage's adapter is still held to the base, as Flow-GRPO's reference is the "
+        "base model); `start` = the stage's starting weights. Under full fine-tuning both are the weights the "
+        "stage loaded.",
+    )
 
 
 class MixGRPOConfig(FlowGRPOConfig):
