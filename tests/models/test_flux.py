@@ -211,7 +211,11 @@ def test_flux_params_validate() -> None:
 
     files = ["base.yaml", "models/flux.yaml", "stages/flux/multireward.yaml"]
     config = load_config([ROOT / "params" / f for f in files], schema=StageConfig)
-    assert config.rollout.dynamic_shift and config.rollout.shift is None and config.rollout.resolution == 720
+    assert not config.rollout.dynamic_shift and config.rollout.shift == 3.0 and config.rollout.resolution == 720
+    assert config.evaluation.resolution == 1024 and config.evaluation.shift == "dynamic"
+    dynamic = load_config([ROOT / "params" / f for f in files], {"rollout": {"shift": None, "dynamic_shift": True}},
+                          schema=StageConfig)  # fmt: skip
+    assert dynamic.rollout.dynamic_shift  # FluxPipeline's own shift is one override away
     assert config.lora is None and config.evaluation.p_mix == 0.8
     from vgrpo.algorithms.config import RolloutConfig
 

@@ -63,10 +63,10 @@ class AdvantageConfig(FrozenConfig):
     std_scope: Literal["group", "global"] = "group"
     std_ddof: Literal[0, 1] = Field(
         0,
-        description="Delta degrees of freedom of the std: 0 = the population std, Flow-GRPO's np.std (its per-prompt "
-        "stat tracker; also DiffusionNFT's code) and the default the embedded curriculum was recorded with; 1 = "
-        "torch's unbiased std, as the FastVideo-based GRPO code (DanceGRPO, MixGRPO) divides, the lineage of the "
-        "official V-GRPO code ([inferred]; the SD3.5 and FLUX params set it).",
+        description="Delta degrees of freedom of the std. 0 (the default) = the population std, Flow-GRPO's np.std "
+        "(its per-prompt stat tracker), with which the embedded curriculum was recorded; 1 = torch's unbiased std, "
+        "by which the FastVideo-based GRPO code (DanceGRPO, MixGRPO) divides, the lineage of the official V-GRPO "
+        "code ([inferred]: the SD3.5 and FLUX params set 1).",
     )
     delta: float = Field(1e-4, gt=0, description="Added to the std so constant groups stay finite.")
     soft_clip_eta: float | None = Field(3.0, gt=0, description="V-GRPO Eq. 17 (SD3.5: 3, FLUX: 2); None = off.")
