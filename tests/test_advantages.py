@@ -89,3 +89,35 @@ def test_compute_advantages_rejects_mismatched_weights_and_nan():
         compute_advantages({"a": torch.zeros(4)}, group_size=2, weights={"a": 1.0, "c": 1.0})
     with pytest.raises(ValueError, match="reward 'a' has non-finite"):
         compute_advantages({"a": torch.tensor([0.0, float("nan"), 1.0, 2.0])}, group_size=2)
+
+
+def test_std_ddof_zero_is_numpys_std_and_one_is_torchs_unbiased_std() -> None:
+    import numpy as np
+
+    # Group [1, 2, 3, 4]: deviations -1.5, -0.5, 0.5, 1.5, their squares sum to 5: the population std is
+    # sqrt(5 / 4) = 1.1180, the unbiased std sqrt(5 / 3) = 1.2910.
+    r = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 8.0])
+    deviations = torch.tensor([-1.5, -0.5, 0.5, 1.5])
+    population = group_normalize(r, 4, delta=0.0)
+    unbiased = group_normalize(r, 4, delta=0.0, ddof=1)
+    torch.testing.assert_close(population[:4], deviations / 1.1180340)
+    torch.testing.assert_close(unbiased[:4], deviations / 1.2909944)
+    assert population[3].item() == pytest.approx(1.3416408) and unbiased[3].item() == pytest.approx(1.1618950)
+    assert torch.equal(population, group_normalize(r, 4, delta=0.0, ddof=0))  # the default is ddof 0
+    grouped = r.reshape(2, 4).double().numpy()
+    for ddof, adv in ((0, population), (1, unbiased)):  # Flow-GRPO's np.std is ddof 0; torch.std() is ddof 1
+        expected = (grouped - grouped.mean(1, keepdims=True)) / grouped.std(1, ddof=ddof, keepdims=True)
+        torch.testing.assert_close(adv, torch.from_numpy(expected).float().reshape(-1))
+    torch.testing.assert_close(unbiased, population * (3 / 4) ** 0.5)  # G = 4: sqrt((G - 1) / G)
+    global_unbiased = group_normalize(r, 4, std_scope="global", delta=0.0, ddof=1)
+    torch.testing.assert_close(global_unbiased[:4], deviations / float(np.std(r.numpy(), ddof=1)))
+
+
+@pytest.mark.parametrize("aggregation", ["normalize_then_sum", "sum_then_normalize"])
+def test_compute_advantages_passes_std_ddof_to_every_normalisation(aggregation: str) -> None:
+    rewards = {"a": torch.tensor([0.0, 1.0, 2.0, 4.0, 1.0, 1.0]), "b": torch.tensor([3.0, 1.0, 2.0, 0.0, 5.0, 1.0])}
+    kwargs = {"group_size": 3, "aggregation": aggregation, "delta": 0.0}
+    population = compute_advantages(rewards, **kwargs).advantages
+    unbiased = compute_advantages(rewards, std_ddof=1, **kwargs).advantages
+    assert torch.equal(compute_advantages(rewards, std_ddof=0, **kwargs).advantages, population)
+    torch.testing.assert_close(unbiased, population * (2 / 3) ** 0.5)  # G = 3: sqrt((G - 1) / G)

@@ -75,13 +75,39 @@ def test_static_shift_fixes_endpoints_and_matches_closed_form():
         shift_timesteps(t, 0.0)
 
 
-def test_timestep_grid_matches_diffusers_sd3_scheduler():
+def test_uniform_grid_is_the_scheduler_given_uniform_sigmas() -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
-    # What StableDiffusion3Pipeline passes: sigmas = linspace(1, 1/T, T), shifted by the scheduler.
+    # The uniform grid is the scheduler's when it is handed sigmas = linspace(1, 1/T, T) (FluxPipeline does, with
+    # its mu); StableDiffusion3Pipeline hands it none, which is the "diffusers" grid (the next test).
     scheduler.set_timesteps(sigmas=[1 - k / 10 for k in range(10)])
     torch.testing.assert_close(timestep_grid(10, shift=3.0), scheduler.sigmas.float(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 10, 16, 25, 40, 50])
+@pytest.mark.parametrize("shift", [1.0, 2.2247, 3.0, 7.5])
+def test_diffusers_grid_is_the_schedulers_own_schedule_bit_for_bit(num_steps: int, shift: float) -> None:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    scheduler.set_timesteps(num_steps)  # StableDiffusion3Pipeline's (and Flow-GRPO's SD3 sampler's) call
+    assert torch.equal(timestep_grid(num_steps, shift=shift, schedule="diffusers"), scheduler.sigmas)
+    dynamic = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    dynamic.set_timesteps(num_steps, mu=math.log(shift))
+    assert torch.equal(timestep_grid(num_steps, mu=math.log(shift), schedule="diffusers"), dynamic.sigmas)
+
+
+def test_diffusers_grid_ends_with_a_short_step_where_the_uniform_grid_does_not() -> None:
+    diffusers_grid, uniform = timestep_grid(10, shift=3.0, schedule="diffusers"), timestep_grid(10, shift=3.0)
+    # shift(linspace(1, shift(1e-3), 10)): its last value is the training grid's smallest sigma shifted twice.
+    smallest = 3 * 1e-3 / (1 + 2 * 1e-3)
+    assert diffusers_grid[-2].item() == pytest.approx(3 * smallest / (1 + 2 * smallest), rel=1e-6)
+    assert diffusers_grid[-2].item() == pytest.approx(0.0089, abs=5e-5)
+    assert uniform[-2].item() == pytest.approx(0.25, abs=1e-7)
+    assert diffusers_grid[0] == uniform[0] == 1 and diffusers_grid[-1] == uniform[-1] == 0
+    with pytest.raises(ValueError, match="schedule must be"):
+        timestep_grid(10, shift=3.0, schedule="karras")  # type: ignore[arg-type]
 
 
 def test_timestep_grid_matches_diffusers_flux_dynamic_shift():

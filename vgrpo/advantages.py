@@ -40,7 +40,9 @@ def zero_variance_groups(rewards: Tensor, group_size: int, *, atol: float = 1e-8
     return (grouped.max(dim=1).values - grouped.min(dim=1).values) <= atol
 
 
-def group_normalize(rewards: Tensor, group_size: int, *, std_scope: StdScope = "group", delta: float = 1e-4) -> Tensor:
+def group_normalize(
+    rewards: Tensor, group_size: int, *, std_scope: StdScope = "group", delta: float = 1e-4, ddof: int = 0
+) -> Tensor:
     """GRPO advantage (Shao et al. 2024; V-GRPO Sec. 3): ``A_i = (r_i - mean_g r) / (std r + delta)``.
 
     Args:
@@ -48,6 +50,8 @@ def group_normalize(rewards: Tensor, group_size: int, *, std_scope: StdScope = "
         std_scope: ``"group"`` (per-prompt std, GRPO) or ``"global"`` (one std over the whole batch,
             Flow-GRPO's default).
         delta: keeps near-constant groups finite.
+        ddof: the std's delta degrees of freedom: 0 = population std (Flow-GRPO's ``np.std``), 1 = unbiased
+            (``torch.std``, as the FastVideo-based GRPO code of DanceGRPO and MixGRPO divides).
 
     Returns:
         ``(B * G,)`` float32 advantages; exactly 0 for zero-variance groups (never NaN).
@@ -55,9 +59,9 @@ def group_normalize(rewards: Tensor, group_size: int, *, std_scope: StdScope = "
     grouped = _grouped(rewards.float(), group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if std_scope == "group":
-        std = grouped.std(dim=1, unbiased=False, keepdim=True)
+        std = grouped.std(dim=1, correction=ddof, keepdim=True)
     elif std_scope == "global":
-        std = grouped.std(unbiased=False).expand_as(grouped[:, :1])
+        std = grouped.std(correction=ddof).expand_as(grouped[:, :1])
     else:
         raise ValueError(f"std_scope must be 'group' or 'global', got {std_scope!r}")
     advantages = centred / (std + delta)
@@ -105,6 +109,7 @@ def compute_advantages(
     aggregation: Aggregation = "normalize_then_sum",
     std_scope: StdScope = "group",
     delta: float = 1e-4,
+    std_ddof: int = 0,
     soft_clip_eta: float | None = None,
     clamp: float | None = None,
 ) -> AdvantageResult:
@@ -117,6 +122,7 @@ def compute_advantages(
     Args:
         rewards: name -> ``(B * G,)`` scores.
         weights: name -> weight; default 1 for every reward. A weight for an absent reward is an error.
+        std_ddof: the std's delta degrees of freedom (:func:`group_normalize`'s ``ddof``).
     """
     if not rewards:
         raise ValueError("no rewards given")
@@ -134,16 +140,14 @@ def compute_advantages(
         total = total + weights[name] * r32
         metrics[f"reward/{name}_mean"] = r32.mean().item()
         metrics[f"reward/{name}_std"] = r32.std(unbiased=False).item()
+
+    def normalize(r: Tensor) -> Tensor:
+        return group_normalize(r, group_size, std_scope=std_scope, delta=delta, ddof=std_ddof)
+
     if aggregation == "normalize_then_sum":
-        adv = sum(
-            (
-                weights[name] * group_normalize(r.detach(), group_size, std_scope=std_scope, delta=delta)
-                for name, r in rewards.items()
-            ),
-            start=torch.zeros_like(total),
-        )
+        adv = sum((weights[name] * normalize(r.detach()) for name, r in rewards.items()), start=torch.zeros_like(total))
     elif aggregation == "sum_then_normalize":
-        adv = group_normalize(total, group_size, std_scope=std_scope, delta=delta)
+        adv = normalize(total)
     else:
         raise ValueError(f"aggregation must be 'normalize_then_sum' or 'sum_then_normalize', got {aggregation!r}")
     raw_abs_max = adv.abs().max().item()

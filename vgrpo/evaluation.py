@@ -9,10 +9,15 @@ paper's FLUX evaluation uses ``p_mix = 0.8``).
 
 Every sample's initial noise comes from its own generator seeded by ``(seed, sample index)``, so an image does
 not depend on the micro-batch size or on which other prompts are evaluated with it.
+
+A stage evaluates at its own resolution and shift when it sets them (``evaluation.resolution``,
+``evaluation.shift``): the paper's FLUX protocol trains at 720 px and evaluates at 1024 px (V-GRPO App. A.1), and
+FLUX's shift depends on the image's token count, so the evaluation's is recomputed at its resolution.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -34,7 +39,16 @@ from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_eule
 from vgrpo.seeding import derive_seed
 from vgrpo.tables import summarise
 
-__all__ = ["Evaluator", "Sampling", "build_evaluator", "evaluate", "generate", "sample_noise"]
+__all__ = [
+    "Evaluator",
+    "Sampling",
+    "build_evaluator",
+    "evaluate",
+    "generate",
+    "resized_adapter",
+    "sample_noise",
+    "sampling_shift",
+]
 
 
 @dataclass(frozen=True)
@@ -177,21 +191,65 @@ def evaluate(
     return table, images
 
 
+def resized_adapter(adapter: Any, resolution: int | None) -> Any:
+    """``adapter`` (:class:`vgrpo.models.adapter.PipelineAdapter`) at another image side, sharing its pipeline and
+    its prompt cache; ``adapter`` itself when ``resolution`` is None or its own.
+
+    Raises:
+        ValueError: ``resolution`` is not a multiple of the VAE factor times the patch size.
+    """
+    if resolution is None or resolution == adapter.resolution:
+        return adapter
+    step = int(adapter.pipe.vae_scale_factor) * adapter.patch_size
+    if resolution <= 0 or resolution % step:
+        raise ValueError(
+            f"evaluation.resolution {resolution} px is not a positive multiple of {step} (the VAE's "
+            f"{adapter.pipe.vae_scale_factor}x downsampling times the {adapter.patch_size}x patches)"
+        )
+    resized = copy.copy(adapter)  # shallow: the same pipeline, text encoders and prompt cache
+    resized.resolution = int(resolution)
+    return resized
+
+
+def sampling_shift(
+    setting: float | str, adapter: Any, *, rollout_shift: float | None, rollout_dynamic: bool = False
+) -> float | None:
+    """The static shift an evaluation samples with on ``adapter`` (at the evaluation's resolution), by its
+    ``evaluation.shift`` ``setting``: a number as given; ``"dynamic"`` FLUX's resolution-dependent shift at the
+    adapter's token count; ``"rollout"`` the rollout's rule: ``rollout_shift``, or the dynamic shift again when the
+    rollout's is dynamic (``rollout_dynamic``)."""
+    if setting == "dynamic" or (setting == "rollout" and rollout_dynamic):
+        return float(adapter.dynamic_shift())
+    if setting == "rollout":
+        return rollout_shift
+    return float(setting)
+
+
 @dataclass
 class Evaluator:
-    """The evaluation routine of a stage (:func:`evaluate`): fixed prompts, seeds and rewards, the stage's
-    sampling shift, and the base model for hybrid sampling (FLUX, ``p_mix``) when configured."""
+    """The evaluation routine of a stage (:func:`evaluate`): fixed prompts, seeds and rewards, the base model for
+    hybrid sampling (FLUX, ``p_mix``) when configured, and the rollout's shift (``shift``, resolved; with
+    ``dynamic_shift`` FLUX's rule, recomputed at the evaluation's resolution). Each call samples at
+    ``config.resolution`` (None: the adapter's, the rollout's) with :func:`sampling_shift` of ``config.shift``."""
 
     rows: list[dict[str, Any]]
     rewards: MultiReward
     config: EvaluationConfig
     shift: float | None
     base: nn.Module | None = None
+    dynamic_shift: bool = False
+
+    def sampling(self, adapter: Any) -> tuple[Any, Sampling]:
+        """The adapter at the evaluation's resolution and the :class:`Sampling` it is evaluated with."""
+        adapter = resized_adapter(adapter, self.config.resolution)
+        shift = sampling_shift(self.config.shift, adapter, rollout_shift=self.shift, rollout_dynamic=self.dynamic_shift)
+        return adapter, Sampling.of(self.config, shift)
 
     def __call__(self, adapter: Any, policy: nn.Module, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
+        adapter, sampling = self.sampling(adapter)
         table, images = evaluate(adapter=adapter, policy=policy, metadata=self.rows, rewards=self.rewards,
-                                 group_size=self.config.group_size, sampling=Sampling.of(self.config, self.shift),
-                                 base=self.base, micro_batch=self.config.micro_batch)  # fmt: skip
+                                 group_size=self.config.group_size, sampling=sampling, base=self.base,
+                                 micro_batch=self.config.micro_batch)  # fmt: skip
         table["iteration"] = iteration
         return table, images
 
@@ -199,7 +257,8 @@ class Evaluator:
 def build_evaluator(
     config: StageConfig, rows: list[dict[str, Any]] | None, root: Path, shift: float | None, dist: Distributed
 ) -> Evaluator | None:
-    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0)."""
+    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0);
+    ``shift`` is the rollout's, resolved (:meth:`vgrpo.models.adapter.PipelineAdapter.sigma_shift`)."""
     if not rows or not dist.is_main:
         return None
     base = None
@@ -209,4 +268,5 @@ def build_evaluator(
         base_pipe = load_pipeline(root / config.evaluation.base_pipeline).to(dist.device)
         base = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
     rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards])
-    return Evaluator(rows=rows, rewards=rewards, config=config.evaluation, shift=shift, base=base)
+    return Evaluator(rows=rows, rewards=rewards, config=config.evaluation, shift=shift, base=base,
+                     dynamic_shift=config.rollout.dynamic_shift)  # fmt: skip

@@ -3,6 +3,8 @@ params and of ``params/embedded/evaluate.yaml``."""
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from pydantic import Field, model_validator
 
 from vgrpo.config_base import FrozenConfig
@@ -16,6 +18,18 @@ class EvaluationConfig(FrozenConfig):
 
     group_size: int = Field(4, ge=1, description="Samples per prompt (GenEval: 4).")
     num_steps: int = Field(20, ge=1, description="Euler steps (paper: 40 for SD3.5-M, 50 for FLUX).")
+    resolution: int | None = Field(
+        None,
+        gt=0,
+        description="Image side in pixels (paper: 512 for SD3.5-M, 1024 for FLUX); None = the rollout's in a stage, "
+        "the pipeline's default in `vgrpo evaluate`.",
+    )
+    shift: Annotated[float, Field(gt=0)] | Literal["rollout", "dynamic"] = Field(
+        "rollout",
+        description="Timestep shift of the sampling grid: `rollout` = the stage rollout's (its dynamic shift "
+        "recomputed at this resolution; in `vgrpo evaluate` the pipeline scheduler's own), `dynamic` = FLUX's "
+        "resolution-dependent shift at this resolution (what FluxPipeline samples with), or a static shift.",
+    )
     seed: int = 0
     max_prompts: int | None = Field(None, ge=1, description="First N prompts of the prompt file; None = all.")
     guidance_scale: float | None = Field(None, gt=0, description="CFG scale; None or 1 = off (SD3.5-M: 4.5).")

@@ -15,7 +15,7 @@ from typing import Any
 from vgrpo.atomic import write_json_atomic
 from vgrpo.checkpoint import LORA_FILE
 from vgrpo.errors import ConfigError, UserError
-from vgrpo.evaluation import Sampling, evaluate
+from vgrpo.evaluation import Sampling, evaluate, sampling_shift
 from vgrpo.evaluation_config import EvaluationConfig
 from vgrpo.grids import grid_of, write_grid
 from vgrpo.models.pipeline import build_adapter, load_pipeline
@@ -74,7 +74,7 @@ def evaluate_to_files(
     pipe = load_pipeline(pipeline)
     if lora is not None:
         pipe.load_lora_weights(lora, use_safetensors=True)
-    adapter, policy = build_adapter(pipe)
+    adapter, policy = build_adapter(pipe, resolution=config.resolution)
     base = None
     if config.base_pipeline is not None:
         base_pipe = load_pipeline(config.base_pipeline)
@@ -87,7 +87,8 @@ def evaluate_to_files(
     with MultiReward.from_specs([r.model_dump() for r in config.rewards]) as rewards:
         table, images = evaluate(
             adapter=adapter, policy=policy.eval(), metadata=metadata,
-            rewards=rewards, group_size=config.group_size, sampling=Sampling.of(config, adapter.scheduler_shift),
+            rewards=rewards, group_size=config.group_size,
+            sampling=Sampling.of(config, sampling_shift(config.shift, adapter, rollout_shift=adapter.scheduler_shift)),
             base=base, micro_batch=config.micro_batch, overlap=config.overlap, progress=True,
         )  # fmt: skip
     table |= {"pipeline": str(pipeline), "lora": None if lora is None else str(lora), "prompt_file": str(prompts)}

@@ -9,11 +9,13 @@ All functions broadcast a per-sample ``t`` of shape ``(N,)`` over latents of sha
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "Schedule",
     "eps_from_velocity",
     "expand_like",
     "interpolate",
@@ -26,6 +28,9 @@ __all__ = [
     "velocity_target",
     "x0_from_velocity",
 ]
+
+Schedule = Literal["uniform", "diffusers"]
+"""How :func:`timestep_grid` spaces the sigmas before the shift (see there)."""
 
 
 def expand_like(t: Tensor, x: Tensor) -> Tensor:
@@ -95,19 +100,58 @@ def time_shift_exponential(t: Tensor, mu: float, sigma: float = 1.0) -> Tensor:
     return torch.where(t64 > 0, shifted, torch.zeros_like(t64)).to(t.dtype)
 
 
-def timestep_grid(num_steps: int, *, shift: float | None = None, mu: float | None = None) -> Tensor:
+def timestep_grid(
+    num_steps: int,
+    *,
+    shift: float | None = None,
+    mu: float | None = None,
+    schedule: Schedule = "uniform",
+    num_train_timesteps: int = 1000,
+) -> Tensor:
     """The sampler's sigmas: ``num_steps + 1`` values from 1 down to a final 0, shape ``(num_steps + 1,)``.
 
-    Matches diffusers' SD3/FLUX pipelines (``linspace(1, 1/T, T)`` shifted, then 0 appended). Give
-    ``shift`` for SD3's static shift or ``mu`` for FLUX's resolution-dependent one, not both.
+    Give ``shift`` for SD3's static shift or ``mu`` for FLUX's resolution-dependent one, not both. Two grids:
+
+    * ``"uniform"``: ``shift(linspace(1, 0, T + 1))``. What diffusers' ``FluxPipeline`` samples with (it passes
+      ``sigmas = linspace(1, 1/T, T)`` with its ``mu``, and the scheduler appends 0), and the grid of the
+      FastVideo-based RL code (DanceGRPO; MixGRPO, Li et al. 2025: ``sd3_time_shift(shift, linspace(1, 0, T + 1))``).
+    * ``"diffusers"``: ``FlowMatchEulerDiscreteScheduler.set_timesteps(T)`` without sigmas, what
+      ``StableDiffusion3Pipeline`` and Flow-GRPO's SD3 sampler (Liu et al. 2025) use: ``linspace`` from the
+      scheduler's largest to its smallest training sigma (``shift(1 / num_train_timesteps)``; unshifted under a
+      dynamic shift), shifted, then 0 appended. Its last step is short: at T = 10 and shift 3 the penultimate sigma
+      is 0.0089, against 0.25 on the uniform grid. Computed as the scheduler computes it (float32 training sigmas,
+      float64 numpy in between), so the two are equal bit for bit.
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     if shift is not None and mu is not None:
         raise ValueError("give either a static `shift` or a dynamic `mu`, not both")
+    if schedule == "diffusers":
+        return _diffusers_default_grid(num_steps, shift, mu, num_train_timesteps)
+    if schedule != "uniform":
+        raise ValueError(f"schedule must be 'uniform' or 'diffusers', got {schedule!r}")
     sigmas = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
     if shift is not None:
         sigmas = shift_timesteps(sigmas, shift)
     elif mu is not None:
         sigmas = time_shift_exponential(sigmas, mu)
     return sigmas.float()
+
+
+def _diffusers_default_grid(num_steps: int, shift: float | None, mu: float | None, num_train: int) -> Tensor:
+    """:func:`timestep_grid`'s ``"diffusers"`` grid, step by step as ``FlowMatchEulerDiscreteScheduler`` builds it."""
+    import numpy as np
+
+    # __init__: the training sigmas' ends, float32, shifted unless the shift is dynamic.
+    ends = torch.tensor([float(num_train), 1.0]) / num_train
+    static = 1.0 if shift is None else shift
+    if mu is None:
+        ends = static * ends / (1 + (static - 1) * ends)
+    sigma_max, sigma_min = ends.tolist()
+    # set_timesteps(T): timesteps from sigma_max to sigma_min in float64, shifted (again), then a final 0.
+    sigmas = np.linspace(sigma_max * num_train, sigma_min * num_train, num_steps) / num_train
+    if mu is None:
+        sigmas = static * sigmas / (1 + (static - 1) * sigmas)
+    else:
+        sigmas = math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
+    return torch.cat([torch.from_numpy(sigmas).float(), torch.zeros(1)])

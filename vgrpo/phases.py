@@ -295,8 +295,10 @@ def evaluate_adapter(
     config: StageConfig, pipeline_dir: Path, adapter_dir: Path | None, root: Path, iteration: int
 ) -> tuple[dict[str, Any], np.ndarray] | None:
     """The evaluation of exported weights (``adapter_dir``: a LoRA on ``pipeline_dir``; ``None``: the pipeline
-    itself) under the stage's evaluation settings; ``None`` without evaluation prompts. The same numbers as
-    evaluating the trained policy in memory, so an evaluation can be redone (or cached) without training."""
+    itself) under the stage's evaluation settings (its resolution and shift: :class:`vgrpo.evaluation.Evaluator`
+    resizes the adapter and resolves the shift from the rollout's rule); ``None`` without evaluation prompts. The
+    same numbers as evaluating the trained policy in memory, so an evaluation can be redone (or cached) without
+    training."""
     rows = evaluation_rows(config, root)  # not the training prompts: nothing here reads them
     if rows is None:
         return None

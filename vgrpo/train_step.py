@@ -214,6 +214,7 @@ def update_policy(
         aggregation=advantage.aggregation,
         std_scope=advantage.std_scope,
         delta=advantage.delta,
+        std_ddof=advantage.std_ddof,
         soft_clip_eta=advantage.soft_clip_eta,
         clamp=advantage.clamp,
     )

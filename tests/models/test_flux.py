@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -210,7 +211,11 @@ def test_flux_params_validate() -> None:
 
     files = ["base.yaml", "models/flux.yaml", "stages/flux/multireward.yaml"]
     config = load_config([ROOT / "params" / f for f in files], schema=StageConfig)
-    assert config.rollout.dynamic_shift and config.rollout.shift is None and config.rollout.resolution == 720
+    assert not config.rollout.dynamic_shift and config.rollout.shift == 3.0 and config.rollout.resolution == 720
+    assert config.evaluation.resolution == 1024 and config.evaluation.shift == "dynamic"
+    dynamic = load_config([ROOT / "params" / f for f in files], {"rollout": {"shift": None, "dynamic_shift": True}},
+                          schema=StageConfig)  # fmt: skip
+    assert dynamic.rollout.dynamic_shift  # FluxPipeline's own shift is one override away
     assert config.lora is None and config.evaluation.p_mix == 0.8
     from vgrpo.algorithms.config import RolloutConfig
 
@@ -319,3 +324,61 @@ def test_build_algorithm_refuses_an_unresolved_dynamic_shift(tiny_sd3_policy: to
     config = load_config(overrides={"rollout": {"shift": None, "dynamic_shift": True}})
     with pytest.raises(ValueError, match="dynamic_shift must be resolved"):
         build_algorithm(config, policy=tiny_sd3_policy, latent_shape=(4, 8, 8))
+
+
+def _mu(tokens: int) -> float:
+    """diffusers' calculate_shift with FLUX.1's scheduler defaults (base 0.5 at 256 tokens, max 1.15 at 4096)."""
+    return 0.5 + (tokens - 256) * 0.65 / 3840
+
+
+def test_evaluator_resizes_the_adapter_and_recomputes_the_dynamic_shift(flux: Any) -> None:
+    from vgrpo.evaluation import Evaluator
+    from vgrpo.evaluation_config import EvaluationConfig
+
+    rollout = FluxAdapter(flux, resolution=16)  # 8 x 8 latents: 16 tokens
+    rollout_shift = rollout.scheduler_shift
+    assert rollout_shift == pytest.approx(math.exp(_mu(16)))
+
+    def sampling(dynamic: bool, **evaluation: Any) -> tuple[Any, Any]:
+        config = EvaluationConfig(**evaluation)
+        shift = rollout_shift if dynamic else 3.0
+        evaluator = Evaluator(rows=[], rewards=None, config=config, shift=shift, dynamic_shift=dynamic)  # type: ignore[arg-type]
+        return evaluator.sampling(rollout)
+
+    adapter, s = sampling(True, resolution=32)  # 16 x 16 latents: 64 tokens, mu 0.4675
+    assert adapter.latent_shape == (4, 16, 16) and adapter.image_seq_len == 64 and adapter.pipe is flux
+    assert s.shift == pytest.approx(math.exp(0.4675), abs=1e-12)
+    assert s.shift == FluxAdapter(flux, resolution=32).scheduler_shift  # what FluxPipeline samples 32 px with
+    assert rollout.latent_shape == (4, 8, 8)  # the rollout's adapter is left as it was
+    adapter.encode_prompts([PROMPTS[0]])
+    assert PROMPTS[0] in rollout._cache  # one prompt cache for both sizes
+    adapter, s = sampling(True)  # no evaluation resolution: the rollout's adapter and shift
+    assert adapter is rollout and s.shift == rollout_shift
+    assert sampling(False, resolution=32)[1].shift == 3.0  # a static rollout shift stays static
+    assert sampling(False, resolution=64, shift="dynamic")[1].shift == pytest.approx(math.exp(_mu(256)))
+    assert sampling(True, resolution=32, shift=3.0)[1].shift == 3.0
+    with pytest.raises(ValueError, match=r"evaluation\.resolution 18 px is not a positive multiple of 4"):
+        sampling(True, resolution=18)
+
+
+def test_stage_evaluation_samples_at_the_evaluation_resolution_and_its_shift(flux_world: Path) -> None:
+    from vgrpo.evaluation import Sampling, generate
+    from vgrpo.images import tensor_to_images
+    from vgrpo.phases import evaluate_adapter
+
+    evaluation = {"group_size": 1, "num_steps": 2, "max_prompts": 2, "rewards": [{"name": "geneval"}]}
+    at_rollout = evaluate_adapter(_stage_config(evaluation=evaluation), flux_world / "base", None, flux_world, 0)
+    at_32 = evaluate_adapter(_stage_config(evaluation=evaluation | {"resolution": 32}), flux_world / "base", None,
+                             flux_world, 0)  # fmt: skip
+    assert at_rollout is not None and at_32 is not None
+    (table_16, images_16), (table_32, images_32) = at_rollout, at_32
+    assert images_16.shape == (2, 16, 16, 3) and images_32.shape == (2, 32, 32, 3)
+    assert table_16["sampling"]["shift"] == pytest.approx(math.exp(_mu(16)), abs=1e-12)
+    assert table_32["sampling"]["shift"] == pytest.approx(math.exp(_mu(64)), abs=1e-12)
+    # The same images as sampling a 32 px adapter directly with FluxPipeline's own shift at 32 px.
+    adapter, policy = build_adapter(load_pipeline(flux_world / "base"), resolution=32)
+    prompts = table_32["per_prompt"]["prompt"]
+    direct, _ = generate(encode=adapter.encode_prompts, decode=lambda z: tensor_to_images(adapter.decode(z)),
+                         policy=policy.eval(), prompts=prompts, latent_shape=adapter.latent_shape,
+                         sampling=Sampling(2, 0, adapter.scheduler_shift))  # fmt: skip
+    assert np.array_equal(direct, images_32)

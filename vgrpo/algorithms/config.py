@@ -37,18 +37,37 @@ class RolloutConfig(FrozenConfig):
         None, gt=0, description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
         "checks it is a multiple of the VAE factor x patch size (FLUX.1: 16).",
     )  # fmt: skip
+    schedule: Literal["uniform", "diffusers"] = Field(
+        "uniform",
+        description="Sigma grid (vgrpo.flow.timestep_grid): `uniform` = shift(linspace(1, 0, T + 1)), FluxPipeline's "
+        "and the FastVideo-based RL code's (DanceGRPO, MixGRPO); `diffusers` = FlowMatchEulerDiscreteScheduler."
+        "set_timesteps(T) without sigmas, StableDiffusion3Pipeline's and Flow-GRPO's (its last step is short: "
+        "penultimate sigma 0.0089 at T = 10, shift 3, against 0.25).",
+    )
     micro_batch_size: int = Field(32, ge=1, description="Samples per model call in rollouts (memory only).")
 
     @model_validator(mode="after")
     def _check_shift(self) -> RolloutConfig:
         if self.dynamic_shift and self.shift is not None:
             raise ValueError(f"dynamic_shift replaces the static shift: set shift to null (got shift={self.shift})")
+        if self.dynamic_shift and self.schedule == "diffusers":
+            raise ValueError(
+                "schedule: diffusers is the SD3 pipeline's static-shift schedule; with FLUX's dynamic shift "
+                "FluxPipeline passes its own sigmas, which is schedule: uniform"
+            )
         return self
 
 
 class AdvantageConfig(FrozenConfig):
     aggregation: Literal["normalize_then_sum", "sum_then_normalize"] = "normalize_then_sum"
     std_scope: Literal["group", "global"] = "group"
+    std_ddof: Literal[0, 1] = Field(
+        0,
+        description="Delta degrees of freedom of the std. 0 (the default) = the population std, Flow-GRPO's np.std "
+        "(its per-prompt stat tracker), with which the embedded curriculum was recorded; 1 = torch's unbiased std, "
+        "by which the FastVideo-based GRPO code (DanceGRPO, MixGRPO) divides, the lineage of the official V-GRPO "
+        "code ([inferred]: the SD3.5 and FLUX params set 1).",
+    )
     delta: float = Field(1e-4, gt=0, description="Added to the std so constant groups stay finite.")
     soft_clip_eta: float | None = Field(3.0, gt=0, description="V-GRPO Eq. 17 (SD3.5: 3, FLUX: 2); None = off.")
     clamp: float | None = Field(None, gt=0, description="Hard clamp |A| (Flow-GRPO: 5); None = off.")
@@ -100,6 +119,13 @@ class FlowGRPOConfig(FrozenConfig):
     clip_range: float = Field(1e-4, gt=0)
     kl_coef: float = Field(0.04, ge=0, description="KL to the frozen reference (GenEval/OCR 0.04, PickScore 0.01).")
     timestep_fraction: float = Field(0.99, gt=0, le=1, description="Fraction of SDE steps trained per sample.")
+    reference: Literal["base", "start"] = Field(
+        "base",
+        description="The KL's frozen reference: `base` = the pretrained model (a LoRA's weights zeroed, so a stage "
+        "that starts from an earlier stage's adapter is still held to the base, as Flow-GRPO's reference is the "
+        "base model); `start` = the stage's starting weights. Under full fine-tuning both are the weights the "
+        "stage loaded.",
+    )
 
 
 class MixGRPOConfig(FlowGRPOConfig):

@@ -2,7 +2,8 @@
 
 The rollout follows Flow-GRPO's Sec. 4.1 ODE-to-SDE sampler and stores the whole trajectory and the per-step
 Gaussian log-probabilities; each gradient step re-scores stored transitions under the current weights and
-applies the PPO clip per (sample, step), plus a KL to the frozen reference. The loss is a mean
+applies the PPO clip per (sample, step), plus a KL to the frozen reference (the base model, also in a stage
+that starts from an earlier stage's adapter: ``FlowGRPOConfig.reference``). The loss is a mean
 over (sample, step) terms, so backwarding one step and one micro-batch at a time is exact.
 
 MixGRPO is the same algorithm with SDE steps (and training) confined to a sliding window.
@@ -19,10 +20,10 @@ from torch import Tensor, nn
 from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
 from vgrpo.algorithms.config import FlowGRPOConfig, MixGRPOConfig
 from vgrpo.losses import flow_grpo_loss, ratio_metrics
-from vgrpo.policy import Conditioning
+from vgrpo.policy import Conditioning, ParameterSnapshot
 from vgrpo.samplers import SDETrajectory, mixgrpo_window_start, sde_sample, sde_step, window_mask
 
-__all__ = ["FlowGRPO", "FlowGRPOBatch", "FlowGRPOPayload", "MixGRPO"]
+__all__ = ["FlowGRPO", "FlowGRPOBatch", "FlowGRPOPayload", "MixGRPO", "zero_lora_deltas"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,17 @@ class FlowGRPOPayload(Payload):
 FlowGRPOBatch = PreparedBatch[FlowGRPOPayload]
 
 
+@torch.no_grad()
+def zero_lora_deltas(snapshot: ParameterSnapshot, policy: nn.Module) -> None:
+    """Zero the LoRA ``B`` matrices in ``snapshot`` (of ``policy``'s trainable parameters): a LoRA layer adds
+    ``scale * B A x`` to the frozen base layer, so with ``B = 0`` the snapshot is the base model exactly, whatever
+    adapter the stage started from. Without LoRA (full fine-tuning) it leaves the snapshot as it is."""
+    names = [name for name, p in policy.named_parameters() if p.requires_grad]  # trainable_parameters' order
+    for name, value in zip(names, snapshot.values, strict=True):
+        if "lora_B" in name:
+            value.zero_()
+
+
 class FlowGRPO(Algorithm[FlowGRPOPayload]):
     """Flow-GRPO: SDE on every step, train on ``timestep_fraction`` of them per sample."""
 
@@ -48,8 +60,11 @@ class FlowGRPO(Algorithm[FlowGRPOPayload]):
 
     def __init__(self, config: FlowGRPOConfig, *, policy: nn.Module, **kwargs: Any):
         super().__init__(config, **kwargs)
-        # The reference policy is the weights at construction (for LoRA: the adapter at init = base model).
-        self.reference = self.keep_snapshot("reference", policy) if config.kl_coef > 0 else None
+        self.reference: ParameterSnapshot | None = None
+        if config.kl_coef > 0:  # the frozen reference: the weights at construction, with `base` the LoRA zeroed
+            self.reference = self.keep_snapshot("reference", policy)
+            if config.reference == "base":
+                zero_lora_deltas(self.reference, policy)
 
     def sde_steps(self, iteration: int) -> Tensor:
         """``(T,)`` bool: the stochastic (and trainable) steps at this iteration."""

@@ -48,7 +48,7 @@ def build_algorithm(
         )
     algo_config = config.algorithm
     kwargs: dict[str, Any] = {
-        "sigmas": timestep_grid(config.rollout.num_steps, shift=config.rollout.shift),
+        "sigmas": timestep_grid(config.rollout.num_steps, shift=config.rollout.shift, schedule=config.rollout.schedule),
         "group_size": config.rollout.group_size,
         "latent_shape": latent_shape,
         "rollout_micro_batch": config.rollout.micro_batch_size,
