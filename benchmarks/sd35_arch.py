@@ -3,15 +3,17 @@ architecture.
 
     python benchmarks/sd35_arch.py                                   # GPU: the real config, 512 px, group 24
     python benchmarks/sd35_arch.py --device cpu --layers 2 --resolution 128 --group 4 --steps 8 --text-tokens 77
+    python benchmarks/sd35_arch.py --device cpu --layers 2 --heads 2 --pos-embed-max-size 16 --resolution 64 ...
 
 Random weights from SD3.5-M's transformer config (no download; ``--layers`` keeps the first N of its 24 blocks,
-dual-attention blocks included), LoRA r 32 / alpha 64 on both streams' attention projections, random text
-conditioning of SD3's width (333 tokens = 77 CLIP + 256 T5 by default), and a reward computed on the latents
-(no VAE, no reward model: this measures the policy's cost). Each method runs in its own process: V-GRPO with the
-paper's recipe (40-step ODE rollout, N_MC 4, one gradient step), Flow-GRPO with its own (SDE rollout, 0.99 of
-its steps trained), MixGRPO with its own (SDE and training in a 4-step window). Prints the median seconds per
-iteration split into rollout / prepare / update, images per second per device, and peak memory (CUDA allocator
-peak on GPU, resident set size on CPU).
+dual-attention blocks included, ``--heads`` narrows it for a smoke run), LoRA r 32 / alpha 64 on both streams'
+attention projections, random text conditioning of SD3's width (333 tokens = 77 CLIP + 256 T5 by default),
+and a reward computed on the latents (no VAE, no reward model: this measures the policy's cost). Each method runs in
+its own process: V-GRPO with the paper's recipe (40-step ODE rollout, N_MC 4, one gradient step), Flow-GRPO with
+its own (SDE rollout, 0.99 of its steps trained), MixGRPO with its own (SDE and training in a 4-step window).
+Prints the median seconds per iteration split into rollout / prepare / update, images per second per device, and
+peak memory (CUDA allocator peak on GPU, resident set size on CPU); ``--json`` also writes them, with an
+``error`` in place of a method that failed or outran ``--timeout``.
 """
 
 from __future__ import annotations
@@ -78,9 +80,12 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
         },
     )
     latent = args.resolution // 8
-    arch = {**SD35M, "num_layers": args.layers, "dual_attention_layers": tuple(range(min(13, args.layers)))}
+    arch = {**SD35M, "num_layers": args.layers, "dual_attention_layers": tuple(range(min(13, args.layers))),
+            "num_attention_heads": args.heads, "caption_projection_dim": args.heads * SD35M["attention_head_dim"],
+            "pos_embed_max_size": args.pos_embed_max_size}  # fmt: skip
     torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(**arch).to(device)
+    with device:  # initialised where it runs: a CPU init of 2.5 B random weights takes longer than an iteration
+        transformer = SD3Transformer2DModel(**arch)
     assert config.lora is not None
     add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
     policy = apply_precision(SD3Velocity(transformer), transformer, autocast=config.precision.autocast,
@@ -132,6 +137,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=24, help="first N of SD3.5-M's 24 blocks")
+    parser.add_argument("--heads", type=int, default=24, help="attention heads of 64 channels (SD3.5-M: 24)")
+    parser.add_argument("--pos-embed-max-size", type=int, default=384, help="position-embedding grid (SD3.5-M: 384)")
     parser.add_argument("--resolution", type=int, default=512)
     parser.add_argument("--prompts", type=int, default=1, help="prompts per device per iteration")
     parser.add_argument("--group", type=int, default=24)
@@ -143,28 +150,38 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to run")
+    parser.add_argument("--timeout", type=float, help="seconds each method's process may run (default: no limit)")
     parser.add_argument("--method", choices=METHODS, help="run one method in this process (internal)")
     args = parser.parse_args()
     if args.method:
         print(json.dumps(run_one(args.method, args)))
         return
     print(
-        f"SD3.5-M architecture, {args.layers}/24 layers, {args.resolution} px, {args.prompts} prompt(s) x group "
-        f"{args.group}, {args.steps} steps, {args.text_tokens} text tokens, {args.precision}, "
-        f"checkpointing {'on' if args.gradient_checkpointing else 'off'}, {args.device}, "
+        f"SD3.5-M architecture, {args.layers}/24 layers, {args.heads}/24 heads, {args.resolution} px, "
+        f"{args.prompts} prompt(s) x group {args.group}, {args.steps} steps, {args.text_tokens} text tokens, "
+        f"{args.precision}, checkpointing {'on' if args.gradient_checkpointing else 'off'}, {args.device}, "
         f"median of {args.iterations} iterations"
     )
     header = ("wall s", "rollout", "prepare", "update", "img/s", "NFE", "peak GB")
     print(f"{'method':>10} " + " ".join(f"{c:>8}" for c in header))
-    results = {}
-    passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("json", "method")]
+    results: dict[str, Any] = {}
+    skip = ("json", "method", "methods", "timeout")
+    passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in skip]
     passthrough = [a for a in passthrough if a != "--gradient-checkpointing=False"]
     passthrough = [a.split("=")[0] if a.endswith("=True") else a for a in passthrough]
-    for method in METHODS:
+    for method in args.methods:
         cmd = [sys.executable, __file__, *passthrough, "--method", method]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            results[method] = {"error": f"timed out after {args.timeout:g} s"}
+            print(f"{method:>10} {results[method]['error']}")
+            continue
         if proc.returncode:
-            print(f"{method:>10} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else proc.returncode}")
+            last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+            results[method] = {"error": last}
+            print(f"{method:>10} failed: {last}")
             continue
         r = json.loads(proc.stdout.splitlines()[-1])
         results[method] = r

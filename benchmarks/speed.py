@@ -67,7 +67,7 @@ def table(results: dict[int, dict[str, Any]]) -> list[str]:
     for steps, r in sorted(results.items()):
         for m in METHODS:
             x = r["sd35_arch"]["results"].get(m)
-            if x is None:
+            if x is None or "error" in x:
                 lines.append(f"| {steps} | {LABELS[m]} | failed | | | | | |")
                 continue
             lines.append(f"| {steps} | {LABELS[m]} | {x['wall_s']:.2f} | {x['time/rollout_s']:.2f} | "

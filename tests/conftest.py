@@ -18,3 +18,13 @@ def tiny_sd3_policy() -> torch.nn.Module:
     from vgrpo.models.tiny import tiny_sd3_transformer
 
     return SD3Velocity(tiny_sd3_transformer())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu``-marked tests need a CUDA device: skipped without one (``scripts/gpu_check.sh`` runs them)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

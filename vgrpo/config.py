@@ -84,6 +84,9 @@ class TrainConfig(FrozenConfig):
             )
         if isinstance(algo, MixGRPOConfig) and algo.window_size > rollout.num_steps:
             raise ValueError(f"algorithm.window_size={algo.window_size} > rollout.num_steps={rollout.num_steps}")
+        if self.lora is None and self.precision.text_encoders == "drop_after_encoding":
+            raise ValueError("precision.text_encoders: drop_after_encoding needs lora: a full fine-tune exports the "
+                             "whole pipeline, text encoders included (use text_encoders: cpu)")  # fmt: skip
         return self
 
 

@@ -5,19 +5,22 @@ A job's config inherits its fields flat, so each params section keeps ``lr``, ``
 ``max_grad_norm`` at its own top level: the RL stages under ``optim:`` (:class:`OptimConfig`), the embedded
 world's base pretraining under ``pretrain:`` and ``pretrain.vae:``, and its reward models under ``world_clip:`` and
 ``world_pickscore:`` (:mod:`vgrpo.world.config`). A job restates only the defaults it changes, with the shared
-constraints (:data:`LearningRate`, :data:`WeightDecay`).
+constraints (:data:`LearningRate`, :data:`WeightDecay`). The RL stage may ask for bitsandbytes' 8-bit AdamW
+(``optim.optimizer: adamw8bit``: its two moments in 8 bits with blockwise scales, Dettmers et al. 2022,
+"8-bit Optimizers via Block-wise Quantization"), a quarter of AdamW's state memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
 from vgrpo.config_base import FrozenConfig
+from vgrpo.errors import ConfigError
 
 __all__ = ["AdamWConfig", "LearningRate", "OptimConfig", "WeightDecay", "build_adamw", "clip_gradients"]
 
@@ -38,6 +41,9 @@ class OptimConfig(AdamWConfig):
     """The RL stage's optimiser (``optim:``): AdamW with its moment settings, plus the steps and minibatches of
     one iteration. The global-norm clip at 1 is [inferred]."""
 
+    optimizer: Literal["adamw", "adamw8bit"] = Field(
+        "adamw", description="torch's AdamW, or bitsandbytes' 8-bit AdamW (needs bitsandbytes installed)."
+    )
     lr: LearningRate = Field(3e-4, description="AdamW lr (SD3.5 LoRA: 3e-4; FLUX full: 1e-5).")
     weight_decay: WeightDecay = 1e-4
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's decay rates of the two moments.")
@@ -51,10 +57,41 @@ class OptimConfig(AdamWConfig):
 
 def build_adamw(
     params: Iterable[Tensor] | Iterable[dict[str, Any]], config: AdamWConfig, **moments: Any
-) -> torch.optim.AdamW:
+) -> torch.optim.Optimizer:
     """AdamW over ``params`` (tensors, or parameter groups whose own keys override the config's) with the config's
-    lr and weight decay; ``moments`` are AdamW's ``betas`` and ``eps`` where a job sets them (else torch's)."""
+    lr and weight decay; ``moments`` are AdamW's ``betas`` and ``eps`` where a job sets them (else torch's).
+    An :class:`OptimConfig` with ``optimizer: adamw8bit`` gets bitsandbytes' ``AdamW8bit`` with the same settings.
+
+    Raises:
+        ConfigError: ``adamw8bit`` is asked for and bitsandbytes is not installed.
+    """
+    if isinstance(config, OptimConfig) and config.optimizer == "adamw8bit":
+        return _adamw8bit(params, lr=config.lr, weight_decay=config.weight_decay, **moments)
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, **moments)
+
+
+def _adamw8bit(params: Iterable[Tensor] | Iterable[dict[str, Any]], **settings: Any) -> torch.optim.Optimizer:
+    """bitsandbytes' ``AdamW8bit`` whose ``state_dict`` keeps each parameter's quantisation tensors (the 8-bit
+    moments, their block scales and code books) at the top level of its state, as torch's AdamW keeps its moments,
+    so a checkpoint (:func:`vgrpo.checkpoint.save_training_state`) stores them as tensors. bitsandbytes nests them
+    under one key to hide them from FSDP1's state gathering; its ``load_state_dict`` reads either form."""
+    try:
+        import bitsandbytes
+    except ImportError as exc:
+        raise ConfigError(
+            "optim.optimizer: adamw8bit needs the bitsandbytes package, which is not installed here "
+            f"({exc}); pip install bitsandbytes, or use optim.optimizer: adamw"
+        ) from exc
+
+    class AdamW8bit(bitsandbytes.optim.AdamW8bit):
+        def state_dict(self) -> dict[str, Any]:
+            packed: dict[str, Any] = super().state_dict()
+            for param_state in packed["state"].values():
+                param_state.update(param_state.pop(self._FSDP_WRAPPED_QUANT_STATE_KEY, {}))
+            return packed
+
+    optimizer: torch.optim.Optimizer = AdamW8bit(params, **settings)
+    return optimizer
 
 
 def clip_gradients(params: Iterable[Tensor], config: AdamWConfig) -> Tensor:

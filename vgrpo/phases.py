@@ -167,10 +167,10 @@ class StagePolicy:
 
 
 def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
-    from vgrpo.models.pipeline import build_adapter, load_pipeline
+    from vgrpo.models.pipeline import build_adapter, load_pipeline_on
 
-    pipe = load_pipeline(pipeline_dir).to(dist.device)
-    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
+    pipe = load_pipeline_on(pipeline_dir, dist.device, config.precision)
+    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution, precision=config.precision)
     transformer = pipe.transformer
     if config.lora is None:
         transformer.requires_grad_(True)

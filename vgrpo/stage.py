@@ -175,6 +175,8 @@ def run_stage(
         prompts = phases("prepare-prompts", None, prepare_prompts, config, root)
     init = root / init_lora if init_lora is not None else None
     stage = phases("setup-policy", None, setup_policy, config, root / pipeline_dir, init, dist, rewards)
+    # precision.text_encoders: drop_after_encoding encodes every prompt of the stage now, then frees the encoders
+    stage.adapter.encode_ahead([str(r["prompt"]) for r in [*prompts.train, *(prompts.evaluation or [])]])
     evaluator = build_evaluator(config, prompts.evaluation, root, stage.shift, dist)
     run = ResumableRun.for_stage(config, work_dir, init)
     result = StageResult(out_dir=out_dir, iterations=config.iterations)

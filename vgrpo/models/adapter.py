@@ -8,6 +8,7 @@ pipeline.
 
 from __future__ import annotations
 
+import gc
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -16,30 +17,50 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vgrpo.errors import ConfigError
 from vgrpo.flow import resolution_shift_mu
+from vgrpo.models.config import PrecisionConfig
+from vgrpo.models.prompt_cache import PromptEmbeddingCache
 from vgrpo.policy import Conditioning
 
-__all__ = ["PipelineAdapter"]
+__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PipelineAdapter"]
+
+DEFAULT_PROMPT_CACHE_BYTES = int(PrecisionConfig.model_fields["prompt_cache_mb"].default * 2**20)
+"""The prompt cache's budget when none is given: ``precision.prompt_cache_mb``'s default."""
 
 
 class PipelineAdapter(ABC):
     """What training and evaluation need from a pipeline: prompt conditioning, the latent shape at the chosen
     resolution, latent <-> image conversion and the sampling schedule's shift.
 
-    Prompt conditioning is cached per prompt string (the text encoders are frozen), so a prompt is encoded
-    once per run however many iterations see it.
+    Prompt conditioning is cached per prompt string in CPU memory (the text encoders are frozen;
+    :class:`vgrpo.models.prompt_cache.PromptEmbeddingCache`) and each batch's rows are moved to the transformer's
+    device. With ``text_encoders="drop_after_encoding"``, :meth:`encode_ahead` encodes the stage's whole prompt set
+    and deletes the text encoders (``precision.text_encoders``, :class:`vgrpo.models.config.PrecisionConfig`).
 
     Args:
         pipe: the diffusers pipeline.
         resolution: image side in pixels, a multiple of ``vae_scale_factor * patch_size``; None = the
             pipeline's default.
+        prompt_cache_bytes: the cache's CPU memory budget.
+        text_encoders: ``device`` / ``cpu`` (where :func:`vgrpo.models.pipeline.place_pipeline` put them: nothing
+            changes here) or ``drop_after_encoding``.
     """
 
-    def __init__(self, pipe: Any, *, resolution: int | None = None):
+    def __init__(
+        self,
+        pipe: Any,
+        *,
+        resolution: int | None = None,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        text_encoders: str = "device",
+    ):
         self.pipe = pipe
         self.transformer = pipe.transformer
         self.vae = pipe.vae
-        self._cache: dict[str, tuple[Tensor, Tensor]] = {}
+        self.prompt_cache = PromptEmbeddingCache(prompt_cache_bytes)
+        self.text_encoders = text_encoders
+        self.text_encoders_dropped = False
         self.resolution = self.default_resolution if resolution is None else int(resolution)
         step = int(pipe.vae_scale_factor) * self.patch_size
         if self.resolution <= 0 or self.resolution % step:
@@ -113,19 +134,79 @@ class PipelineAdapter(ABC):
         dynamic = bool(cfg.get("use_dynamic_shifting", False))
         return self.sigma_shift(None if dynamic else float(cfg.shift), dynamic=dynamic)
 
+    @property
+    def device(self) -> torch.device:
+        """The transformer's device, where :meth:`encode_prompts` puts the conditioning."""
+        return next(self.transformer.parameters()).device
+
+    @property
+    def text_encoder_names(self) -> list[str]:
+        """The pipeline's text-encoder components that are loaded (``text_encoder``, ``text_encoder_2``, ...)."""
+        return [n for n, m in self.pipe.components.items() if n.startswith("text_encoder") and m is not None]
+
+    @property
+    def text_encoder_device(self) -> torch.device:
+        """Where the text encoders run (the training device, or the CPU with ``text_encoders: cpu``)."""
+        return next(getattr(self.pipe, self.text_encoder_names[0]).parameters()).device
+
+    def _encode_cached(self, prompt: str) -> tuple[Tensor, ...]:
+        """One prompt's embeddings from the cache, encoding (and caching) them on a miss."""
+        hit = self.prompt_cache.get(prompt)
+        if hit is not None:
+            return hit
+        if self.text_encoders_dropped:
+            raise RuntimeError(
+                f"prompt {prompt!r} was not among the prompts encoded at setup, and the text encoders were "
+                "deleted after them (precision.text_encoders: drop_after_encoding); use text_encoders: cpu to "
+                "encode prompts met later"
+            )
+        return self.prompt_cache.put(prompt, self._encode_prompt(prompt))
+
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
-        """Conditioning for ``prompts`` (one row per prompt), from the pipeline's own ``encode_prompt``."""
+        """Conditioning for ``prompts`` (one row per prompt) on :attr:`device`, from the pipeline's own
+        ``encode_prompt``."""
         # One prompt per call: a batched encode rounds differently with its batch-mates, and a prompt's
         # embedding must not depend on which iteration first saw it (a resumed run would drift by 1e-10).
-        for p in sorted({p for p in prompts if p not in self._cache}):
-            embeds, pooled = self._encode_prompt(p)
-            self._cache[p] = (embeds.detach(), pooled.detach())
-        rows = [self._cache[p] for p in prompts]
+        # Rows are held here until the batch is built: the cache may evict a prompt of this very batch.
+        rows = {p: self._encode_cached(p) for p in sorted(set(prompts))}
         return Conditioning(
-            prompt_embeds=torch.stack([r[0] for r in rows]),
-            pooled_prompt_embeds=torch.stack([r[1] for r in rows]),
+            prompt_embeds=torch.stack([rows[p][0] for p in prompts]).to(self.device),
+            pooled_prompt_embeds=torch.stack([rows[p][1] for p in prompts]).to(self.device),
         )
+
+    @torch.no_grad()
+    def encode_ahead(self, prompts: Sequence[str]) -> None:
+        """With ``text_encoders="drop_after_encoding"``: encode ``prompts`` (and ``""``, the unconditional prompt
+        of guided sampling) into the cache, then delete the text encoders; otherwise nothing (prompts are
+        encoded when first met).
+
+        Raises:
+            ConfigError: the cache's budget cannot hold them all.
+        """
+        if self.text_encoders != "drop_after_encoding" or self.text_encoders_dropped:
+            return
+        unique = sorted({*prompts, ""})
+        for p in unique:
+            self._encode_cached(p)
+        kept = sum(p in self.prompt_cache for p in unique)
+        if kept < len(unique):
+            per_prompt = self.prompt_cache.nbytes / max(kept, 1) / 2**20
+            raise ConfigError(
+                f"precision.prompt_cache_mb={self.prompt_cache.max_bytes / 2**20:g} holds {kept} of the stage's "
+                f"{len(unique)} prompts (about {per_prompt:.2f} MB each); text_encoders: drop_after_encoding needs "
+                f"them all: raise it to at least {per_prompt * len(unique) * 1.01:.0f}, or use text_encoders: cpu"
+            )
+        self.drop_text_encoders()
+
+    def drop_text_encoders(self) -> None:
+        """Delete the text encoders (their device memory is freed); only cached prompts can be encoded after."""
+        for name in self.text_encoder_names:
+            setattr(self.pipe, name, None)
+        self.text_encoders_dropped = True
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def encode_images(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Images in [-1, 1] ``(N, 3, H, W)`` -> normalised latents ``(z - shift_factor) * scaling_factor``

@@ -28,6 +28,23 @@ class PrecisionConfig(FrozenConfig):
         "fp32", description="bf16 autocast of the transformer in rollouts and training (GPU runs); fp32 = off."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (memory for time).")
+    frozen_dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Weights dtype of the frozen text encoders and VAE; auto = bf16 on a CUDA device, fp32 on CPU. "
+        "The transformer keeps float32 weights (the trained ones, and LoRA's base).",
+    )
+    text_encoders: Literal["device", "cpu", "drop_after_encoding"] = Field(
+        "device",
+        description="Where the text encoders live: on the training device, on the CPU (encoding runs there), or "
+        "on the device until the stage's training and evaluation prompts are encoded once at setup, then "
+        "deleted (LoRA stages only: a full fine-tune exports the whole pipeline).",
+    )
+    prompt_cache_mb: float = Field(
+        4096.0,
+        ge=0,
+        description="CPU memory budget of the prompt-embedding cache (least recently used prompts are evicted and "
+        "re-encoded when met again); 0 = no cache. With drop_after_encoding it must hold the whole prompt set.",
+    )
 
 
 class EmbeddedModelConfig(FrozenConfig):

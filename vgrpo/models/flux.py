@@ -104,14 +104,14 @@ class FluxAdapter(PipelineAdapter):
 
     Args:
         pipe: a ``FluxPipeline``.
-        resolution: image side in pixels (a multiple of twice the VAE factor); None = the pipeline's default
-            (``default_sample_size * vae_scale_factor``, 1024 for FLUX.1).
         max_sequence_length: T5 tokens per prompt; None = the T5 tokenizer's ``model_max_length``, at most 512
             (the pipeline's default and limit).
+        options: :class:`PipelineAdapter`'s (``resolution``: image side in pixels, a multiple of twice the VAE
+            factor; None = the pipeline's default, ``default_sample_size * vae_scale_factor``, 1024 for FLUX.1).
     """
 
-    def __init__(self, pipe: Any, *, resolution: int | None = None, max_sequence_length: int | None = None):
-        super().__init__(pipe, resolution=resolution)
+    def __init__(self, pipe: Any, *, max_sequence_length: int | None = None, **options: Any):
+        super().__init__(pipe, **options)
         self.max_sequence_length = (
             max_sequence_length if max_sequence_length is not None else min(512, int(pipe.tokenizer_2.model_max_length))
         )
@@ -126,6 +126,9 @@ class FluxAdapter(PipelineAdapter):
 
     def _encode_prompt(self, prompt: str) -> tuple[Tensor, Tensor]:
         embeds, pooled, _ = self.pipe.encode_prompt(
-            prompt=[prompt], prompt_2=None, max_sequence_length=self.max_sequence_length
+            prompt=[prompt],
+            prompt_2=None,
+            max_sequence_length=self.max_sequence_length,
+            device=self.text_encoder_device,
         )
         return embeds[0], pooled[0]

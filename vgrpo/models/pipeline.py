@@ -18,10 +18,19 @@ from torch import nn
 
 from vgrpo.errors import UserError
 from vgrpo.models.adapter import PipelineAdapter
+from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.flux import FluxAdapter, FluxVelocity
+from vgrpo.models.precision import frozen_dtype
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
 
-__all__ = ["PipelineError", "build_adapter", "load_pipeline", "load_sd3_pipeline"]
+__all__ = [
+    "PipelineError",
+    "build_adapter",
+    "load_pipeline",
+    "load_pipeline_on",
+    "load_sd3_pipeline",
+    "place_pipeline",
+]
 
 _TWO_TEXT_ENCODERS = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
 PIPELINE_COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -58,9 +67,21 @@ def _check_pipeline_dir(path: Path, expected: Sequence[str] = tuple(PIPELINE_COM
     return index
 
 
-def load_pipeline(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Any:
+def _component_dtypes(dtype: torch.dtype, frozen: torch.dtype | None) -> torch.dtype | dict[str, torch.dtype]:
+    """diffusers' ``dtype`` argument: one dtype, or the transformer's and everything else's (``default``)."""
+    return dtype if frozen is None or frozen == dtype else {"transformer": dtype, "default": frozen}
+
+
+def load_pipeline(
+    path: str | Path, *, dtype: torch.dtype = torch.float32, frozen_dtype: torch.dtype | None = None
+) -> Any:
     """A ``StableDiffusion3Pipeline`` or ``FluxPipeline`` from a local directory (never the hub), by its
     ``model_index.json`` ``_class_name``.
+
+    Args:
+        dtype: the transformer's weights dtype.
+        frozen_dtype: the text encoders' and VAE's, loaded so (not cast after loading: T5-XXL alone is 19 GB in
+            float32); None = ``dtype``.
 
     Raises:
         PipelineError: naming the path and the missing component, or the unsupported class.
@@ -68,20 +89,29 @@ def load_pipeline(path: str | Path, *, dtype: torch.dtype = torch.float32) -> An
     root = Path(path)
     index = _check_pipeline_dir(root)
     if index["_class_name"] == "StableDiffusion3Pipeline":
-        return load_sd3_pipeline(root, dtype=dtype)
+        return load_sd3_pipeline(root, dtype=dtype, frozen_dtype=frozen_dtype)
     from diffusers import FluxPipeline
 
-    pipe = FluxPipeline.from_pretrained(root, local_files_only=True, use_safetensors=True, dtype=dtype)
+    pipe = FluxPipeline.from_pretrained(
+        root, local_files_only=True, use_safetensors=True, dtype=_component_dtypes(dtype, frozen_dtype)
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
-def load_sd3_pipeline(path: str | Path, *, dtype: torch.dtype = torch.float32, load_t5: bool = True) -> Any:
+def load_sd3_pipeline(
+    path: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    frozen_dtype: torch.dtype | None = None,
+    load_t5: bool = True,
+) -> Any:
     """``StableDiffusion3Pipeline.from_pretrained`` from a local directory (never the hub).
 
     Args:
         path: a diffusers SD3 pipeline directory (SD3.5-M, or the embedded default).
-        dtype: weights dtype.
+        dtype: the transformer's weights dtype.
+        frozen_dtype: the text encoders' and VAE's; None = ``dtype``.
         load_t5: load ``text_encoder_3`` when the directory has one; False skips it (zeros stand in for
             its tokens, as diffusers does for pipelines without T5).
 
@@ -97,24 +127,46 @@ def load_sd3_pipeline(path: str | Path, *, dtype: torch.dtype = torch.float32, l
     if has_t5 and load_t5 and not (root / "text_encoder_3").is_dir():
         raise PipelineError(f"{root}: component folder text_encoder_3/ is missing (or pass load_t5=False)")
     pipe = StableDiffusion3Pipeline.from_pretrained(
-        root, local_files_only=True, use_safetensors=True, dtype=dtype, **extra
+        root, local_files_only=True, use_safetensors=True, dtype=_component_dtypes(dtype, frozen_dtype), **extra
     )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
-def build_adapter(pipe: Any, *, resolution: int | None = None) -> tuple[PipelineAdapter, nn.Module]:
+def place_pipeline(pipe: Any, device: torch.device | str, *, text_encoders: str = "device") -> Any:
+    """Move ``pipe``'s modules to ``device``, except its text encoders with ``text_encoders="cpu"`` (they stay
+    on the CPU and encode there; ``device`` and ``drop_after_encoding`` put them on ``device``)."""
+    for name, module in pipe.components.items():
+        if isinstance(module, nn.Module):
+            module.to("cpu" if text_encoders == "cpu" and name.startswith("text_encoder") else device)
+    return pipe
+
+
+def load_pipeline_on(path: str | Path, device: torch.device | str, precision: PrecisionConfig) -> Any:
+    """:func:`load_pipeline` with the frozen components in ``precision.frozen_dtype`` (resolved for ``device``),
+    placed by :func:`place_pipeline` as ``precision.text_encoders`` says: what a stage trains and evaluates."""
+    pipe = load_pipeline(path, frozen_dtype=frozen_dtype(precision.frozen_dtype, device))
+    return place_pipeline(pipe, device, text_encoders=precision.text_encoders)
+
+
+def build_adapter(
+    pipe: Any, *, resolution: int | None = None, precision: PrecisionConfig | None = None
+) -> tuple[PipelineAdapter, nn.Module]:
     """The adapter and the velocity model (the policy, wrapping ``pipe.transformer`` itself, so LoRA added to
     the transformer before or after is trained) for a pipeline from :func:`load_pipeline`.
 
     Args:
         resolution: image side in pixels; None = the pipeline's default.
+        precision: the prompt cache's budget and the text encoders' placement (None = the defaults).
     """
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
+    precision = precision if precision is not None else PrecisionConfig()
+    options: dict[str, Any] = {"resolution": resolution, "prompt_cache_bytes": int(precision.prompt_cache_mb * 2**20),
+               "text_encoders": precision.text_encoders}  # fmt: skip
     transformer: nn.Module = pipe.transformer
     if isinstance(pipe, FluxPipeline):
-        return FluxAdapter(pipe, resolution=resolution), FluxVelocity(transformer)
+        return FluxAdapter(pipe, **options), FluxVelocity(transformer)
     if isinstance(pipe, StableDiffusion3Pipeline):
-        return SD3Adapter(pipe, resolution=resolution), SD3Velocity(transformer)
+        return SD3Adapter(pipe, **options), SD3Velocity(transformer)
     raise TypeError(f"no adapter for {type(pipe).__name__}; expected {' or '.join(PIPELINE_COMPONENTS)}")

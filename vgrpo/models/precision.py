@@ -1,4 +1,5 @@
-"""Mixed precision and activation checkpointing for a velocity model.
+"""Mixed precision and activation checkpointing for a velocity model, and the weights dtype of the frozen
+components.
 
 bf16 autocast covers the transformer only: the wrapper returns float32 velocities, so the ELBO surrogates,
 ratios and losses downstream are computed in float32 (:mod:`vgrpo.surrogate`). The behaviour policy's
@@ -16,9 +17,21 @@ from torch import Tensor, nn
 
 from vgrpo.policy import Conditioning
 
-__all__ = ["AutocastVelocity", "apply_precision"]
+__all__ = ["AutocastVelocity", "apply_precision", "frozen_dtype"]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def frozen_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """The weights dtype of the frozen text encoders and VAE (``precision.frozen_dtype``): ``auto`` is bf16 on a
+    CUDA device (half of fp32's memory, the dtype their checkpoints ship in) and fp32 elsewhere (CPU kernels
+    in bf16 are slow, and the embedded CPU runs stay bit-exact)."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if name not in WEIGHT_DTYPES:
+        raise ValueError(f"precision.frozen_dtype must be auto, {', '.join(WEIGHT_DTYPES)}; got {name!r}")
+    return WEIGHT_DTYPES[name]
 
 
 class AutocastVelocity(nn.Module):

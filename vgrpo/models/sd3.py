@@ -44,12 +44,13 @@ class SD3Adapter(PipelineAdapter):
     pooled CLIP vectors per prompt.
 
     Args:
-        resolution: image side in pixels; None = ``transformer.config.sample_size * vae_scale_factor``.
         max_sequence_length: T5 tokens; None = 256 with T5, 0 without (its tokens would be zeros).
+        options: :class:`PipelineAdapter`'s (``resolution``: None = ``transformer.config.sample_size *
+            vae_scale_factor``).
     """
 
-    def __init__(self, pipe: Any, *, resolution: int | None = None, max_sequence_length: int | None = None):
-        super().__init__(pipe, resolution=resolution)
+    def __init__(self, pipe: Any, *, max_sequence_length: int | None = None, **options: Any):
+        super().__init__(pipe, **options)
         # Without T5 its tokens are zeros; the embedded default drops them (0) to keep sequences short.
         self.max_sequence_length = (
             max_sequence_length if max_sequence_length is not None else (256 if pipe.text_encoder_3 else 0)
@@ -74,5 +75,6 @@ class SD3Adapter(PipelineAdapter):
             prompt_3=None,
             do_classifier_free_guidance=False,
             max_sequence_length=self.max_sequence_length,
+            device=self.text_encoder_device,
         )
         return embeds[0], pooled[0]

@@ -1,0 +1,256 @@
+"""The one-GPU check of the GPU path (``scripts/gpu_check.sh`` runs it after installing any missing wheels): the
+``gpu``-marked tests, ``benchmarks/sd35_arch.py`` at the paper's scale (512 px, group 24, 40 steps, bf16; V-GRPO,
+Flow-GRPO and MixGRPO) and one short embedded stage on the GPU, within a time budget (10 minutes by default).
+
+    python benchmarks/gpu_check.py --out runs/gpu_check            # on a CUDA machine
+    python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check   # the same steps at tiny sizes on the CPU
+
+Each step runs in its own process with what is left of the budget as its time limit, so a hung or slow step is
+cut and reported, and the check still writes ``gpu_check.json`` and ``gpu_check.md`` (and the steps' output in
+``gpu_check.log``) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "transformers", "accelerate", "peft", "diffusers", "pydantic", "safetensors", "numpy")
+LABELS = {"vgrpo": "V-GRPO", "flow_grpo": "Flow-GRPO", "mixgrpo": "MixGRPO"}
+
+# The paper's scale (V-GRPO App. A.2: 512 px, group 24, 40 steps, bf16) and a CPU scale that runs in seconds.
+BENCHMARK_ARGS = {
+    "gpu": ["--device", "cuda", "--precision", "bf16", "--resolution", "512", "--group", "24", "--steps", "40",
+            "--iterations", "1"],
+    "dry-run": ["--device", "cpu", "--precision", "fp32", "--layers", "2", "--heads", "2", "--pos-embed-max-size",
+                "16", "--resolution", "64", "--group", "2", "--steps", "4", "--text-tokens", "16", "--micro-batch", "2",
+                "--iterations", "1", "--threads", "2"],
+}  # fmt: skip
+# The embedded curriculum's first stage (params/stages/embedded/1-preference.yaml), cut to a few iterations.
+STAGE_PARAMS = ["params/base.yaml", "params/models/embedded.yaml", "params/stages/embedded/1-preference.yaml"]
+STAGE_SETTINGS = {
+    "gpu": ["iterations=4", "checkpoint_every=4", "eval_every=4", "evaluation.max_prompts=32"],
+    "dry-run": ["iterations=1", "checkpoint_every=1", "eval_every=1", "evaluation.max_prompts=2",
+                "evaluation.group_size=1", "evaluation.num_steps=2", "rollout.prompts_per_iteration=2",
+                "rollout.group_size=2", "rollout.num_steps=2", "algorithm.n_mc=2"],
+}  # fmt: skip
+# The OCR reward needs rapidocr, which the check does not carry: the stage's evaluation scores the rest.
+STAGE_EVAL_REWARDS = json.dumps(
+    [
+        {"name": "geneval"},
+        {"name": "pickscore", "key": "world_pickscore", "options": {"path": "models/world-pickscore"}},
+    ]
+)
+
+
+@dataclass
+class Step:
+    """One step's record: what ran, how it ended (``passed``, ``failed``, ``timed_out``, ``skipped``) and its
+    numbers."""
+
+    name: str
+    command: list[str] = field(default_factory=list)
+    status: str = "skipped"
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Budget:
+    """Seconds left of the whole check; each step gets what is left, at most its own cap."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+
+    def left(self, cap: float | None = None) -> float:
+        remaining = max(0.0, self.deadline - time.monotonic())
+        return remaining if cap is None else min(cap, remaining)
+
+
+def run_step(step: Step, budget: Budget, log: Path, env: dict[str, str], cap: float | None = None) -> str:
+    """Run ``step.command`` from the repository root with the budget's time limit; append its output to ``log``;
+    return the output."""
+    limit = budget.left(cap)
+    if limit < 5:
+        step.status, step.details["reason"] = "skipped", "out of time"
+        return ""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(step.command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
+        output, step.status = proc.stdout + proc.stderr, "passed" if proc.returncode == 0 else "failed"
+        step.details["returncode"] = proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        step.status, step.details["reason"] = "timed_out", f"cut after {limit:.0f} s"
+    step.seconds = round(time.monotonic() - t0, 2)
+    with log.open("a") as f:
+        f.write(f"===== {step.name}: {' '.join(step.command)}\n{output}\n")
+    return output
+
+
+def gpu_test_files() -> list[str]:
+    """Test files that hold ``gpu``-marked tests."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """``{"passed": n, "failed": n, ...}`` from pytest's closing line."""
+    tail = output.strip().splitlines()[-1] if output.strip() else ""
+    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", tail)}
+
+
+def environment(mode: str) -> dict[str, Any]:
+    """Python, package versions, and the GPU the check sees."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    env: dict[str, Any] = {"python": platform.python_version(), "mode": mode, "packages": versions,
+                           "wheels_installed": os.environ.get("VGRPO_WHEELS_INSTALLED", "")}  # fmt: skip
+    import torch
+
+    env["cuda_available"] = torch.cuda.is_available()
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env["gpu"] = {"name": props.name, "memory_gb": round(props.total_memory / 1e9, 1),
+                      "torch_cuda": torch.version.cuda}  # fmt: skip
+    return env
+
+
+def benchmark(mode: str, budget: Budget, log: Path, env: dict[str, str], work: Path) -> Step:
+    out = work / "sd35_arch.json"
+    step = Step("sd35_arch")
+    per_method = max(5.0, budget.left() / 3 - 5)
+    step.command = [sys.executable, "benchmarks/sd35_arch.py", *BENCHMARK_ARGS[mode], "--json", str(out),
+                    "--timeout", f"{per_method:.0f}"]  # fmt: skip
+    run_step(step, budget, log, env)
+    if out.is_file():
+        record = json.loads(out.read_text())
+        step.details |= {"args": record["args"], "results": record["results"]}
+        if step.status == "passed" and any("error" in r for r in record["results"].values()):
+            step.status = "failed"
+    return step
+
+
+def embedded_stage(mode: str, budget: Budget, log: Path, env: dict[str, str], work: Path) -> Step:
+    from vgrpo.world import make_splits, write_jsonl
+
+    train, test = make_splits(0, 200, 40)
+    write_jsonl(work / "train.jsonl", [md for md, _ in train])
+    write_jsonl(work / "test.jsonl", [md for md, _ in test])
+    metrics = work / "stage_metrics.json"
+    settings = [*STAGE_SETTINGS[mode], f"prompts={work / 'train.jsonl'}", f"eval_prompts={work / 'test.jsonl'}",
+                f"evaluation.rewards={STAGE_EVAL_REWARDS}"]  # fmt: skip
+    step = Step("embedded_stage")
+    step.command = [sys.executable, "-m", "vgrpo.cli", "train", "--params", *STAGE_PARAMS, "--set", *settings,
+                    "--out", str(work / "stage-adapter"), "--work-dir", str(work / "stage-work"),
+                    "--metrics", str(metrics), "--root", str(ROOT),
+                    "--threads", "2" if mode == "dry-run" else "8"]  # fmt: skip
+    run_step(step, budget, log, env, cap=150)
+    if metrics.is_file():
+        record = json.loads(metrics.read_text())
+        history = record.get("history", [])
+        seconds = [h["time/iteration_s"] for h in history if "time/iteration_s" in h]
+        step.details |= {
+            "iterations": len(history),
+            "seconds_per_iteration": round(sorted(seconds)[len(seconds) // 2], 3) if seconds else None,
+            "final_evaluation": _rewards_of(record.get("evaluations", [])),
+        }
+    return step
+
+
+def _rewards_of(evaluations: list[dict[str, Any]]) -> dict[str, float]:
+    """The last evaluation's mean of each reward."""
+    if not evaluations:
+        return {}
+    rewards = evaluations[-1].get("rewards", {})
+    return {k: round(float(v["mean"]), 4) for k, v in rewards.items() if isinstance(v, dict) and "mean" in v}
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    env, steps = summary["environment"], {s["name"]: s for s in summary["steps"]}
+    gpu = env.get("gpu")
+    device = f"GPU: {gpu['name']} ({gpu['memory_gb']} GB)." if gpu else "No GPU: a CPU dry run."
+    lines = [
+        f"# GPU check ({summary['mode']})", "",
+        f"{device} Python {env['python']}; " + ", ".join(f"{k} {v}" for k, v in env["packages"].items()) + ".",
+        f"Wall time {summary['wall_s']:.0f} s of a {summary['budget_s']:.0f} s budget.", "",
+        "| step | status | seconds | details |", "|---|---|---:|---|",
+    ]  # fmt: skip
+    for s in summary["steps"]:
+        brief = {
+            k: v
+            for k, v in s["details"].items()
+            if k in ("counts", "reason", "returncode", "iterations", "seconds_per_iteration", "final_evaluation")
+        }
+        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {json.dumps(brief)} |")
+    bench = steps.get("sd35_arch", {}).get("details", {})
+    if bench.get("results"):
+        a = bench["args"]
+        lines += ["", f"## SD3.5-M architecture ({a['layers']}/24 blocks, {a['resolution']} px, "
+                  f"{a['prompts']} prompt x group {a['group']}, {a['steps']} steps, {a['precision']}, "
+                  f"{a['device']})", "",
+                  "| method | s/iteration | rollout s | prepare s | update s | images/s | peak memory GB |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for method, r in bench["results"].items():
+            if "error" in r:
+                lines.append(f"| {LABELS[method]} | {r['error']} | | | | | |")
+                continue
+            lines.append(f"| {LABELS[method]} | {r['wall_s']:.2f} | {r['time/rollout_s']:.2f} | "
+                         f"{r['time/prepare_s']:.2f} | {r['time/update_s']:.2f} | {r['images_per_s']:.2f} | "
+                         f"{r['peak_mem_gb']:.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "runs" / "gpu_check"))
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (seconds per step)")
+    parser.add_argument("--budget-s", type=float, default=570.0, help="seconds for all steps together")
+    args = parser.parse_args(argv)
+    mode = "dry-run" if args.dry_run else "gpu"
+    started, budget = time.monotonic(), Budget(args.budget_s)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "gpu_check.log"
+    log.write_text("")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    if args.dry_run:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the same steps, on the CPU even where a GPU is visible
+    summary: dict[str, Any] = {"mode": mode, "environment": environment(mode), "budget_s": args.budget_s}
+    if mode == "gpu" and not summary["environment"]["cuda_available"]:
+        print("gpu_check: no CUDA device is visible (use --dry-run on a CPU machine)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
+        work = Path(tmp)
+        tests = Step("gpu_tests", [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                                   *gpu_test_files()])  # fmt: skip
+        tests.details["counts"] = pytest_counts(run_step(tests, budget, log, env, cap=150))
+        if mode == "gpu" and tests.details["counts"].get("skipped"):
+            tests.status = "failed"  # on a GPU no gpu-marked test may skip
+        stage = embedded_stage(mode, budget, log, env, work)
+        bench = benchmark(mode, budget, log, env, work)
+    summary["steps"] = [asdict(s) for s in (tests, stage, bench)]
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    summary["passed"] = all(s.status == "passed" for s in (tests, stage, bench))
+    (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (args.out / "gpu_check.md").write_text(markdown(summary))
+    print(markdown(summary))
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
