@@ -351,7 +351,7 @@ def test_evaluator_resizes_the_adapter_and_recomputes_the_dynamic_shift(flux: An
     assert s.shift == FluxAdapter(flux, resolution=32).scheduler_shift  # what FluxPipeline samples 32 px with
     assert rollout.latent_shape == (4, 8, 8)  # the rollout's adapter is left as it was
     adapter.encode_prompts([PROMPTS[0]])
-    assert PROMPTS[0] in rollout._cache  # one prompt cache for both sizes
+    assert PROMPTS[0] in rollout.prompt_cache and adapter.prompt_cache is rollout.prompt_cache  # one cache
     adapter, s = sampling(True)  # no evaluation resolution: the rollout's adapter and shift
     assert adapter is rollout and s.shift == rollout_shift
     assert sampling(False, resolution=32)[1].shift == 3.0  # a static rollout shift stays static
