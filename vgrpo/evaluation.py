@@ -199,8 +199,9 @@ class Evaluator:
 def build_evaluator(
     config: StageConfig, rows: list[dict[str, Any]] | None, root: Path, shift: float | None, dist: Distributed
 ) -> Evaluator | None:
-    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0)."""
-    if not rows or not dist.is_main:
+    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0, except
+    under FSDP: every rank takes part in the sharded policy's forward passes, so every rank evaluates)."""
+    if not rows or not (dist.is_main or config.distributed.strategy == "fsdp"):
         return None
     base = None
     if config.evaluation.base_pipeline is not None:

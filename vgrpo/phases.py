@@ -33,9 +33,10 @@ from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoint import load_lora_into, save_lora
 from vgrpo.config import StageConfig
-from vgrpo.distributed import Distributed
+from vgrpo.distributed import Distributed, is_sharded
 from vgrpo.ema import PolicyEMA, maybe_swapped_in
 from vgrpo.evaluation import Evaluator, build_evaluator
+from vgrpo.fsdp import export_pipeline, shard_transformer
 from vgrpo.guards import NonFiniteError
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
@@ -160,6 +161,11 @@ class StagePolicy:
     def transformer(self) -> nn.Module:
         return self.pipe.transformer
 
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP shards the transformer over the ranks (:mod:`vgrpo.fsdp`)."""
+        return is_sharded(next(self.transformer.parameters()))
+
     def snapshots(self) -> dict[str, ParameterSnapshot]:
         """Every weight copy a checkpoint saves besides the policy: the algorithm's, and the EMA."""
         ema = {} if self.ema is None else {PolicyEMA.SNAPSHOT_NAME: self.ema.snapshot}
@@ -169,12 +175,15 @@ class StagePolicy:
 def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
     from vgrpo.models.pipeline import build_adapter, load_pipeline
 
-    pipe = load_pipeline(pipeline_dir).to(dist.device)
+    pipe = load_pipeline(pipeline_dir)
+    if config.lora is None:
+        pipe.transformer.requires_grad_(True)
+        if config.distributed.strategy == "fsdp" and dist.world_size > 1:  # before .to: one block at a time moves
+            shard_transformer(pipe.transformer, dist)
+    pipe = pipe.to(dist.device)
     adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
     transformer = pipe.transformer
-    if config.lora is None:
-        transformer.requires_grad_(True)
-    else:
+    if config.lora is not None:
         with torch.random.fork_rng():  # LoRA A is drawn from the global RNG: seed it, or runs differ
             torch.manual_seed(derive_seed(config.seed, 2))
             add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha,
@@ -314,8 +323,11 @@ def evaluate_adapter(
 
 def export(stage: StagePolicy, config: StageConfig, out_dir: Path) -> Path:
     """Write the trained weights (the EMA when one is kept) to ``out_dir`` atomically (rank 0): the LoRA in
-    diffusers' format, or the whole pipeline after a full fine-tune."""
-    if stage.dist.is_main:
+    diffusers' format, or the whole pipeline after a full fine-tune (sharded: gathered on rank 0 from every rank)."""
+    if stage.sharded:
+        with maybe_swapped_in(stage.ema):
+            export_pipeline(stage.pipe, stage.dist, out_dir)
+    elif stage.dist.is_main:
         with maybe_swapped_in(stage.ema):
             if config.lora is not None:
                 save_lora(stage.transformer, out_dir)
