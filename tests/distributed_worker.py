@@ -157,8 +157,43 @@ def run_full_case(name: str, dist: Distributed) -> dict[str, Tensor]:
     return {f"{name}/{k}": v.contiguous() for k, v in out.items()}
 
 
+def run_stage_worker(argv: list[str]) -> None:
+    """``--stage PARAMS WORLD WORK OUT [KILL_AT]``: the stage in ``PARAMS`` on the tiny world's pipeline
+    (``WORLD/base``), rank 0 writing ``OUT.json`` (``resumed_from``, the evaluations). With ``KILL_AT = n`` every rank
+    SIGKILLs itself once it has written its shards of the n-th checkpoint, before rank 0 publishes it."""
+    import os
+    import signal
+    from pathlib import Path
+
+    import torch.distributed.checkpoint as dcp
+    import yaml
+
+    from vgrpo.config import StageConfig
+    from vgrpo.stage import run_stage
+
+    params, world, work, out, *kill = argv
+    if kill:
+        save, calls = dcp.save, [0]
+
+        def save_then_die(*args: Any, **kwargs: Any) -> Any:
+            result = save(*args, **kwargs)
+            calls[0] += 1
+            if calls[0] == int(kill[0]):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+
+        dcp.save = save_then_die
+    config = StageConfig.model_validate(yaml.safe_load(Path(params).read_text()))
+    result = run_stage(config, pipeline_dir=Path("base"), work_dir=Path(work), out_dir=Path(out), root=Path(world))
+    if Distributed.from_environment().is_main:
+        summary = {"resumed_from": result.resumed_from, "evaluations": result.evaluations}
+        Path(f"{out}.json").write_text(json.dumps(summary, default=str))
+
+
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
+    if argv[0] == "--stage":
+        return run_stage_worker(argv[1:])
     dist = Distributed.from_environment()
     tensors: dict[str, Tensor] = {}
     metrics: dict[str, dict[str, float]] = {}

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import shutil
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,15 @@ def _options() -> Any:
     return StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True)
 
 
+@contextmanager
+def _quiet_in_one_process(dist: Distributed) -> Iterator[None]:
+    """DCP warns on every call without a process group that it assumes one process: here that is the intent."""
+    with warnings.catch_warnings():
+        if dist.world_size == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -90,7 +102,9 @@ def save_sharded_state(
     tensors, scalars = _state_dicts(module, optimizer, snapshots)
     tmp = dist.broadcast_object(temporary_dir(path) if dist.is_main else None)
     try:
-        dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(tmp / SHARDS), save_distributed=True))
+        writer = dcp.HuggingFaceStorageWriter(str(tmp / SHARDS), save_distributed=True)
+        with _quiet_in_one_process(dist):
+            dcp.save(tensors, storage_writer=writer, no_dist=dist.world_size == 1)
         if dist.is_main:
             (tmp / "optimizer.json").write_text(json.dumps(scalars, sort_keys=True))
         dist.barrier()
@@ -104,8 +118,6 @@ def save_sharded_state(
         dist.barrier()
     except BaseException:
         if dist.is_main:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 
@@ -160,7 +172,8 @@ def load_sharded_state(
     bad_shape = [k for k, t in tensors.items() if tuple(getattr(stored[k], "size", ())) != tuple(t.shape)]
     if bad_shape:
         raise CheckpointError(f"{path}: tensor shapes do not match the model (e.g. {bad_shape[:3]})")
-    dcp.load(tensors, storage_reader=reader)  # in place, each rank reading the slices of its shards
+    with _quiet_in_one_process(dist):  # in place, each rank reading the slices of its shards
+        dcp.load(tensors, storage_reader=reader, no_dist=dist.world_size == 1)
     model: dict[str, Any] = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     optim: dict[str, Any] = {k.removeprefix("optim/"): v for k, v in tensors.items() if k.startswith("optim/")}
     optim |= {k: tuple(v) if isinstance(v, list) else v for k, v in scalars.items()}  # JSON has no tuples (betas)
