@@ -202,7 +202,7 @@ def test_a_corrupt_sharded_checkpoint_is_set_aside_and_an_older_one_resumed(tmp_
                            dist=Distributed())  # fmt: skip
     assert all(torch.equal(p, b) for p, b in zip(policy.parameters(), before, strict=True))  # untouched
     run = ResumableRun(tmp_path, "", None, keep=2, sharded=True)
-    run.owns = lambda checkpoint: True  # type: ignore[method-assign]
+    run.owns = lambda checkpoint: True
     with pytest.warns(UserWarning, match="resuming from an older checkpoint"):
         state = run.restore(module=policy, optimizer=optimizer, snapshots=snapshots, dist=Distributed())
     assert state == {"iteration": 1}
