@@ -17,7 +17,7 @@ from tests.algorithms.helpers import make_config, make_policy
 from tests.distributed_worker import FSDP_CASES, run_full_case
 from tests.test_distributed import PARAM_ATOL, _case, _launch_two_processes
 from tests.test_stage import _config
-from vgrpo.checkpoint import CheckpointError
+from vgrpo.checkpoint import Checkpointed, CheckpointError
 from vgrpo.distributed import Distributed
 from vgrpo.errors import ConfigError
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
@@ -145,7 +145,7 @@ def test_fsdp_stage_killed_after_writing_a_checkpoint_resumes_to_the_uninterrupt
 # --- sharded checkpoints in one process ----------------------------------------------------------------------------
 
 
-def _trained_state(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, dict[str, ParameterSnapshot]]:
+def _trained_state(seed: int) -> Checkpointed:
     """A full fine-tune of the tiny transformer one AdamW step in (from ``seed``'s input), with a snapshot."""
     config = make_config({"name": "diffusion_nft", "n_mc": 2}, lora=None, distributed={"strategy": "fsdp"})
     policy = make_policy(config)
@@ -156,14 +156,13 @@ def _trained_state(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, d
         2
     ).mean().backward()
     optimizer.step()
-    return policy, optimizer, snapshots
+    return Checkpointed(policy, optimizer, snapshots)
 
 
 def _save(path: Path, seed: int = 0) -> torch.nn.Module:
-    policy, optimizer, snapshots = _trained_state(seed)
-    save_sharded_state(path, module=policy, optimizer=optimizer, snapshots=snapshots, state={"iteration": seed},
-                       dist=Distributed())  # fmt: skip
-    return policy
+    live = _trained_state(seed)
+    save_sharded_state(path, live, {"iteration": seed}, Distributed())
+    return live.module
 
 
 def test_a_sharded_checkpoint_round_trips_and_loads_no_pickle(tmp_path, monkeypatch):
@@ -171,21 +170,19 @@ def test_a_sharded_checkpoint_round_trips_and_loads_no_pickle(tmp_path, monkeypa
     files = sorted(p.relative_to(tmp_path / "iter-1").as_posix() for p in (tmp_path / "iter-1").rglob("*"))
     assert files == ["manifest.json", "optimizer.json", "shards", "shards/shard-00001-model-00001-of-00001.safetensors",
                      "state.json"]  # fmt: skip
-    policy, optimizer, snapshots = _trained_state(seed=2)  # other weights, moments and snapshot
+    live = _trained_state(seed=2)  # other weights, moments and snapshot
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("unpickled")
 
     for owner, name in ((pickle, "load"), (pickle, "loads"), (torch, "load")):  # what DCP's pickled paths call
         monkeypatch.setattr(owner, name, refuse)
-    state = load_sharded_state(tmp_path / "iter-1", module=policy, optimizer=optimizer, snapshots=snapshots,
-                               dist=Distributed())  # fmt: skip
-    assert state == {"iteration": 1}
-    for (name, p), q in zip(policy.named_parameters(), saved.parameters(), strict=True):
+    assert load_sharded_state(tmp_path / "iter-1", live, Distributed()) == {"iteration": 1}
+    for (name, p), q in zip(live.module.named_parameters(), saved.parameters(), strict=True):
         assert torch.equal(p, q), name
-    expected = _trained_state(1)[2]["old"].values
-    assert all(torch.equal(v, e) for v, e in zip(snapshots["old"].values, expected, strict=True))
-    assert int(next(iter(optimizer.state.values()))["step"]) == 1
+    expected = _trained_state(1).snapshots["old"].values
+    assert all(torch.equal(v, e) for v, e in zip(live.snapshots["old"].values, expected, strict=True))
+    assert int(next(iter(live.optimizer.state.values()))["step"]) == 1
 
 
 def test_a_corrupt_sharded_checkpoint_is_set_aside_and_an_older_one_resumed(tmp_path):
@@ -195,15 +192,14 @@ def test_a_corrupt_sharded_checkpoint_is_set_aside_and_an_older_one_resumed(tmp_
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit in a weight: safetensors itself would load it
     shard.write_bytes(bytes(data))
-    policy, optimizer, snapshots = _trained_state(seed=3)
-    before = [p.detach().clone() for p in policy.parameters()]
+    live = _trained_state(seed=3)
+    before = [p.detach().clone() for p in live.module.parameters()]
     with pytest.raises(CheckpointError, match=r"iter-2: checksum mismatch in .*shard-00001"):
-        load_sharded_state(tmp_path / "iter-2", module=policy, optimizer=optimizer, snapshots=snapshots,
-                           dist=Distributed())  # fmt: skip
-    assert all(torch.equal(p, b) for p, b in zip(policy.parameters(), before, strict=True))  # untouched
+        load_sharded_state(tmp_path / "iter-2", live, Distributed())
+    assert all(torch.equal(p, b) for p, b in zip(live.module.parameters(), before, strict=True))  # untouched
     run = ResumableRun(tmp_path, "", None, keep=2, sharded=True)
     run.owns = lambda checkpoint: True
     with pytest.warns(UserWarning, match="resuming from an older checkpoint"):
-        state = run.restore(module=policy, optimizer=optimizer, snapshots=snapshots, dist=Distributed())
+        state = run.restore(live, Distributed())
     assert state == {"iteration": 1}
     assert (tmp_path / ".corrupt-iter-2").is_dir()

@@ -31,7 +31,7 @@ from torch import nn
 
 from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.atomic import atomic_dir
-from vgrpo.checkpoint import load_lora_into, save_lora
+from vgrpo.checkpoint import Checkpointed, load_lora_into, save_lora
 from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed, is_sharded
 from vgrpo.ema import PolicyEMA, maybe_swapped_in
@@ -170,6 +170,10 @@ class StagePolicy:
         """Every weight copy a checkpoint saves besides the policy: the algorithm's, and the EMA."""
         ema = {} if self.ema is None else {PolicyEMA.SNAPSHOT_NAME: self.ema.snapshot}
         return {**self.algorithm.snapshots(), **ema}
+
+    def checkpointed(self) -> Checkpointed:
+        """What a training checkpoint of the stage saves and restores."""
+        return Checkpointed(module=self.transformer, optimizer=self.optimizer, snapshots=self.snapshots())
 
 
 def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:

@@ -30,13 +30,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vgrpo.atomic import publish_dir, temporary_dir
-from vgrpo.checkpoint import CheckpointError
+from vgrpo.checkpoint import Checkpointed, CheckpointError
 from vgrpo.distributed import Distributed
-from vgrpo.policy import ParameterSnapshot
 
 __all__ = ["load_sharded_state", "save_sharded_state"]
 
@@ -44,17 +42,15 @@ SHARDS = "shards"
 FILES = ("optimizer.json", "manifest.json", "state.json")
 
 
-def _state_dicts(
-    module: nn.Module, optimizer: torch.optim.Optimizer, snapshots: Mapping[str, ParameterSnapshot]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def _state_dicts(live: Checkpointed) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every tensor a checkpoint holds by its key (the live ones: loading writes into them), and the optimizer's
     other values."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model, optim = get_state_dict(module, optimizer, options=_options())
+    model, optim = get_state_dict(live.module, live.optimizer, options=_options())
     tensors: dict[str, Any] = {f"model/{k}": v for k, v in model.items()}
     tensors |= {f"optim/{k}": v for k, v in optim.items() if isinstance(v, Tensor)}
-    tensors |= {f"snapshot/{name}/{i}": v for name, s in snapshots.items() for i, v in enumerate(s.values)}
+    tensors |= {f"snapshot/{name}/{i}": v for name, s in live.snapshots.items() for i, v in enumerate(s.values)}
     return tensors, {k: v for k, v in optim.items() if not isinstance(v, Tensor)}
 
 
@@ -87,19 +83,11 @@ def _my_files(root: Path, dist: Distributed) -> list[Path]:
     return files[dist.rank :: dist.world_size]
 
 
-def save_sharded_state(
-    path: Path,
-    *,
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    snapshots: Mapping[str, ParameterSnapshot],
-    state: Mapping[str, Any],
-    dist: Distributed,
-) -> None:
+def save_sharded_state(path: Path, live: Checkpointed, state: Mapping[str, Any], dist: Distributed) -> None:
     """Write a sharded checkpoint directory at ``path`` (module docstring). A collective: every rank calls it."""
     import torch.distributed.checkpoint as dcp
 
-    tensors, scalars = _state_dicts(module, optimizer, snapshots)
+    tensors, scalars = _state_dicts(live)
     tmp = dist.broadcast_object(temporary_dir(path) if dist.is_main else None)
     try:
         writer = dcp.HuggingFaceStorageWriter(str(tmp / SHARDS), save_distributed=True)
@@ -139,15 +127,8 @@ def _check(path: Path, dist: Distributed) -> str | None:
     return f"checksum mismatch in {bad}" if bad else None
 
 
-def load_sharded_state(
-    path: Path,
-    *,
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    snapshots: Mapping[str, ParameterSnapshot],
-    dist: Distributed,
-) -> dict[str, Any]:
-    """Restore a :func:`save_sharded_state` directory into ``module``, ``optimizer`` and ``snapshots`` (each rank its
+def load_sharded_state(path: Path, live: Checkpointed, dist: Distributed) -> dict[str, Any]:
+    """Restore a :func:`save_sharded_state` directory into ``live``'s module, optimizer and snapshots (each rank its
     shards); returns its ``state``. A collective: every rank calls it.
 
     Every file is checked against ``manifest.json`` (the ranks share the hashing) and the tensors' names and shapes
@@ -159,7 +140,7 @@ def load_sharded_state(
     problems = [p for p in dist.gather_object(problem) if p is not None]
     if problems:
         raise CheckpointError(f"{path}: {problems[0]}")
-    tensors, _ = _state_dicts(module, optimizer, snapshots)
+    tensors, _ = _state_dicts(live)
     reader = dcp.HuggingFaceStorageReader(str(path / SHARDS))
     try:
         stored = reader.read_metadata().state_dict_metadata
@@ -177,5 +158,5 @@ def load_sharded_state(
     model: dict[str, Any] = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     optim: dict[str, Any] = {k.removeprefix("optim/"): v for k, v in tensors.items() if k.startswith("optim/")}
     optim |= {k: tuple(v) if isinstance(v, list) else v for k, v in scalars.items()}  # JSON has no tuples (betas)
-    set_state_dict(module, optimizer, model_state_dict=model, optim_state_dict=optim, options=_options())
+    set_state_dict(live.module, live.optimizer, model_state_dict=model, optim_state_dict=optim, options=_options())
     return state

@@ -178,7 +178,7 @@ def run_stage(
     evaluator = build_evaluator(config, prompts.evaluation, root, stage.shift, dist)
     run = ResumableRun.for_stage(config, work_dir, init)
     result = StageResult(out_dir=out_dir, iterations=config.iterations)
-    resumed = run.restore(module=stage.transformer, optimizer=stage.optimizer, snapshots=stage.snapshots(), dist=dist)
+    resumed = run.restore(stage.checkpointed(), dist)
     if resumed is not None:
         result.history, result.evaluations = resumed["history"], resumed["evaluations"]
         result.skipped = resumed.get("skipped", [])
@@ -247,5 +247,4 @@ def run_stage(
 
 
 def _save(run: ResumableRun, iteration: int, state: dict[str, Any], stage: StagePolicy) -> Path:
-    return run.save(iteration, state, module=stage.transformer, optimizer=stage.optimizer, snapshots=stage.snapshots(),
-                    dist=stage.dist)  # fmt: skip
+    return run.save(iteration, state, stage.checkpointed(), stage.dist)
