@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_dir", "dir_size_mb", "write_json_atomic", "write_text_atomic"]
+__all__ = ["atomic_dir", "dir_size_mb", "publish_dir", "temporary_dir", "write_json_atomic", "write_text_atomic"]
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -39,19 +39,31 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
 
 def atomic_dir(final: Path, write: Callable[[Path], None]) -> None:
     """Write a directory via ``write(tmp)`` into a sibling temporary directory, then rename it over ``final``."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = temporary_dir(final)
     try:
         write(tmp)
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        publish_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def temporary_dir(final: Path) -> Path:
+    """A new, empty sibling of ``final`` to write it in (``.NAME.tmp-PID``), for :func:`publish_dir`. Processes that
+    write one directory together (a sharded checkpoint) share the one their first process made."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename the finished ``tmp`` over ``final`` (the old ``final``, if any, is moved aside first, then deleted)."""
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def dir_size_mb(path: Path) -> float:

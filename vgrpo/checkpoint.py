@@ -8,7 +8,8 @@ A training checkpoint is a directory written atomically (:func:`vgrpo.atomic.ato
 * ``snapshots.safetensors`` -- the algorithm's extra weight copies (:meth:`Algorithm.snapshots`);
 * ``state.json`` -- the iteration, history and anything else the caller keeps, written last.
 
-Nothing is unpickled when loading. LoRA exports (:func:`save_lora`) are what
+Nothing is unpickled when loading. Under FSDP every rank writes its own shards instead
+(:mod:`vgrpo.sharded_checkpoint`). LoRA exports (:func:`save_lora`) are what
 ``StableDiffusion3Pipeline.load_lora_weights(dir)`` (or ``FluxPipeline``'s, for a FLUX transformer) reads in a
 plain diffusers script.
 """
@@ -19,6 +20,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from vgrpo.policy import ParameterSnapshot
 
 __all__ = [
     "CheckpointError",
+    "Checkpointed",
     "canonicalize_safetensors_header",
     "checkpoints",
     "export_merged_pipeline",
@@ -56,16 +59,22 @@ def _trainable(module: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in module.named_parameters() if p.requires_grad}
 
 
-def save_training_state(
-    path: Path,
-    *,
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    snapshots: Mapping[str, ParameterSnapshot],
-    state: Mapping[str, Any],
-) -> None:
-    """Write a resumable checkpoint directory at ``path`` atomically (module docstring)."""
+@dataclass(frozen=True)
+class Checkpointed:
+    """What a training checkpoint saves and restores in place: the module's trainable parameters, the optimizer's
+    state and the snapshots (the algorithm's weight copies and the policy EMA)."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    snapshots: Mapping[str, ParameterSnapshot]
+
+
+def save_training_state(path: Path, live: Checkpointed, state: Mapping[str, Any]) -> None:
+    """Write a resumable checkpoint directory at ``path`` atomically (module docstring): ``live``'s tensors and
+    ``state``."""
     from safetensors.torch import save_file
+
+    module, optimizer, snapshots = live.module, live.optimizer, live.snapshots
 
     def write(tmp: Path) -> None:
         save_file(
@@ -96,21 +105,16 @@ def _read(path: Path, name: str, reader: Callable[[Path], Any]) -> Any:
         raise CheckpointError(f"{path / name}: unreadable ({type(exc).__name__}: {exc})") from exc
 
 
-def load_training_state(
-    path: Path,
-    *,
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    snapshots: Mapping[str, ParameterSnapshot],
-) -> dict[str, Any]:
-    """Restore a :func:`save_training_state` directory into ``module``, ``optimizer`` and ``snapshots``;
-    returns its ``state``.
+def load_training_state(path: Path, live: Checkpointed) -> dict[str, Any]:
+    """Restore a :func:`save_training_state` directory into ``live``'s module, optimizer and snapshots; returns its
+    ``state``.
 
     Every file is read and checked against the model before anything is changed, so a corrupt checkpoint
     raises :class:`CheckpointError` (naming the file) and leaves the model, optimizer and snapshots as they were.
     """
     from safetensors.torch import load_file
 
+    module, optimizer, snapshots = live.module, live.optimizer, live.snapshots
     names = ("trainable.safetensors", "optimizer.safetensors", "optimizer.json", "snapshots.safetensors", "state.json")
     missing = [n for n in names if not (path / n).is_file()]
     if missing:

@@ -29,7 +29,7 @@ from vgrpo.algorithms.config import (
     VGRPOConfig,
 )
 from vgrpo.config_base import FrozenConfig
-from vgrpo.distributed import samples_per_process
+from vgrpo.distributed import DistributedConfig, samples_per_process
 from vgrpo.ema import EMAConfig
 from vgrpo.errors import ConfigError
 from vgrpo.evaluation_config import EvaluationConfig
@@ -63,10 +63,13 @@ class TrainConfig(FrozenConfig):
     lora: LoraConfig | None = LoraConfig()
     precision: PrecisionConfig = PrecisionConfig()
     ema: EMAConfig = EMAConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> TrainConfig:
         algo, rollout = self.algorithm, self.rollout
+        if self.distributed.strategy == "fsdp" and self.lora is not None:
+            raise ValueError("distributed.strategy=fsdp shards a full fine-tune: set lora: null (or strategy: ddp)")
         num_samples = rollout.prompts_per_iteration * rollout.group_size
         if num_samples % self.optim.minibatches:
             raise ValueError(

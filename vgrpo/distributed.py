@@ -11,6 +11,11 @@ of the prompt-major global batch. What must agree across ranks does:
   batch (a group never straddles ranks, but ``std_scope: global`` needs every group);
 - gradients are averaged over ranks before clipping, once per optimizer step (:meth:`average_gradients`).
 
+That is ``distributed.strategy: ddp`` (:class:`DistributedConfig`). Under ``fsdp`` torch's FSDP2 shards the
+transformer instead (:mod:`vgrpo.fsdp`): its parameters are DTensors, each rank holding a shard, and FSDP averages
+their gradients itself (a reduce-scatter in the backward), so :meth:`average_gradients` and
+:meth:`broadcast_parameters` leave sharded parameters (:func:`is_sharded`) alone.
+
 ``Distributed()`` is one process: every operation is the identity and no process group is touched, so a
 single-process run is bit-identical to code that never heard of ranks.
 """
@@ -18,19 +23,42 @@ single-process run is bit-identical to code that never heard of ranks.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
+from vgrpo.config_base import FrozenConfig
 from vgrpo.seeding import derive_seed
 
-__all__ = ["Distributed", "samples_per_process"]
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+__all__ = ["Distributed", "DistributedConfig", "is_sharded", "samples_per_process"]
 
 # Gradients are averaged in flat buckets of this many elements: one collective per bucket instead of one per
 # tensor (a LoRA has hundreds of small ones), without a second full copy of a fully fine-tuned model's gradients.
 _BUCKET_NUMEL = 2**25
+
+
+class DistributedConfig(FrozenConfig):
+    """``distributed:`` in a stage's params: how the processes ``accelerate launch`` starts share the model."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model and gradients are averaged once per optimizer step; "
+        "fsdp: torch FSDP2 (fully_shard) shards the transformer's parameters, gradients and optimizer state over "
+        "the ranks, for full fine-tuning (lora: null) of a model one GPU cannot hold (vgrpo.fsdp).",
+    )
+
+
+def is_sharded(tensor: Tensor) -> TypeGuard[DTensor]:
+    """Whether ``tensor`` is a DTensor (a parameter FSDP shards: each rank holds its own part of it)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # never imported: no tensor can be one (import costs ~1 s)
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
 def samples_per_process(prompts_per_iteration: int, group_size: int, minibatches: int, world_size: int) -> int:
@@ -156,12 +184,14 @@ class Distributed:
         return parts
 
     def broadcast_parameters(self, params: Sequence[nn.Parameter], src: int = 0) -> None:
-        """Copy rank ``src``'s values into ``params`` on every rank (what DDP does when it wraps a model)."""
+        """Copy rank ``src``'s values into ``params`` on every rank (what DDP does when it wraps a model); sharded
+        parameters are left alone (each rank's shard is its own part, cut from the same weights)."""
         if self.world_size == 1:
             return
         with torch.no_grad():
             for p in params:
-                p.copy_(self.broadcast(p.detach(), src))
+                if not is_sharded(p):
+                    p.copy_(self.broadcast(p.detach(), src))
 
     def average_gradients(self, params: Sequence[nn.Parameter]) -> None:
         """Replace every ``.grad`` by its mean over ranks, in place.
@@ -174,9 +204,11 @@ class Distributed:
         Each rank's loss is a mean over its own samples and every rank holds the same number, so the mean of
         the ranks' gradients is the gradient of the whole batch's mean loss. A parameter without a gradient
         on every rank keeps ``None`` (the optimizer skips it, as it would in one process); one with a gradient
-        on some ranks only counts zeros for the others.
+        on some ranks only counts zeros for the others. Sharded parameters are skipped: FSDP's backward already
+        reduce-scattered their gradients (averaged over ranks) into each rank's shard.
         """
-        if self.world_size == 1:
+        params = [p for p in params if not is_sharded(p)]
+        if self.world_size == 1 or not params:
             return
         has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.device)
         torch.distributed.all_reduce(has_grad, op=torch.distributed.ReduceOp.MAX)

@@ -20,6 +20,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from vgrpo.config_base import FrozenConfig
+from vgrpo.distributed import is_sharded
 from vgrpo.errors import ConfigError
 
 __all__ = ["AdamWConfig", "LearningRate", "OptimConfig", "WeightDecay", "build_adamw", "clip_gradients"]
@@ -98,4 +99,9 @@ def clip_gradients(params: Iterable[Tensor], config: AdamWConfig) -> Tensor:
     """Scale the gradients of ``params`` to a global norm of at most ``config.max_grad_norm`` (none when it is
     None); returns the norm before clipping."""
     max_norm = config.max_grad_norm if config.max_grad_norm is not None else float("inf")
-    return nn.utils.clip_grad_norm_(params, max_norm)
+    params = list(params)
+    total = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])  # what clip_grad_norm_ runs
+    if is_sharded(total):  # FSDP: each rank's norm covers its shards; reduce to the whole gradient's
+        total = total.full_tensor()
+    nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total

@@ -31,11 +31,12 @@ from torch import nn
 
 from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.atomic import atomic_dir
-from vgrpo.checkpoint import load_lora_into, save_lora
+from vgrpo.checkpoint import Checkpointed, load_lora_into, save_lora
 from vgrpo.config import StageConfig
-from vgrpo.distributed import Distributed
+from vgrpo.distributed import Distributed, is_sharded
 from vgrpo.ema import PolicyEMA, maybe_swapped_in
 from vgrpo.evaluation import Evaluator, build_evaluator
+from vgrpo.fsdp import export_pipeline, shard_transformer
 from vgrpo.guards import NonFiniteError
 from vgrpo.models import add_lora
 from vgrpo.models.precision import apply_precision
@@ -160,21 +161,34 @@ class StagePolicy:
     def transformer(self) -> nn.Module:
         return self.pipe.transformer
 
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP shards the transformer over the ranks (:mod:`vgrpo.fsdp`)."""
+        return is_sharded(next(self.transformer.parameters()))
+
     def snapshots(self) -> dict[str, ParameterSnapshot]:
         """Every weight copy a checkpoint saves besides the policy: the algorithm's, and the EMA."""
         ema = {} if self.ema is None else {PolicyEMA.SNAPSHOT_NAME: self.ema.snapshot}
         return {**self.algorithm.snapshots(), **ema}
 
+    def checkpointed(self) -> Checkpointed:
+        """What a training checkpoint of the stage saves and restores."""
+        return Checkpointed(module=self.transformer, optimizer=self.optimizer, snapshots=self.snapshots())
+
 
 def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
-    from vgrpo.models.pipeline import build_adapter, load_pipeline_on
+    from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
+    from vgrpo.models.precision import frozen_dtype
 
-    pipe = load_pipeline_on(pipeline_dir, dist.device, config.precision)
+    pipe = load_pipeline(pipeline_dir, frozen_dtype=frozen_dtype(config.precision.frozen_dtype, dist.device))
+    if config.lora is None:
+        pipe.transformer.requires_grad_(True)
+        if config.distributed.strategy == "fsdp" and dist.world_size > 1:  # before moving: one block at a time moves
+            shard_transformer(pipe.transformer, dist)
+    pipe = place_pipeline(pipe, dist.device, text_encoders=config.precision.text_encoders)
     adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution, precision=config.precision)
     transformer = pipe.transformer
-    if config.lora is None:
-        transformer.requires_grad_(True)
-    else:
+    if config.lora is not None:
         with torch.random.fork_rng():  # LoRA A is drawn from the global RNG: seed it, or runs differ
             torch.manual_seed(derive_seed(config.seed, 2))
             add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha,
@@ -316,8 +330,11 @@ def evaluate_adapter(
 
 def export(stage: StagePolicy, config: StageConfig, out_dir: Path) -> Path:
     """Write the trained weights (the EMA when one is kept) to ``out_dir`` atomically (rank 0): the LoRA in
-    diffusers' format, or the whole pipeline after a full fine-tune."""
-    if stage.dist.is_main:
+    diffusers' format, or the whole pipeline after a full fine-tune (sharded: gathered on rank 0 from every rank)."""
+    if stage.sharded:
+        with maybe_swapped_in(stage.ema):
+            export_pipeline(stage.pipe, stage.dist, out_dir)
+    elif stage.dist.is_main:
         with maybe_swapped_in(stage.ema):
             if config.lora is not None:
                 save_lora(stage.transformer, out_dir)

@@ -7,7 +7,8 @@ transformers live in :mod:`vgrpo.models`.
 
 Other copies of the weights an algorithm needs (Flow-GRPO's frozen reference, DiffusionNFT's
 "old" EMA policy) are :class:`ParameterSnapshot` s of the trainable parameters swapped in place,
-so that LoRA and full fine-tuning share one mechanism and a LoRA snapshot costs only the adapter.
+so that LoRA and full fine-tuning share one mechanism and a LoRA snapshot costs only the adapter. Under FSDP
+(:mod:`vgrpo.fsdp`) the parameters are DTensors and a snapshot holds each rank's shards only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
+
+from vgrpo.distributed import is_sharded
 
 __all__ = ["Conditioning", "ParameterSnapshot", "VelocityModel", "trainable_parameters"]
 
@@ -80,6 +83,12 @@ class ParameterSnapshot:
 
     Used for the frozen reference policy (Flow-GRPO's KL) and the EMA "old" policy (DiffusionNFT).
     Swapping exchanges storage, so it is O(1) and leaves the optimizer's parameter objects intact.
+
+    A sharded (FSDP) parameter's snapshot is a DTensor of the same sharding: this rank's shard. FSDP all-gathers a
+    parameter from the storage its shard had when it was sharded, which a ``.data`` swap would leave behind, so
+    sharded values are exchanged in place instead, one shard's worth of scratch memory at a time. That is right
+    whenever the parameters are in their shards, which :func:`vgrpo.fsdp.shard_transformer` keeps true between
+    forward passes (it reshards after every forward, the root included).
     """
 
     def __init__(self, params: Sequence[nn.Parameter]):
@@ -98,7 +107,12 @@ class ParameterSnapshot:
     @torch.no_grad()
     def _swap(self) -> None:
         for i, p in enumerate(self.params):
-            p.data, self.values[i] = self.values[i], p.data
+            if is_sharded(p):
+                live = p.detach().clone()
+                p.copy_(self.values[i])
+                self.values[i].copy_(live)
+            else:
+                p.data, self.values[i] = self.values[i], p.data
 
     @torch.no_grad()
     def ema_update(self, decay: float) -> None:

@@ -3,7 +3,8 @@
 A run is identified by its training fingerprint (:func:`training_hash`: every param that decides the steps,
 not the evaluation settings) and the content hash of its starting adapter (a previous stage re-run with other
 params rewrites its adapter at the same path). Sharded over processes, rank 0 picks the checkpoint and every
-rank loads the same one.
+rank loads the same one. Under ``distributed.strategy: fsdp`` the checkpoints are sharded
+(:mod:`vgrpo.sharded_checkpoint`): every rank writes and reads its own shards.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 from vgrpo.checkpoint import (
     LORA_FILE,
+    Checkpointed,
     CheckpointError,
     checkpoints,
     load_training_state,
@@ -28,7 +27,7 @@ from vgrpo.checkpoint import (
 )
 from vgrpo.config import StageConfig
 from vgrpo.distributed import Distributed
-from vgrpo.policy import ParameterSnapshot
+from vgrpo.sharded_checkpoint import load_sharded_state, save_sharded_state
 
 __all__ = ["EVALUATION_FIELDS", "ResumableRun", "adapter_hash", "training_hash"]
 
@@ -52,15 +51,18 @@ def training_hash(config: StageConfig) -> str:
 
 class ResumableRun:
     """The checkpoints of one run under ``root``: ``iter-N`` directories whose ``state.json`` carries the run's
-    fingerprint and starting adapter hash; others (other params) are left alone."""
+    fingerprint and starting adapter hash; others (other params) are left alone. ``sharded``: every rank writes
+    and reads its shards (:mod:`vgrpo.sharded_checkpoint`), else rank 0 writes whole tensors."""
 
-    def __init__(self, root: Path, fingerprint: str, init_hash: str | None, keep: int):
+    def __init__(self, root: Path, fingerprint: str, init_hash: str | None, keep: int, *, sharded: bool = False):
         self.root, self.fingerprint, self.init_hash, self.keep = root, fingerprint, init_hash, keep
+        self.sharded = sharded
 
     @classmethod
     def for_stage(cls, config: StageConfig, work_dir: Path, init_lora: Path | None) -> ResumableRun:
         init_hash = adapter_hash(init_lora) if init_lora is not None else None
-        return cls(work_dir / "checkpoints", training_hash(config), init_hash, config.keep_checkpoints)
+        return cls(work_dir / "checkpoints", training_hash(config), init_hash, config.keep_checkpoints,
+                   sharded=config.distributed.strategy == "fsdp")  # fmt: skip
 
     def owns(self, checkpoint: Path) -> bool:
         try:
@@ -81,22 +83,25 @@ class ResumableRun:
         except (OSError, ValueError):
             return None
 
-    def restore(
-        self,
-        *,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        snapshots: dict[str, ParameterSnapshot],
-        dist: Distributed,
-    ) -> dict[str, Any] | None:
+    def restore(self, live: Checkpointed, dist: Distributed) -> dict[str, Any] | None:
         """Load the newest checkpoint of this run that loads whole (rank 0 chooses, setting corrupt ones aside;
         the other ranks load what it chose); returns its state, or ``None`` to start from iteration 0."""
+        if self.sharded:  # every rank loads its shards, trying the checkpoints rank 0 lists in turn
+            listed = [c for c in checkpoints(self.root) if self.owns(c)] if dist.is_main else None
+            for candidate in dist.broadcast_object(listed):
+                try:
+                    return load_sharded_state(candidate, live, dist)
+                except CheckpointError as exc:  # raised on every rank alike
+                    if dist.is_main:
+                        moved = quarantine(candidate)
+                        warnings.warn(f"{exc}; moved to {moved.name}, resuming from an older checkpoint", stacklevel=2)
+                    dist.barrier()
+            return None
         found: tuple[Path, dict[str, Any]] | None = None
         if dist.is_main:
             for candidate in (c for c in checkpoints(self.root) if self.owns(c)):
                 try:
-                    found = candidate, load_training_state(candidate, module=module, optimizer=optimizer,
-                                                           snapshots=snapshots)  # fmt: skip
+                    found = candidate, load_training_state(candidate, live)
                     break
                 except CheckpointError as exc:
                     moved = quarantine(candidate)
@@ -106,20 +111,19 @@ class ResumableRun:
             return None
         if found is not None:
             return found[1]
-        return load_training_state(path, module=module, optimizer=optimizer, snapshots=snapshots)
+        return load_training_state(path, live)
 
-    def save(
-        self,
-        iteration: int,
-        state: dict[str, Any],
-        *,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        snapshots: dict[str, ParameterSnapshot],
-    ) -> Path:
-        """Write ``iter-<iteration>`` (atomically, stamped with this run's identity) and prune older ones."""
+    def save(self, iteration: int, state: dict[str, Any], live: Checkpointed, dist: Distributed | None = None) -> Path:
+        """Write ``iter-<iteration>`` (atomically, stamped with this run's identity) and prune older ones. Sharded,
+        every rank of ``dist`` calls it (and rank 0 prunes); else rank 0 alone."""
         path = self.root / f"iter-{iteration}"
         stamped = {**state, "iteration": iteration, "config_hash": self.fingerprint, "init_lora_hash": self.init_hash}
-        save_training_state(path, module=module, optimizer=optimizer, snapshots=snapshots, state=stamped)
+        if self.sharded:
+            dist = dist if dist is not None else Distributed()
+            save_sharded_state(path, live, stamped, dist)
+            if not dist.is_main:
+                return path
+        else:
+            save_training_state(path, live, stamped)
         prune_checkpoints(self.root, self.keep, same_run=self.owns)
         return path

@@ -180,7 +180,7 @@ def run_stage(
     evaluator = build_evaluator(config, prompts.evaluation, root, stage.shift, dist)
     run = ResumableRun.for_stage(config, work_dir, init)
     result = StageResult(out_dir=out_dir, iterations=config.iterations)
-    resumed = run.restore(module=stage.transformer, optimizer=stage.optimizer, snapshots=stage.snapshots(), dist=dist)
+    resumed = run.restore(stage.checkpointed(), dist)
     if resumed is not None:
         result.history, result.evaluations = resumed["history"], resumed["evaluations"]
         result.skipped = resumed.get("skipped", [])
@@ -193,7 +193,8 @@ def run_stage(
             return
         table, images = phases("evaluate", iteration, evaluate, stage, evaluator, iteration)
         result.evaluations.append(table)
-        report.on_evaluate(table, images, iteration)
+        if dist.is_main:  # sharded, every rank evaluates (vgrpo.evaluation.build_evaluator)
+            report.on_evaluate(table, images, iteration)
 
     if result.resumed_from == 0 and config.eval_every and config.eval_at_start:
         run_evaluation(0)
@@ -232,12 +233,13 @@ def run_stage(
         if config.eval_every and done % config.eval_every == 0 and done < config.iterations:
             run_evaluation(done)
         if done % config.checkpoint_every == 0 or done == config.iterations:
-            if dist.is_main:
+            if dist.is_main or run.sharded:  # every rank writes its shards of a sharded checkpoint
                 state = {"init_lora": str(init_lora), "history": result.history, "evaluations": result.evaluations,
                          "skipped": result.skipped, "consecutive_skips": consecutive_skips,
                          "run": dict(run_state or {})}  # fmt: skip
                 path = phases("checkpoint", done, _save, run, done, state, stage)
-                report.on_checkpoint(path, done)
+                if dist.is_main:
+                    report.on_checkpoint(path, done)
             dist.barrier()  # the checkpoint is whole before any rank goes on
     phases("export", None, export, stage, config, out_dir)
     ended = result.evaluations and result.evaluations[-1].get("iteration") == config.iterations
@@ -247,4 +249,4 @@ def run_stage(
 
 
 def _save(run: ResumableRun, iteration: int, state: dict[str, Any], stage: StagePolicy) -> Path:
-    return run.save(iteration, state, module=stage.transformer, optimizer=stage.optimizer, snapshots=stage.snapshots())
+    return run.save(iteration, state, stage.checkpointed(), stage.dist)
