@@ -2,7 +2,7 @@
 ``prefect deployment run vgrpo/<name>`` runs them:
 
 * ``embedded-curriculum`` -- the five-stage curriculum on the embedded default (runs on a CPU);
-* ``sd35-curriculum`` -- the paper's SD3.5-Medium curriculum (set the weight paths in ``params/models/sd35.yaml``);
+* ``sd35-curriculum`` -- the paper's SD3.5-Medium curriculum (weights under ``$VGRPO_MODELS``, docs/real-models.md);
 * ``flux-multireward`` -- the paper's FLUX.1-dev multi-reward run (``params/curricula/flux.yaml``; needs the FLUX
   adapter of the next issue);
 * ``ablation-sweep`` -- the embedded GenEval stage once per file of ``params/ablations/`` (the paper's ablation
