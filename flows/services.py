@@ -3,13 +3,12 @@
 The scripts use Prefect's own ``prefect server start --background`` / ``status --wait`` / ``stop``
 (``scripts/curriculum.sh``). MLflow needs no server: clients log to ``MLFLOW_TRACKING_URI=sqlite:////ABS/mlflow.db``
 and ``mlflow ui`` only browses (``scripts/ui.sh``). :func:`local_services` runs the server in its own session, so
-that :func:`stop_group` (SIGTERM to the process group, then SIGKILL) leaves nothing behind.
+that :func:`tasks.process_group.stop_group` (SIGTERM to the process group, then SIGKILL) leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,9 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-__all__ = ["LocalServices", "ServiceError", "local_services", "process_group_members", "service_env", "stop_group"]
+from tasks.process_group import stop_group
+
+__all__ = ["LocalServices", "ServiceError", "local_services", "service_env"]
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120.0
@@ -31,7 +31,7 @@ _QUIET_ENV = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_N
 
 
 class ServiceError(RuntimeError):
-    """The server did not answer its health check, or a process group survived SIGKILL."""
+    """The server did not answer its health check."""
 
 
 @dataclass(frozen=True)
@@ -88,39 +88,7 @@ def local_services(root: Path, timeout: float = START_TIMEOUT_S) -> Iterator[Loc
             time.sleep(0.25)
         yield LocalServices(service_env(url, f"sqlite:///{store / 'mlflow.db'}", home), proc.pid, log)
     finally:
-        stop_group(proc)
-
-
-def stop_group(proc: subprocess.Popen[Any], timeout: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM the process group led by ``proc`` (started with ``start_new_session=True``), wait up to ``timeout``
-    seconds, then SIGKILL it; raise :class:`ServiceError` if anything survives."""
-    for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        proc.poll()  # reap the leader so that it does not count as a member
-        if not process_group_members(proc.pid):
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and (proc.poll() is None or process_group_members(proc.pid)):
-            time.sleep(0.1)
-    if process_group_members(proc.pid):
-        raise ServiceError(f"process group {proc.pid} survived SIGKILL: {process_group_members(proc.pid)}")
-
-
-def process_group_members(pgid: int) -> list[int]:
-    """Pids of the live (non-zombie) processes in process group ``pgid``, read from ``/proc``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "(comm)": state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+        stop_group(proc, STOP_TIMEOUT_S)
 
 
 def _healthy(url: str) -> bool:

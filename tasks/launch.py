@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.process_group import stop_group
 from vgrpo.errors import ConfigError, UserError
 from vgrpo.guards import TrainingDiverged
 
@@ -94,24 +94,10 @@ def run_streaming(cmd: Sequence[str], log: Callable[[str], None], env: dict[str,
                 log(line.rstrip("\n"))
         return proc.wait()
     except BaseException:
-        stop_group(proc)
+        stop_group(proc, STOP_GRACE_S)
         raise
     finally:
         proc.stdout.close()
-
-
-def stop_group(proc: subprocess.Popen[str], grace_s: float = STOP_GRACE_S) -> None:
-    """Stop ``proc``'s process group: SIGTERM (torchrun passes it to its workers), then SIGKILL after ``grace_s``."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break  # the group is gone
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def read_result(path: Path) -> dict[str, Any] | None:

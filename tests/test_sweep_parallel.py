@@ -16,7 +16,8 @@ import yaml
 pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 
-from flows.services import local_services, stop_group
+from flows.services import local_services
+from tasks.process_group import stop_group
 
 from .tiny_world import TINY_MODEL_PARAMS, WORLD_PICK, write_tiny_world
 
