@@ -186,21 +186,20 @@ def checkpoint_estimate(config: StageConfig, pipeline: Path) -> tuple[int, str] 
 
 
 def _launch_problems(config: StageConfig, world_size: int | None) -> list[str]:
-    """The processes (``world_size``, else the params' ``launch.processes``, else 1) against the batch and, when CUDA
-    is in use, the devices this machine shows."""
+    """The processes (``world_size``, else the params' ``launch.processes``) against the batch and, when CUDA is in
+    use, the devices this machine shows."""
     import torch
 
     from vgrpo.distributed import samples_per_process
 
-    launch = getattr(config, "launch", None)
-    processes = world_size or int(getattr(launch, "processes", 1) or 1)
+    processes = world_size or config.launch.processes
     out = []
     try:
         samples_per_process(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
                             processes)  # fmt: skip
     except ValueError as exc:
         out.append(str(exc))
-    per_machine = math.ceil(processes / int(getattr(launch, "machines", 1) or 1))
+    per_machine = math.ceil(processes / config.launch.machines)
     if torch.cuda.is_available() and per_machine > torch.cuda.device_count():
         out.append(f"{per_machine} processes per machine, but {torch.cuda.device_count()} CUDA devices are visible "
                    "(CUDA_VISIBLE_DEVICES): one process per device")  # fmt: skip
