@@ -13,7 +13,7 @@ import torch
 from vgrpo.config import StageConfig
 from vgrpo.errors import ConfigError
 from vgrpo.models.config import PrecisionConfig
-from vgrpo.models.pipeline import build_adapter, load_pipeline, load_pipeline_on, place_pipeline
+from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
 from vgrpo.models.precision import frozen_dtype
 from vgrpo.models.prompt_cache import PromptEmbeddingCache, entry_bytes
 from vgrpo.stage import run_stage
@@ -26,6 +26,12 @@ PROMPTS = [f"a photo of {n} {c} circles" for n in ("two", "three", "four") for c
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_world(tmp_path_factory.mktemp("world"))
+
+
+def _load_on(path: Path, device: str, precision: PrecisionConfig) -> Any:
+    """As a stage loads its pipeline (``vgrpo.phases``): frozen parts in ``precision.frozen_dtype``, then placed."""
+    pipe = load_pipeline(path, frozen_dtype=frozen_dtype(precision.frozen_dtype, device))
+    return place_pipeline(pipe, device, text_encoders=precision.text_encoders)
 
 
 def _entry(fill: float, tokens: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,9 +81,9 @@ def test_adapter_cache_is_bounded_holds_cpu_tensors_and_matches_uncached_encodin
 def test_frozen_components_load_in_their_own_dtype_and_the_transformer_stays_float32(world: Path) -> None:
     assert frozen_dtype("auto", "cuda") == torch.bfloat16 and frozen_dtype("auto", "cpu") == torch.float32
     assert frozen_dtype("fp16", "cpu") == torch.float16
-    pipe = load_pipeline_on(world / "base", "cpu", PrecisionConfig())  # auto on the CPU: float32, as before
+    pipe = _load_on(world / "base", "cpu", PrecisionConfig())  # auto on the CPU: float32, as before
     assert {m.dtype for m in (pipe.text_encoder, pipe.text_encoder_2, pipe.vae, pipe.transformer)} == {torch.float32}
-    pipe = load_pipeline_on(world / "base", "cpu", PrecisionConfig(frozen_dtype="bf16"))
+    pipe = _load_on(world / "base", "cpu", PrecisionConfig(frozen_dtype="bf16"))
     assert pipe.text_encoder.dtype == pipe.text_encoder_2.dtype == pipe.vae.dtype == torch.bfloat16
     assert pipe.transformer.dtype == torch.float32
     adapter, policy = build_adapter(pipe)
@@ -147,7 +153,7 @@ def test_a_stage_that_drops_its_text_encoders_trains_the_same_adapter(world: Pat
 
 @pytest.mark.gpu
 def test_on_cuda_frozen_components_are_bf16_and_the_cache_stays_on_the_cpu(world: Path) -> None:
-    pipe = load_pipeline_on(world / "base", "cuda", PrecisionConfig())
+    pipe = _load_on(world / "base", "cuda", PrecisionConfig())
     assert pipe.text_encoder.dtype == pipe.vae.dtype == torch.bfloat16 and pipe.transformer.dtype == torch.float32
     adapter, policy = build_adapter(pipe)
     cond = adapter.encode_prompts(PROMPTS)
@@ -156,7 +162,7 @@ def test_on_cuda_frozen_components_are_bf16_and_the_cache_stays_on_the_cpu(world
     noise = torch.randn(len(PROMPTS), *adapter.latent_shape, device="cuda")
     with torch.no_grad():
         assert bool(torch.isfinite(policy(noise, torch.full((len(PROMPTS),), 0.5, device="cuda"), cond)).all())
-    on_cpu = load_pipeline_on(world / "base", "cuda", PrecisionConfig(text_encoders="cpu"))
+    on_cpu = _load_on(world / "base", "cuda", PrecisionConfig(text_encoders="cpu"))
     adapter, _ = build_adapter(on_cpu)
     assert adapter.text_encoder_device.type == "cpu" and adapter.device.type == "cuda"
     assert adapter.encode_prompts(PROMPTS[:2]).prompt_embeds.device.type == "cuda"

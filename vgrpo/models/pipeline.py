@@ -20,14 +20,12 @@ from vgrpo.errors import UserError
 from vgrpo.models.adapter import PipelineAdapter
 from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.flux import FluxAdapter, FluxVelocity
-from vgrpo.models.precision import frozen_dtype
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
 
 __all__ = [
     "PipelineError",
     "build_adapter",
     "load_pipeline",
-    "load_pipeline_on",
     "load_sd3_pipeline",
     "place_pipeline",
 ]
@@ -140,13 +138,6 @@ def place_pipeline(pipe: Any, device: torch.device | str, *, text_encoders: str 
         if isinstance(module, nn.Module):
             module.to("cpu" if text_encoders == "cpu" and name.startswith("text_encoder") else device)
     return pipe
-
-
-def load_pipeline_on(path: str | Path, device: torch.device | str, precision: PrecisionConfig) -> Any:
-    """:func:`load_pipeline` with the frozen components in ``precision.frozen_dtype`` (resolved for ``device``),
-    placed by :func:`place_pipeline` as ``precision.text_encoders`` says: what a stage trains and evaluates."""
-    pipe = load_pipeline(path, frozen_dtype=frozen_dtype(precision.frozen_dtype, device))
-    return place_pipeline(pipe, device, text_encoders=precision.text_encoders)
 
 
 def build_adapter(
