@@ -65,7 +65,8 @@ def _reward_set(config: StageConfig, rewards: Mapping[str, RewardLike]) -> tuple
             spec = RewardConfig(name=name, key=key, weight=term.weight, offset=term.offset, scale=term.scale)
         except ValidationError as exc:
             raise ConfigError(f"rewards[{key!r}]: {exc.errors()[0]['msg']}") from exc
-        terms[key], specs = term, [*specs, spec]
+        terms[key] = term
+        specs.append(spec)
     try:
         return StageConfig.model_validate({**config.model_dump(), "rewards": specs}), MultiReward(terms)
     except ValidationError as exc:
