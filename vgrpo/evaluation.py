@@ -17,7 +17,6 @@ FLUX's shift depends on the image's token count, so the evaluation's is recomput
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -192,23 +191,19 @@ def evaluate(
 
 
 def resized_adapter(adapter: Any, resolution: int | None) -> Any:
-    """``adapter`` (:class:`vgrpo.models.adapter.PipelineAdapter`) at another image side, sharing its pipeline and
-    its prompt cache; ``adapter`` itself when ``resolution`` is None or its own.
+    """``adapter`` (:class:`vgrpo.models.adapter.PipelineAdapter`) at the evaluation's image side, sharing its
+    pipeline and its prompt cache (:meth:`~vgrpo.models.adapter.PipelineAdapter.resized`); ``adapter`` itself when
+    ``resolution`` is None or its own.
 
     Raises:
-        ValueError: ``resolution`` is not a multiple of the VAE factor times the patch size.
+        ValueError: naming ``evaluation.resolution`` when it is not a multiple of the VAE factor times the patch size.
     """
     if resolution is None or resolution == adapter.resolution:
         return adapter
-    step = int(adapter.pipe.vae_scale_factor) * adapter.patch_size
-    if resolution <= 0 or resolution % step:
-        raise ValueError(
-            f"evaluation.resolution {resolution} px is not a positive multiple of {step} (the VAE's "
-            f"{adapter.pipe.vae_scale_factor}x downsampling times the {adapter.patch_size}x patches)"
-        )
-    resized = copy.copy(adapter)  # shallow: the same pipeline, text encoders and prompt cache
-    resized.resolution = int(resolution)
-    return resized
+    try:
+        return adapter.resized(resolution)
+    except ValueError as exc:
+        raise ValueError(f"evaluation.{exc}") from exc
 
 
 def sampling_shift(

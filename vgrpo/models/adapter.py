@@ -8,6 +8,7 @@ pipeline.
 
 from __future__ import annotations
 
+import copy
 import gc
 import math
 from abc import ABC, abstractmethod
@@ -61,14 +62,24 @@ class PipelineAdapter(ABC):
         self.prompt_cache = PromptEmbeddingCache(prompt_cache_bytes)
         self.text_encoders = text_encoders
         self.text_encoders_dropped = False
-        self.resolution = self.default_resolution if resolution is None else int(resolution)
-        step = int(pipe.vae_scale_factor) * self.patch_size
-        if self.resolution <= 0 or self.resolution % step:
+        self.resolution = self._checked(self.default_resolution if resolution is None else int(resolution))
+
+    def _checked(self, resolution: int) -> int:
+        step = int(self.pipe.vae_scale_factor) * self.patch_size
+        if resolution <= 0 or resolution % step:
             raise ValueError(
-                f"resolution {self.resolution} px is not a positive multiple of {step} (the VAE's "
-                f"{pipe.vae_scale_factor}x downsampling times the transformer's {self.patch_size}x{self.patch_size} "
-                "patches)"
+                f"resolution {resolution} px is not a positive multiple of {step} (the VAE's "
+                f"{self.pipe.vae_scale_factor}x downsampling times the transformer's "
+                f"{self.patch_size}x{self.patch_size} patches)"
             )
+        return resolution
+
+    def resized(self, resolution: int) -> PipelineAdapter:
+        """This adapter at another image side (checked as the constructor checks it), sharing its pipeline, text
+        encoders and prompt cache."""
+        resized = copy.copy(self)  # shallow on purpose: one pipeline, one prompt cache
+        resized.resolution = self._checked(int(resolution))
+        return resized
 
     @property
     @abstractmethod
