@@ -16,7 +16,7 @@ that needs an earlier one's result (each method's learning rate) is planned when
 5. ``ablation``: V-GRPO's variance-reduction techniques one at a time (N_MC 2 and 8, v- and eps-prediction).
 6. ``preference``: V-GRPO and naive ELBO-GRPO on the preference stage's rewards.
 
-Each cell trains one stage (:func:`vgrpo.stage.run_stage`) from ``models/embedded-base`` with
+Each cell trains one stage (:func:`vgrpo.training.stage.run_stage`) from ``models/embedded-base`` with
 ``params/base.yaml`` + ``params/models/embedded.yaml`` + the reward's stage file + the method's
 ``params/algorithms`` preset + the bench's overrides, and writes one JSON record (atomically): its held-out curve
 against training wall time, gradient steps and transformer evaluations (NFE, counted by a hook), the per-image
@@ -271,7 +271,7 @@ def scores_of(table: dict[str, Any], reward: str) -> dict[str, Any]:
 
 def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
     """The base model's evaluation (the start of every curve)."""
-    from vgrpo.evaluation import Sampling, evaluate
+    from vgrpo.evaluation.evaluator import Sampling, evaluate
     from vgrpo.models.pipeline import build_adapter, load_pipeline
     from vgrpo.rewards.multi import MultiReward
     from vgrpo.world import read_jsonl
@@ -292,8 +292,8 @@ def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, 
     import torch
     from diffusers import SD3Transformer2DModel
 
-    from vgrpo.guards import TrainingDiverged
-    from vgrpo.stage import run_stage
+    from vgrpo.training.guards import TrainingDiverged
+    from vgrpo.training.stage import run_stage
 
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)

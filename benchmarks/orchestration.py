@@ -1,6 +1,6 @@
 """Orchestration overhead: one curriculum stage through the `vgrpo` flow (a real Prefect server, MLflow's sqlite store,
 per-iteration MLflow metrics, evaluation images, checkpoints) against the same stage called as plain functions
-(:func:`vgrpo.stage.run_stage` with one checkpoint at the end and no tracking).
+(:func:`vgrpo.training.stage.run_stage` with one checkpoint at the end and no tracking).
 
     python benchmarks/orchestration.py [--stage 1] [--iterations 10] [--checkpoint-every 5]
 
@@ -28,7 +28,7 @@ PLAIN = """
 import sys
 from pathlib import Path
 from vgrpo.config import load_curriculum
-from vgrpo.stage import run_stage
+from vgrpo.training.stage import run_stage
 _, stages = load_curriculum("params/curricula/embedded.yaml", {overrides!r})
 cfg = stages[{index}]
 cfg = cfg.model_copy(update={{"checkpoint_every": cfg.iterations}})

@@ -7,7 +7,7 @@ Each input is a ``--metrics`` file of ``python -m vgrpo.cli train`` (its last ev
 evaluation table with ``per_prompt``. A stage evaluation with ``max_prompts: 120`` covers the first 120 test
 prompts, with the same noise per image as the base's 560-prompt evaluation (sample ``i`` draws from
 ``(seed, i)``), so every image is paired with the base's. GenEval strict is the mean over tags; its gain
-has a paired bootstrap 95% CI stratified by tag (:func:`vgrpo.stats.bootstrap_ci`). The ``colors`` and
+has a paired bootstrap 95% CI stratified by tag (:func:`vgrpo.evaluation.stats.bootstrap_ci`). The ``colors`` and
 ``color_attr`` prompts are also split into those naming a held-out colour-shape pair (the pretraining
 params' ``held_out_pairs``) and the rest.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from vgrpo.config import load_config
-from vgrpo.stats import bootstrap_ci, stratified_mean
+from vgrpo.evaluation.stats import bootstrap_ci, stratified_mean
 from vgrpo.world.config import PretrainConfig
 
 COLOUR_TAGS = ("colors", "color_attr")

@@ -90,7 +90,7 @@ def _agreement(args: argparse.Namespace) -> dict[str, float]:
     base model's samples of the first ``--agreement-prompts`` OCR test prompts (4 each, 20 Euler steps, seed 0)."""
     import numpy as np
 
-    from vgrpo.evaluation import Sampling, generate
+    from vgrpo.evaluation.evaluator import Sampling, generate
     from vgrpo.images import tensor_to_images
     from vgrpo.models.pipeline import load_sd3_pipeline
     from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
@@ -117,7 +117,7 @@ def _agreement(args: argparse.Namespace) -> dict[str, float]:
 
 def _overlap(rewards: object, args: argparse.Namespace) -> dict[str, float]:
     """Sampling + scoring wall time of the shipped base with scoring after sampling vs on the reward thread."""
-    from vgrpo.evaluation import Sampling, evaluate
+    from vgrpo.evaluation.evaluator import Sampling, evaluate
     from vgrpo.models.pipeline import load_sd3_pipeline
     from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
     from vgrpo.world import read_jsonl

@@ -58,7 +58,7 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
     from vgrpo.models import SD3Velocity, add_lora
     from vgrpo.models.precision import apply_precision
     from vgrpo.policy import Conditioning
-    from vgrpo.train_step import build_optimizer, train_iteration
+    from vgrpo.training.iteration import build_optimizer, train_iteration
 
     device = torch.device(args.device)
     if device.type == "cpu":

@@ -32,7 +32,7 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     from vgrpo.demo import toy_reward
     from vgrpo.models import SD3Velocity, add_lora
     from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
-    from vgrpo.train_step import build_optimizer, train_iteration
+    from vgrpo.training.iteration import build_optimizer, train_iteration
 
     torch.set_num_threads(2)
     torch.set_flush_denormal(True)
@@ -100,7 +100,7 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     from vgrpo.models import add_lora
     from vgrpo.models.pipeline import build_adapter, load_pipeline
     from vgrpo.rewards import build_reward
-    from vgrpo.train_step import build_optimizer, train_iteration
+    from vgrpo.training.iteration import build_optimizer, train_iteration
     from vgrpo.world import GENEVAL_TAGS, read_jsonl
 
     preset = "vgrpo" if method == "vgrpo_full_graph" else method

@@ -9,7 +9,8 @@ per ablation params file, each cell its own flow run (:mod:`flows.sweep`).
     prefect deployment run vgrpo/embedded-curriculum --watch     (with a server and `python -m flows.deploy`)
 
 All params (of every ablation too) are validated, and every input they name checked
-(:func:`vgrpo.config.load_curriculum`, :func:`vgrpo.preflight.preflight`), before the first stage starts and before
+(:func:`vgrpo.config.load_curriculum`, :func:`vgrpo.training.preflight.preflight`), before the first stage starts and
+before
 any MLflow run opens; ``overrides`` (``-p overrides='{...}'``) apply to every stage, after the
 params files. MLflow logging is on when ``MLFLOW_TRACKING_URI`` is set.
 """
@@ -50,7 +51,7 @@ def _stage_record(tracking: Tracking | None, trained: dict[str, Any], params: di
     from tasks.tracking import end_run, log_params, start_run
 
     client = MlflowClient(tracking.uri)
-    tags = {**tracking.tags, "vgrpo.stage": trained["name"], "vgrpo.cached": "true",
+    tags = {**tracking.tags, "vgrpo.training.stage": trained["name"], "vgrpo.cached": "true",
             "vgrpo.trained_in_run": str(trained["run_id"]), "vgrpo.output": trained["out_dir"],
             "vgrpo.output_hash": trained["hash"], "vgrpo.model_uri": str(trained.get("model_uri"))}  # fmt: skip
     run_id = start_run(client, tracking.experiment, tracking.run_name, tracking.parent_run_id, tags=tags)
@@ -156,7 +157,7 @@ def vgrpo(
     loaded = {name: load_curriculum(Path(root) / curriculum, overrides, root=root,
                                     extra=[str(Path(root) / f)] if f else [])
               for name, f in (variants or {"": None}).items()}  # fmt: skip
-    from vgrpo.preflight import check_or_raise  # every input of every stage (and cell), before any MLflow run
+    from vgrpo.training.preflight import check_or_raise  # every input of every stage (and cell), before any MLflow run
 
     check_or_raise([s for _, cell in loaded.values() for s in cell], root, checkpoint_dir=Path(root) / run_root)
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")

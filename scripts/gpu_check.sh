@@ -4,7 +4,7 @@
 # $OUT when it is set, else runs/gpu_check/ (or --out DIR).
 #
 #   scripts/gpu_check.sh              # on a machine with one CUDA GPU
-#   scripts/gpu_check.sh --dry-run    # the same steps at tiny sizes on the CPU (tests/test_gpu_check.py runs it)
+#   scripts/gpu_check.sh --dry-run    # the same steps at tiny sizes on the CPU (tests/benchmarks/test_gpu_check.py runs it)
 #
 # The GPU machine's Python needs torch, transformers, accelerate and peft; nothing can be downloaded there. When
 # diffusers or pydantic is missing, the wheels under wheels/ are installed (--no-index) into a folder on

@@ -1,4 +1,4 @@
-"""A stage's MLflow run as :class:`vgrpo.stage.StageCallbacks`: per-iteration metrics, evaluations (numbers,
+"""A stage's MLflow run as :class:`vgrpo.training.stage.StageCallbacks`: per-iteration metrics, evaluations (numbers,
 table, captioned grid), skipped iterations, system metrics, and the trained adapter as a registered model.
 
 A resumed stage continues the run its checkpoint names (``run_state``), so one stage has one run and one curve.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vgrpo.stage import StageCallbacks
+from vgrpo.training.stage import StageCallbacks
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -66,7 +66,7 @@ class StageTracker(StageCallbacks):
             if tracking.parent_run_id is not None:
                 client.set_tag(run_id, "mlflow.parentRunId", tracking.parent_run_id)
         else:
-            tags = {"vgrpo.stage": cfg.name, **tracking.tags}
+            tags = {"vgrpo.training.stage": cfg.name, **tracking.tags}
             run_id = start_run(client, tracking.experiment, tracking.run_name, tracking.parent_run_id, tags=tags)
             log_params(client, run_id, params)
         tracker = cls(cfg.name, cfg.iterations, client, run_id, registered_name=tracking.experiment)
@@ -92,8 +92,8 @@ class StageTracker(StageCallbacks):
             log_metrics(self.client, self.run_id, metrics, step=iteration)
 
     def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
-        from vgrpo.grids import grid_image, grid_of
-        from vgrpo.tables import flat_metrics
+        from vgrpo.evaluation.grids import grid_image, grid_of
+        from vgrpo.evaluation.tables import flat_metrics
 
         if self.client is not None and self.run_id is not None:
             _log_table(self.client, self.run_id, table, flat_metrics(table), iteration)
@@ -112,7 +112,7 @@ class StageTracker(StageCallbacks):
 
     def on_checkpoint(self, path: Path, iteration: int) -> None:
         if self.client is not None and self.run_id is not None:
-            self.client.set_tag(self.run_id, "vgrpo.checkpoint", str(path.resolve()))
+            self.client.set_tag(self.run_id, "vgrpo.checkpoints.state", str(path.resolve()))
 
     def finish_training(self, out_dir: Path, out_hash: str, resumed_from: int, skipped: int, base: Path) -> None:
         """Tag the output, log the adapter as a model (registered under the curriculum's name) and end the run."""
@@ -167,7 +167,7 @@ def log_adapter_model(
     import mlflow
     import mlflow.diffusers
 
-    from vgrpo.checkpoint import LORA_FILE
+    from vgrpo.checkpoints.state import LORA_FILE
 
     if not (out_dir / LORA_FILE).is_file():
         client.log_artifacts(run_id, str(out_dir), "pipeline")

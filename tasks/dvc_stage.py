@@ -103,8 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vgrpo.atomic import write_json_atomic
     from vgrpo.config import load_curriculum, overrides_from_pairs
     from vgrpo.errors import ConfigError
-    from vgrpo.guards import TrainingDiverged
-    from vgrpo.preflight import PreflightError, check_or_raise
+    from vgrpo.training.guards import TrainingDiverged
+    from vgrpo.training.preflight import PreflightError, check_or_raise
 
     try:
         spec, stages = load_curriculum(args.curriculum, overrides_from_pairs(args.set), extra=args.params)

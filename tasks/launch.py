@@ -7,7 +7,7 @@ stage command (:func:`tasks.stage._train`), and its result read back.
     python -m accelerate.commands.launch --num_processes N --num_machines M --mixed_precision P
         (--config_file F | --multi_gpu) [--main_process_port PORT] -m tasks.launched_stage spec.json
 
-Each process trains its share of every batch (:mod:`vgrpo.distributed`; gloo on CPU, NCCL on GPUs). Every line
+Each process trains its share of every batch (:mod:`vgrpo.parallel.distributed`; gloo on CPU, NCCL on GPUs). Every line
 rank 0 prints (and the launcher's own) goes to ``log`` (the Prefect task's logger, or stdout under DVC); the other
 ranks write to ``launch/rank-<r>.log``. Rank 0 writes the result (history, evaluations, resumed_from, the
 output's hash) atomically to ``launch/result.json``; a rank that meets an error a user can fix writes it there.
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.process_group import stop_group
 from vgrpo.errors import ConfigError, UserError
-from vgrpo.guards import TrainingDiverged
+from vgrpo.training.guards import TrainingDiverged
 
 if TYPE_CHECKING:
     from tasks.stage import Tracking
-    from vgrpo.launch_config import LaunchConfig
+    from vgrpo.parallel.launch import LaunchConfig
 
 __all__ = ["ERRORS", "LaunchFailed", "accelerate_command", "launch_stage", "read_result", "run_streaming"]
 
@@ -65,7 +65,7 @@ def free_port() -> int:
 def accelerate_command(launch: LaunchConfig, spec: Path, root: Path, port: int | None = None) -> list[str]:
     """The ``accelerate launch`` command line (this interpreter's accelerate) that runs :mod:`tasks.launched_stage`
     on ``spec``. Without ``launch.accelerate_config`` the processes are accelerate's multi-GPU kind (torchrun);
-    without CUDA they join with gloo on CPU (:meth:`vgrpo.distributed.Distributed.from_environment`). ``port``
+    without CUDA they join with gloo on CPU (:meth:`vgrpo.parallel.distributed.Distributed.from_environment`). ``port``
     (one machine only) overrides the config file's rendezvous port."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(launch.processes),
            "--num_machines", str(launch.machines), "--mixed_precision", launch.mixed_precision,

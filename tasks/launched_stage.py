@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.launch import ERRORS
     from tasks.stage import Tracking, train_and_track
     from vgrpo.atomic import write_json_atomic
-    from vgrpo.distributed import Distributed
+    from vgrpo.parallel.distributed import Distributed
 
     dist = Distributed.from_environment()
     tracking = Tracking(**spec["tracking"]) if spec["tracking"] is not None else None

@@ -1,6 +1,7 @@
 """Each phase of a stage as a Prefect task run: ``s2-geneval/rollout-0042``, ``s2-geneval/score-0042``, ...
 
-:func:`vgrpo.stage.run_stage` calls its phases through a :class:`vgrpo.stage.PhaseRunner`; this one runs each
+:func:`vgrpo.training.stage.run_stage` calls its phases through a :class:`vgrpo.training.stage.PhaseRunner`; this one
+runs each
 as a task of the current flow (nested under the stage's task), so the UI shows every step of every iteration.
 Tensors pass in memory between these tasks: nothing is cached or persisted (``NO_CACHE``, no result storage),
 and the arguments go to the task quoted (``prefect.utilities.annotations.quote``), so Prefect neither
@@ -50,7 +51,8 @@ def _name(parameters: dict[str, Any]) -> str:
 
 
 class PrefectPhases:
-    """A :class:`vgrpo.stage.PhaseRunner` that runs phase ``p`` of iteration ``i`` of stage ``s`` as the task run
+    """A :class:`vgrpo.training.stage.PhaseRunner` that runs phase ``p`` of iteration ``i`` of stage ``s`` as the task
+    run
     ``s/p-iiii`` (``s/p`` for once-per-stage phases)."""
 
     def __init__(self, stage: str):

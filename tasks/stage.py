@@ -28,7 +28,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 
 if TYPE_CHECKING:
-    from vgrpo.distributed import Distributed
+    from vgrpo.parallel.distributed import Distributed
 
 __all__ = [
     "Tracking",
@@ -96,9 +96,9 @@ def _prompts_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 @task(name="prepare-prompts", cache_key_fn=_prompts_key, persist_result=True,
       task_run_name="{stage[name]}/prepare-prompts")  # fmt: skip
 def prepare_prompts_task(stage: dict[str, Any], root: str) -> Any:
-    """The stage's training and evaluation prompt rows (:func:`vgrpo.stage.prepare_prompts`)."""
+    """The stage's training and evaluation prompt rows (:func:`vgrpo.training.stage.prepare_prompts`)."""
     from vgrpo.config import StageConfig
-    from vgrpo.phases import prepare_prompts
+    from vgrpo.training.phases import prepare_prompts
 
     return prepare_prompts(StageConfig.model_validate(stage), Path(root))
 
@@ -107,8 +107,8 @@ def prepare_prompts_task(stage: dict[str, Any], root: str) -> Any:
 
 
 def _train_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    from vgrpo.checkpoints.resume import training_hash
     from vgrpo.config import StageConfig
-    from vgrpo.resume import training_hash
 
     fingerprint = training_hash(StageConfig.model_validate(parameters["stage"]))
     return "train-stage-" + _digest(fingerprint, parameters["init_hash"], parameters["run_root"], code_version())
@@ -117,8 +117,8 @@ def _train_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def output_is_intact(stage: dict[str, Any], run_root: str, init_hash: str | None) -> bool:
     """Whether the stage's output exists with the bytes the training that the cache would return wrote (its
     manifest names the fingerprint, the starting adapter and the output's hash)."""
+    from vgrpo.checkpoints.resume import training_hash
     from vgrpo.config import StageConfig
-    from vgrpo.resume import training_hash
 
     name = stage["name"]
     manifest, out_dir = Path(run_root) / "work" / name / MANIFEST, Path(run_root) / "stages" / name
@@ -157,10 +157,10 @@ def train_and_track(stage: dict[str, Any], init_lora: str | None, run_root: str,
     returns the result; every other rank trains its share silently and returns ``None``."""
     from tasks.callbacks import StageTracker
     from vgrpo.atomic import write_json_atomic
+    from vgrpo.checkpoints.resume import ResumableRun, training_hash
     from vgrpo.config import StageConfig
-    from vgrpo.resume import ResumableRun, training_hash
-    from vgrpo.stage import call_directly
     from vgrpo.trainer import Trainer
+    from vgrpo.training.stage import call_directly
 
     cfg = StageConfig.model_validate(stage)
     out_dir, work_dir = Path(run_root) / "stages" / cfg.name, Path(run_root) / "work" / cfg.name
@@ -222,7 +222,7 @@ def train_stage(
 
 
 def _flat(table: dict[str, Any]) -> dict[str, Any]:
-    from vgrpo.tables import flat_metrics
+    from vgrpo.evaluation.tables import flat_metrics
 
     return {"iteration": table.get("iteration"), **flat_metrics(table)}
 
@@ -237,8 +237,8 @@ def _eval_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def _evaluate(stage: dict[str, Any], out_dir: str, root: str, grid: Path | None) -> dict[str, Any]:
     """The final evaluation of a stage's exported weights; writes the captioned sample grid to ``grid``."""
     from vgrpo.config import StageConfig
-    from vgrpo.grids import grid_of, write_grid
-    from vgrpo.tables import flat_metrics
+    from vgrpo.evaluation.grids import grid_of, write_grid
+    from vgrpo.evaluation.tables import flat_metrics
     from vgrpo.trainer import Trainer
 
     cfg = StageConfig.model_validate(stage)

@@ -3,9 +3,10 @@ started it; rank 0 writes what the iteration computed (advantages, pairs, old su
 
     accelerate launch --config_file configs/accelerate/cpu_2proc.yaml -m tests.distributed_worker OUT.safetensors
 
-``tests/test_distributed.py`` runs :func:`run_case` in its own process (one rank, the whole batch) and compares.
+``tests/parallel/test_distributed.py`` runs :func:`run_case` in its own process (one rank, the whole batch) and
+compares.
 With ``--fsdp`` the worker runs the full fine-tuning cases (:data:`FSDP_CASES`) with the transformer sharded by
-FSDP instead; ``tests/test_fsdp.py`` compares them with :func:`run_full_case` in one unsharded process.
+FSDP instead; ``tests/parallel/test_fsdp.py`` compares them with :func:`run_full_case` in one unsharded process.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from vgrpo.algorithms import build_algorithm
 from vgrpo.algorithms.base import PreparedBatch
 from vgrpo.algorithms.diffusion_nft import DiffusionNFTPayload
 from vgrpo.algorithms.vgrpo import VGRPOPayload
-from vgrpo.distributed import Distributed, is_sharded
-from vgrpo.fsdp import shard_transformer
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
-from vgrpo.train_step import build_optimizer, train_iteration
+from vgrpo.parallel.distributed import Distributed, is_sharded
+from vgrpo.parallel.fsdp import shard_transformer
+from vgrpo.training.iteration import build_optimizer, train_iteration
 
 PROMPT_TEXTS = ["a red circle", "two blue squares", "a green star", "three yellow dots"]
 # Rollout micro-batches of one group (G = 3) cut the global batch where the ranks cut it, so every rank's
@@ -169,7 +170,7 @@ def run_stage_worker(argv: list[str]) -> None:
     import yaml
 
     from vgrpo.config import StageConfig
-    from vgrpo.stage import run_stage
+    from vgrpo.training.stage import run_stage
 
     params, world, work, out, *kill = argv
     if kill:

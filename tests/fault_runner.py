@@ -1,4 +1,4 @@
-"""Run a tiny stage in this process and SIGKILL it at an injected fault (used by tests/test_faults.py).
+"""Run a tiny stage in this process and SIGKILL it at an injected fault (used by tests/training/test_faults.py).
 
     python -m tests.fault_runner WORLD WORK OUT [--fault rollout:2|update:3|checkpoint:5|eval:1] [--history FILE]
 
@@ -43,10 +43,10 @@ def main() -> None:
 
     import safetensors.torch
 
-    import vgrpo.evaluation
-    from tests.test_stage import _config
+    import vgrpo.evaluation.evaluator
+    from tests.tiny_world import tiny_stage_config as _config
     from vgrpo.algorithms.vgrpo import VGRPO
-    from vgrpo.stage import run_stage
+    from vgrpo.training.stage import run_stage
 
     if args.fault:
         point, n = args.fault.split(":")
@@ -54,7 +54,7 @@ def main() -> None:
             "rollout": (VGRPO, "rollout"),
             "update": (VGRPO, "accumulate_gradients"),
             "checkpoint": (safetensors.torch, "save_file"),
-            "eval": (vgrpo.evaluation, "evaluate"),
+            "eval": (vgrpo.evaluation.evaluator, "evaluate"),
         }[point]
         _kill_on_call(owner, name, int(n))
     config = _config(**json.loads(args.set))

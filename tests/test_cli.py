@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.models.test_embedded import TINY
 from vgrpo.cli import main
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.world import GENEVAL_TAGS, read_jsonl
 from vgrpo.world.cli import main as world_main
-
-from .models.test_embedded import TINY
 
 PARAMS = Path(__file__).parents[1] / "params" / "embedded" / "pretrain.yaml"
 EVAL_PARAMS = PARAMS.with_name("evaluate.yaml")
@@ -56,7 +55,7 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
 
     import torch
 
-    from vgrpo.checkpoint import save_lora
+    from vgrpo.checkpoints.state import save_lora
     from vgrpo.models import add_lora
 
     add_lora(pipe.transformer, rank=2, alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"])
@@ -126,7 +125,7 @@ def test_only_user_errors_exit_2_and_bugs_propagate(tmp_path: Path, capsys: pyte
     builtin bases); any other exception of a command is a bug and keeps its traceback."""
     import argparse
 
-    from vgrpo.checkpoint import CheckpointError
+    from vgrpo.checkpoints.state import CheckpointError
     from vgrpo.cli import run_command
     from vgrpo.errors import ConfigError, UserError
     from vgrpo.models.pipeline import PipelineError

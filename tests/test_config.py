@@ -116,7 +116,7 @@ def test_world_params_load_with_every_value_they_spell(file, section, schema):
     """The world's optimiser fields come from the shared AdamWConfig; the files keep their flat keys and values."""
     import yaml
 
-    from vgrpo.optim import AdamWConfig
+    from vgrpo.training.optim import AdamWConfig
     from vgrpo.world import config as world_config
 
     path = PARAMS / "embedded" / file

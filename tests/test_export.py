@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.models.test_embedded import TINY
-from vgrpo.checkpoint import save_lora
+from vgrpo.checkpoints.state import save_lora
 from vgrpo.cli import main
 from vgrpo.models import add_lora
 from vgrpo.models.config import LoraConfig

@@ -1,5 +1,6 @@
 """The trainer API: built from params files or Python objects (a user's reward function and Reward instance), it
-trains, evaluates and exports; it trains exactly what :func:`vgrpo.stage.run_stage` trains from the same params."""
+trains, evaluates and exports; it trains exactly what :func:`vgrpo.training.stage.run_stage` trains from the same
+params."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ import pytest
 import torch
 import yaml
 
+from tests.rewards.custom import Brightness, redness
+from tests.tiny_world import tiny_stage_config as _config
+from tests.tiny_world import write_tiny_world
 from vgrpo import Trainer
 from vgrpo.errors import ConfigError
 from vgrpo.models.pipeline import load_pipeline
 from vgrpo.rewards.multi import RewardTerm
-from vgrpo.stage import run_stage
-
-from .rewards.custom import Brightness, redness
-from .test_stage import _config
-from .tiny_world import write_tiny_world
+from vgrpo.training.stage import run_stage
 
 LORA = "pytorch_lora_weights.safetensors"
 

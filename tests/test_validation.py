@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.tiny_world import tiny_stage_config as _config
+from tests.tiny_world import write_tiny_world
 from vgrpo.cli import main
-
-from .test_stage import _config
-from .tiny_world import write_tiny_world
 
 
 @pytest.fixture(scope="module")

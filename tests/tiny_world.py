@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .models.test_embedded import TINY
+from tests.models.test_embedded import TINY
+from vgrpo.config import StageConfig
 
 WORLD_PICK = Path(__file__).parents[1] / "models" / "world-pickscore"
 """The shipped world PickScore: a dense reward, so that groups vary and adapters move."""
@@ -29,3 +30,21 @@ def write_tiny_world(root: Path, n_train: int = 40, n_test: int = 8) -> Path:
     prompts = [md["prompt"] for md, _ in train + test] + [""]
     build_pipeline(TINY, train_clip_tokenizer(prompts, TINY), seed=0).save_pretrained(root / "base")
     return root
+
+
+def tiny_stage_config(**overrides: object) -> StageConfig:
+    """A three-iteration V-GRPO stage on :func:`write_tiny_world`'s files; ``overrides`` replace top-level keys."""
+    data: dict = {
+        "name": "tiny", "prompts": "train.jsonl", "iterations": 3, "checkpoint_every": 1,
+        "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None, "micro_batch_size": 8},
+        "optim": {"lr": 1e-2, "micro_batch_size": 8},
+        "algorithm": {"name": "vgrpo", "n_mc": 2},
+        # One block: SD3's last block has no text-stream output projection (to_add_out).
+        "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj"]},
+        # A continuous reward (the shipped world PickScore) so that groups vary and the adapter moves.
+        "rewards": [{"name": "geneval", "weight": 0.5}, {"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
+        "eval_prompts": "test.jsonl",
+        "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
+    }  # fmt: skip
+    data.update(overrides)
+    return StageConfig.model_validate(data)

@@ -25,7 +25,7 @@ from typing import Any
 
 from vgrpo.config import load_config, load_stage, overrides_from_pairs
 from vgrpo.errors import UserError
-from vgrpo.guards import TrainingDiverged
+from vgrpo.training.guards import TrainingDiverged
 
 __all__ = ["add_params_arguments", "main", "run_command", "use_threads"]
 
@@ -40,8 +40,8 @@ def use_threads(threads: int, *, flush_denormal: bool = False) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from vgrpo.evaluation_config import EvaluationConfig
-    from vgrpo.evaluation_report import evaluate_to_files, format_table
+    from vgrpo.evaluation.config import EvaluationConfig
+    from vgrpo.evaluation.report import evaluate_to_files, format_table
 
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
     use_threads(args.threads, flush_denormal=True)
@@ -53,7 +53,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 def cmd_export(args: argparse.Namespace) -> None:
     from vgrpo.atomic import dir_size_mb
-    from vgrpo.checkpoint import export_merged_pipeline
+    from vgrpo.checkpoints.state import export_merged_pipeline
     from vgrpo.models.pipeline import load_pipeline
 
     export_merged_pipeline(load_pipeline(args.pipeline), Path(args.lora), Path(args.out), lora_scale=args.scale)
@@ -62,12 +62,12 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     """One stage (:class:`vgrpo.trainer.Trainer`), sharded over the processes ``accelerate launch`` started, after
-    :func:`vgrpo.preflight.preflight` has checked every input it reads."""
+    :func:`vgrpo.training.preflight.preflight` has checked every input it reads."""
     from vgrpo.atomic import write_json_atomic
-    from vgrpo.distributed import Distributed
-    from vgrpo.preflight import check_or_raise
-    from vgrpo.stage import PrintProgress
+    from vgrpo.parallel.distributed import Distributed
     from vgrpo.trainer import Trainer
+    from vgrpo.training.preflight import check_or_raise
+    from vgrpo.training.stage import PrintProgress
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # checked before the processes wait for each other
     cfg = load_stage(args.params, overrides_from_pairs(args.set), world_size=world_size)

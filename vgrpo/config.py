@@ -29,14 +29,14 @@ from vgrpo.algorithms.config import (
     VGRPOConfig,
 )
 from vgrpo.config_base import FrozenConfig
-from vgrpo.distributed import DistributedConfig, samples_per_process
-from vgrpo.ema import EMAConfig
 from vgrpo.errors import ConfigError
-from vgrpo.evaluation_config import EvaluationConfig
-from vgrpo.launch_config import LaunchConfig
+from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.models.config import LoraConfig, PrecisionConfig
-from vgrpo.optim import OptimConfig
+from vgrpo.parallel.distributed import DistributedConfig, samples_per_process
+from vgrpo.parallel.launch import LaunchConfig
 from vgrpo.rewards.config import RewardConfig, check_unique_keys
+from vgrpo.training.ema import EMAConfig
+from vgrpo.training.optim import OptimConfig
 
 __all__ = [
     "CurriculumConfig",
@@ -133,7 +133,8 @@ def merge_overrides(base: Mapping[str, Any], override: Mapping[str, Any]) -> dic
 def expand_variables(value: Any) -> Any:
     """``value`` (a params file's mapping) with ``${NAME}`` in every string replaced by the environment variable
     ``NAME``. An unset variable is left as written: a run that reads the value refuses it before any compute
-    (:func:`vgrpo.preflight.preflight` names the stage, the key and the variable), and a config that never reads it
+    (:func:`vgrpo.training.preflight.preflight` names the stage, the key and the variable), and a config that never
+    reads it
     (``Trainer(pipeline=...)`` over the params' ``pipeline``) still loads."""
     if isinstance(value, str):
         return _VARIABLE.sub(lambda m: os.environ.get(m.group(1), m.group(0)), value)
@@ -249,7 +250,7 @@ class StageConfig(TrainConfig):
     checkpoint_every: int = Field(10, ge=1, description="Iterations between resumable checkpoints.")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints of the run kept; older ones are deleted.")
     max_consecutive_skips: int = Field(
-        3, ge=1, description="Iterations in a row skipped for NaN/Inf (vgrpo.guards) before the stage stops."
+        3, ge=1, description="Iterations in a row skipped for NaN/Inf (vgrpo.training.guards) before the stage stops."
     )
     eval_every: int = Field(0, ge=0, description="Iterations between evaluations; 0 = only after the last one.")
     eval_at_start: bool = Field(

@@ -8,7 +8,7 @@ transformers live in :mod:`vgrpo.models`.
 Other copies of the weights an algorithm needs (Flow-GRPO's frozen reference, DiffusionNFT's
 "old" EMA policy) are :class:`ParameterSnapshot` s of the trainable parameters swapped in place,
 so that LoRA and full fine-tuning share one mechanism and a LoRA snapshot costs only the adapter. Under FSDP
-(:mod:`vgrpo.fsdp`) the parameters are DTensors and a snapshot holds each rank's shards only.
+(:mod:`vgrpo.parallel.fsdp`) the parameters are DTensors and a snapshot holds each rank's shards only.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from vgrpo.distributed import is_sharded
+from vgrpo.parallel.distributed import is_sharded
 
 __all__ = ["Conditioning", "ParameterSnapshot", "VelocityModel", "trainable_parameters"]
 
@@ -87,7 +87,7 @@ class ParameterSnapshot:
     A sharded (FSDP) parameter's snapshot is a DTensor of the same sharding: this rank's shard. FSDP all-gathers a
     parameter from the storage its shard had when it was sharded, which a ``.data`` swap would leave behind, so
     sharded values are exchanged in place instead, one shard's worth of scratch memory at a time. That is right
-    whenever the parameters are in their shards, which :func:`vgrpo.fsdp.shard_transformer` keeps true between
+    whenever the parameters are in their shards, which :func:`vgrpo.parallel.fsdp.shard_transformer` keeps true between
     forward passes (it reshards after every forward, the root included).
     """
 

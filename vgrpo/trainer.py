@@ -25,13 +25,13 @@ import numpy as np
 from pydantic import ValidationError
 
 from vgrpo.config import StageConfig, load_config, load_curriculum
-from vgrpo.distributed import Distributed
 from vgrpo.errors import ConfigError
+from vgrpo.parallel.distributed import Distributed
 from vgrpo.rewards.base import Reward
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward, RewardTerm
 from vgrpo.rewards.registry import FunctionReward
-from vgrpo.stage import PhaseRunner, StageCallbacks, StageResult, call_directly, run_stage
+from vgrpo.training.stage import PhaseRunner, StageCallbacks, StageResult, call_directly, run_stage
 
 __all__ = ["RewardLike", "Trainer"]
 
@@ -86,8 +86,8 @@ class Trainer:
             (``module:qualname``, so a checkpoint never resumes under other rewards). An object's own settings
             (a Reward's constructor arguments) are not part of that name: give the reward another key when you
             change them mid-run.
-        callbacks: what the stage reports (:class:`vgrpo.stage.StageCallbacks`, rank 0).
-        phases: how each phase runs (:data:`vgrpo.stage.PhaseRunner`; the Prefect layer runs each as a task).
+        callbacks: what the stage reports (:class:`vgrpo.training.stage.StageCallbacks`, rank 0).
+        phases: how each phase runs (:data:`vgrpo.training.stage.PhaseRunner`; the Prefect layer runs each as a task).
         dist: the processes sharing each iteration (default: from ``accelerate launch``'s environment).
     """
 
@@ -136,7 +136,7 @@ class Trainer:
         prompts: Any = None,
     ) -> StageResult:
         """Train the stage (resuming its newest checkpoint) and export the weights to ``out_dir``; see
-        :func:`vgrpo.stage.run_stage` for ``final_evaluation``, ``run_state`` and ``prompts``."""
+        :func:`vgrpo.training.stage.run_stage` for ``final_evaluation``, ``run_state`` and ``prompts``."""
         assert self.pipeline is not None and self.out_dir is not None
         return run_stage(self.config, pipeline_dir=self.pipeline, work_dir=self.work_dir, out_dir=self.out_dir,
                          init_lora=self.init_lora, root=self.root, callbacks=self.callbacks, phases=self.phases,
@@ -149,7 +149,7 @@ class Trainer:
         """The stage's evaluation (its ``evaluation`` settings and ``eval_prompts``) of exported weights: ``weights``
         (a LoRA directory, or a whole pipeline after full fine-tuning), by default ``out_dir``; returns the table
         and the images, or ``None`` without evaluation prompts."""
-        from vgrpo.phases import evaluate_adapter
+        from vgrpo.training.phases import evaluate_adapter
 
         assert self.pipeline is not None
         target = Path(weights) if weights is not None else self.out_dir
@@ -162,7 +162,7 @@ class Trainer:
         """Write the trained weights to ``out_dir``: the LoRA in diffusers' format (or the whole pipeline after
         full fine-tuning), or with ``merged`` a plain diffusers pipeline with the LoRA fused in."""
         from vgrpo.atomic import atomic_dir
-        from vgrpo.checkpoint import export_merged_pipeline
+        from vgrpo.checkpoints.state import export_merged_pipeline
 
         assert self.pipeline is not None and self.out_dir is not None
         source, target = self.out_dir, Path(out_dir)

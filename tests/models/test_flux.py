@@ -99,7 +99,7 @@ def _train_tiny_flux(pipe: Any, *, lora: bool) -> tuple[Any, dict[str, torch.Ten
     from vgrpo.algorithms import build_algorithm
     from vgrpo.config import load_config
     from vgrpo.models import add_lora
-    from vgrpo.train_step import build_optimizer, train_iteration
+    from vgrpo.training.iteration import build_optimizer, train_iteration
 
     config = load_config(overrides={
         "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3, "shift": None, "dynamic_shift": True,
@@ -135,7 +135,7 @@ def _train_tiny_flux(pipe: Any, *, lora: bool) -> tuple[Any, dict[str, torch.Ten
 def test_vgrpo_step_on_flux_moves_lora_and_diffusers_loads_it(saved_flux: Path, tmp_path: Path) -> None:
     from diffusers import FluxPipeline
 
-    from vgrpo.checkpoint import LORA_FILE, save_lora
+    from vgrpo.checkpoints.state import LORA_FILE, save_lora
 
     pipe = load_pipeline(saved_flux)
     policy, before, records = _train_tiny_flux(pipe, lora=True)
@@ -237,9 +237,8 @@ def flux_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _stage_config(**overrides: Any) -> Any:
+    from tests.tiny_world import WORLD_PICK
     from vgrpo.config import StageConfig
-
-    from ..tiny_world import WORLD_PICK
 
     data: dict[str, Any] = {
         "name": "flux-tiny", "prompts": "train.jsonl", "iterations": 2, "checkpoint_every": 1,
@@ -259,8 +258,8 @@ def _stage_config(**overrides: Any) -> Any:
 def test_run_stage_trains_a_saved_flux_pipeline(flux_world: Path, lora: bool) -> None:
     from diffusers import FluxPipeline
 
-    from vgrpo.checkpoint import LORA_FILE
-    from vgrpo.stage import run_stage
+    from vgrpo.checkpoints.state import LORA_FILE
+    from vgrpo.training.stage import run_stage
 
     out = flux_world / f"out-{lora}"
     config = _stage_config(**({} if lora else {"lora": None, "optim": {"lr": 1e-3, "micro_batch_size": 6}}))
@@ -281,7 +280,7 @@ def test_run_stage_trains_a_saved_flux_pipeline(flux_world: Path, lora: bool) ->
 
 
 def test_hybrid_sampling_runs_through_the_flux_adapter(flux: Any) -> None:
-    from vgrpo.evaluation import Sampling, generate
+    from vgrpo.evaluation.evaluator import Sampling, generate
 
     adapter, policy = build_adapter(flux, resolution=16)
     base = FluxVelocity(tiny_flux_pipeline(seed=1).transformer)  # other weights, same shapes
@@ -301,11 +300,10 @@ def test_hybrid_sampling_runs_through_the_flux_adapter(flux: Any) -> None:
 def test_evaluate_refuses_a_base_pipeline_of_another_family(
     saved_flux: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from tests.models.test_embedded import TINY
     from vgrpo.cli import main
     from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
     from vgrpo.world import write_jsonl
-
-    from .test_embedded import TINY
 
     build_pipeline(TINY, train_clip_tokenizer(PROMPTS, TINY)).save_pretrained(tmp_path / "sd3")
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
@@ -332,8 +330,8 @@ def _mu(tokens: int) -> float:
 
 
 def test_evaluator_resizes_the_adapter_and_recomputes_the_dynamic_shift(flux: Any) -> None:
-    from vgrpo.evaluation import Evaluator
-    from vgrpo.evaluation_config import EvaluationConfig
+    from vgrpo.evaluation.config import EvaluationConfig
+    from vgrpo.evaluation.evaluator import Evaluator
 
     rollout = FluxAdapter(flux, resolution=16)  # 8 x 8 latents: 16 tokens
     rollout_shift = rollout.scheduler_shift
@@ -362,9 +360,9 @@ def test_evaluator_resizes_the_adapter_and_recomputes_the_dynamic_shift(flux: An
 
 
 def test_stage_evaluation_samples_at_the_evaluation_resolution_and_its_shift(flux_world: Path) -> None:
-    from vgrpo.evaluation import Sampling, generate
+    from vgrpo.evaluation.evaluator import Sampling, generate
     from vgrpo.images import tensor_to_images
-    from vgrpo.phases import evaluate_adapter
+    from vgrpo.training.phases import evaluate_adapter
 
     evaluation = {"group_size": 1, "num_steps": 2, "max_prompts": 2, "rewards": [{"name": "geneval"}]}
     at_rollout = evaluate_adapter(_stage_config(evaluation=evaluation), flux_world / "base", None, flux_world, 0)

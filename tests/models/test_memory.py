@@ -10,15 +10,14 @@ from typing import Any
 import pytest
 import torch
 
+from tests.tiny_world import write_tiny_world
 from vgrpo.config import StageConfig
 from vgrpo.errors import ConfigError
 from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
 from vgrpo.models.precision import frozen_dtype
 from vgrpo.models.prompt_cache import PromptEmbeddingCache, entry_bytes
-from vgrpo.stage import run_stage
-
-from ..tiny_world import write_tiny_world
+from vgrpo.training.stage import run_stage
 
 PROMPTS = [f"a photo of {n} {c} circles" for n in ("two", "three", "four") for c in ("red", "blue", "green")]
 
@@ -29,7 +28,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _load_on(path: Path, device: str, precision: PrecisionConfig) -> Any:
-    """As a stage loads its pipeline (``vgrpo.phases``): frozen parts in ``precision.frozen_dtype``, then placed."""
+    """As a stage loads its pipeline (``vgrpo.training.phases``): frozen parts in ``precision.frozen_dtype``, then
+    placed."""
     pipe = load_pipeline(path, frozen_dtype=frozen_dtype(precision.frozen_dtype, device))
     return place_pipeline(pipe, device, text_encoders=precision.text_encoders)
 

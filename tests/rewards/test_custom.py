@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.tiny_world import write_tiny_world
 from vgrpo.config import StageConfig
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.rewards.registry import ENTRY_POINT_GROUP, build_reward
-
-from ..tiny_world import write_tiny_world
 
 IMAGES = np.stack([np.full((8, 8, 3), 255, np.uint8), np.zeros((8, 8, 3), np.uint8)])
 IMAGES[1, ..., 0] = 255  # white, then red
@@ -60,7 +59,7 @@ def test_a_reward_registered_by_another_package_under_the_entry_point_group(
 
 
 def test_a_stage_trains_on_a_users_reward(tmp_path: Path) -> None:
-    from vgrpo.stage import run_stage
+    from vgrpo.training.stage import run_stage
 
     world = write_tiny_world(tmp_path)
     config = StageConfig.model_validate({

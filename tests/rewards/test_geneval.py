@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from vgrpo.clauses import Detection, relative_position
 from vgrpo.rewards import build_reward
+from vgrpo.rewards.clauses import Detection, relative_position
 from vgrpo.rewards.detectors import (
     GENEVAL_COLORS,
     ClipColorClassifier,

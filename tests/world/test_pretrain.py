@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.models.test_embedded import TINY
 from vgrpo.flow import interpolate
 from vgrpo.models.embedded import build_text_encoder, train_clip_tokenizer
 from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.policy import Conditioning
 from vgrpo.world.config import PretrainConfig, VAETrainConfig
 from vgrpo.world.pretrain import _prompt_corpus, flow_matching_loss, logit_normal_timesteps, pretrain
-
-from ..models.test_embedded import TINY
 
 
 def tiny_pretrain_config(**overrides: object) -> PretrainConfig:

@@ -1,7 +1,7 @@
 """The small interface every algorithm implements, so one training step serves them all.
 
 An iteration is ``rollout -> rewards -> advantages -> prepare -> K x accumulate_gradients -> end_iteration``
-(:func:`vgrpo.train_step.train_iteration`). Algorithms differ only in how they sample, what they
+(:func:`vgrpo.training.iteration.train_iteration`). Algorithms differ only in how they sample, what they
 precompute with the behaviour policy (their payload, a dataclass of their own), and how a minibatch turns
 into gradients.
 """
@@ -16,8 +16,8 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import Tensor, nn
 
-from vgrpo.distributed import Distributed
 from vgrpo.pairs import SharedPairs
+from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
 from vgrpo.samplers import SDETrajectory, euler_ode_sample
 
@@ -98,7 +98,7 @@ class Algorithm(ABC, Generic[PayloadT]):
         group_size: ``G``; samples are prompt-major (sample ``i`` belongs to prompt ``i // G``).
         latent_shape: ``S``, the shape of one sample's latents.
         rollout_micro_batch, train_micro_batch: samples per model call (memory only).
-        dist: the processes sharing each iteration's batch (:mod:`vgrpo.distributed`); default one process.
+        dist: the processes sharing each iteration's batch (:mod:`vgrpo.parallel.distributed`); default one process.
             Each rank's ``rollout``/``prepare``/``accumulate_gradients`` see its own block of ``N / W``
             samples; what the batch shares (pairs, diagnostics) is computed for the global batch.
     """

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from vgrpo.algorithms.base import Algorithm
-from vgrpo.distributed import Distributed
 from vgrpo.flow import timestep_grid
+from vgrpo.parallel.distributed import Distributed
 
 if TYPE_CHECKING:  # vgrpo.config imports this package's configs: a runtime import would be a circle
     from vgrpo.config import TrainConfig
@@ -44,7 +44,7 @@ def build_algorithm(
     if config.rollout.dynamic_shift:  # it depends on the adapter's token count, which this function cannot see
         raise ValueError(
             "rollout.dynamic_shift must be resolved to a static shift first "
-            "(PipelineAdapter.sigma_shift, as vgrpo.stage.run_stage does)"
+            "(PipelineAdapter.sigma_shift, as vgrpo.training.stage.run_stage does)"
         )
     algo_config = config.algorithm
     kwargs: dict[str, Any] = {

@@ -5,7 +5,7 @@ bf16 autocast covers the transformer only: the wrapper returns float32 velocitie
 ratios and losses downstream are computed in float32 (:mod:`vgrpo.surrogate`). The behaviour policy's
 surrogates (``prepare``) and the trained policy's (gradient steps) go through the same wrapper, so on-policy
 the ratio is 1 up to bf16's run-to-run determinism, not up to the gap between two precisions: flow_grpo users
-who sampled in bf16 and trained in fp32 saw on-policy ratios far from 1 (``tests/test_precision.py`` pins both).
+who sampled in bf16 and trained in fp32 saw on-policy ratios far from 1 (``tests/models/test_precision.py`` pins both).
 """
 
 from __future__ import annotations

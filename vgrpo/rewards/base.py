@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from vgrpo.guards import NonFiniteError
+from vgrpo.training.guards import NonFiniteError
 
 __all__ = [
     "Metadata",
@@ -46,7 +46,7 @@ class TransientRewardError(RewardError):
 
 
 class NonFiniteRewardError(RewardError, NonFiniteError):
-    """A reward returned NaN or Inf scores: a training stage skips the iteration (:mod:`vgrpo.guards`).
+    """A reward returned NaN or Inf scores: a training stage skips the iteration (:mod:`vgrpo.training.guards`).
     ``scores`` holds what it returned, for the event log."""
 
     scores: np.ndarray | None = None

@@ -22,8 +22,8 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from vgrpo.clauses import Detection
 from vgrpo.rewards.base import Metadata
+from vgrpo.rewards.clauses import Detection
 from vgrpo.rewards.preference import pooled_features
 
 __all__ = [

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from vgrpo.clauses import GENEVAL_TAGS, Box, Detection, relative_position
 from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+from vgrpo.rewards.clauses import GENEVAL_TAGS, Box, Detection, relative_position
 
 if TYPE_CHECKING:
     from vgrpo.rewards.detectors import Detector

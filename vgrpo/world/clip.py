@@ -28,8 +28,8 @@ from torch import Tensor, nn
 
 from vgrpo.atomic import atomic_dir
 from vgrpo.models.config import EmbeddedModelConfig
-from vgrpo.optim import build_adamw, clip_gradients
 from vgrpo.progress import progress_bar
+from vgrpo.training.optim import build_adamw, clip_gradients
 from vgrpo.world.config import WorldAugmentConfig, WorldCLIPConfig
 from vgrpo.world.degrade import hard_negative
 from vgrpo.world.prompts import allowed_pairs, sample_metadata, scene_for

@@ -1,9 +1,9 @@
 """Typed configs of the embedded world's training jobs: base pretraining (``params/embedded/pretrain.yaml``) and
 the world's learned reward models (``params/embedded/rewards.yaml``). Every value is spelled out in those files
 so that DVC's params tracking sees all of them, but ``pretrain.vae``'s weight decay and gradient clip, which keep
-the defaults of :mod:`vgrpo.optim` (a dependency of the pretraining stage).
+the defaults of :mod:`vgrpo.training.optim` (a dependency of the pretraining stage).
 
-Each job's optimiser is the shared :class:`vgrpo.optim.AdamWConfig`, whose fields (``lr``, ``weight_decay``,
+Each job's optimiser is the shared :class:`vgrpo.training.optim.AdamWConfig`, whose fields (``lr``, ``weight_decay``,
 ``max_grad_norm``) each job config inherits at the top of its section."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from vgrpo.config_base import FrozenConfig
 from vgrpo.models.config import EmbeddedModelConfig
-from vgrpo.optim import AdamWConfig, LearningRate, WeightDecay
+from vgrpo.training.optim import AdamWConfig, LearningRate, WeightDecay
 
 __all__ = [
     "PretrainConfig",

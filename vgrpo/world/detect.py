@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-from vgrpo.clauses import Detection
+from vgrpo.rewards.clauses import Detection
 from vgrpo.world.render import shape_mask
 from vgrpo.world.scene import COLORS, PALETTE, SHAPES
 

@@ -32,18 +32,18 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.atomic import atomic_dir
-from vgrpo.evaluation import Sampling
-from vgrpo.evaluation import evaluate as evaluate_pipeline
+from vgrpo.evaluation.evaluator import Sampling
+from vgrpo.evaluation.evaluator import evaluate as evaluate_pipeline
 from vgrpo.flow import interpolate, timestep_grid, velocity_target
 from vgrpo.images import images_to_tensor
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
-from vgrpo.optim import build_adamw, clip_gradients
 from vgrpo.policy import Conditioning
 from vgrpo.progress import progress_bar
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.samplers import euler_ode_sample
+from vgrpo.training.optim import build_adamw, clip_gradients
 from vgrpo.world.config import PretrainConfig
 from vgrpo.world.data import world_batch
 from vgrpo.world.prompts import allowed_pairs

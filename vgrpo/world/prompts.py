@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from vgrpo.atomic import write_text_atomic
-from vgrpo.clauses import GENEVAL_TAGS, Detection, relative_position
 from vgrpo.prompts import PromptFileError, load_prompts
+from vgrpo.rewards.clauses import GENEVAL_TAGS, Detection, relative_position
 from vgrpo.world.render import FONT_CHARS, max_text_chars, pixel_box
 from vgrpo.world.scene import (
     COLORS,

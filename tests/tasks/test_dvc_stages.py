@@ -1,0 +1,67 @@
+"""DVC stages for every curriculum: each stage of the SD3.5-M and FLUX.1-dev curricula is a DVC stage running the
+same command with its own params and folders, the embedded stages render exactly what dvc.lock recorded, and a
+real-model stage without its weights stops at once with the preflight's message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CURRICULA = {"stage": "embedded", "stage-sd35": "sd35", "stage-flux": "flux"}
+
+
+def _stages() -> dict[str, dict[str, Any]]:
+    """Every stage dvc.yaml declares, foreach groups expanded by DVC itself: name -> its command and outputs."""
+    pytest.importorskip("dvc")
+    from dvc.repo import Repo
+
+    with Repo(str(REPO)) as repo:
+        return {s.addressing: {"cmd": s.cmd, "outs": [o.def_path for o in s.outs]} for s in repo.index.stages}
+
+
+def test_every_curriculum_stage_is_a_dvc_stage_under_its_own_folders() -> None:
+    stages = _stages()
+    for group, model in CURRICULA.items():
+        curriculum = f"params/curricula/{model}.yaml"
+        files = yaml.safe_load((REPO / curriculum).read_text())["curriculum"]["stages"]
+        for n, _ in enumerate(files, 1):
+            stage = stages[f"{group}@{n}"]
+            assert f"python -m tasks.dvc_stage --curriculum {curriculum} --stage {n} " in stage["cmd"]
+            run_root = "runs/dvc" if model == "embedded" else f"runs/dvc-{model}"
+            assert f"--run-root {run_root} " in stage["cmd"]
+            assert any(o.startswith(f"{run_root}/stages/") for o in stage["outs"])
+        assert f"{group}@{len(files) + 1}" not in stages
+    outs = [o for s in stages.values() for o in s["outs"]]
+    assert len(outs) == len(set(outs))  # no two stages write the same file
+
+
+def test_the_embedded_stages_render_what_dvc_lock_recorded() -> None:
+    """Adding the real-model groups left the embedded stages' commands and outputs as dvc.lock has them (their
+    deps are re-recorded whenever the code they list changes)."""
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())["stages"]
+    stages = _stages()
+    for n in range(1, 6):
+        recorded, rendered = lock[f"stage@{n}"], stages[f"stage@{n}"]
+        assert rendered["cmd"] == recorded["cmd"]
+        assert sorted(rendered["outs"]) == sorted(o["path"] for o in recorded["outs"])
+
+
+def test_dvc_stage_of_the_sd35_curriculum_stops_at_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tasks.dvc_stage import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("VGRPO_MODELS", str(tmp_path / "models"))
+    metrics = tmp_path / "m.json"
+    args = ["--curriculum", "params/curricula/sd35.yaml", "--run-root", str(tmp_path), "--metrics", str(metrics)]
+    assert main([*args, "--stage", "2", "--init", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: preflight found")
+    assert "stable-diffusion-3.5-medium: pipeline directory not found" in err
+    assert "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.pth: not found" in err
+    assert not metrics.exists() and not (tmp_path / "work").exists()

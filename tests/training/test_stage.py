@@ -1,0 +1,184 @@
+"""A curriculum stage as plain functions on a tiny embedded pipeline: prompts and randomness per iteration,
+LoRA export that diffusers loads, and a killed stage that resumes to the same weights as an uninterrupted one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.tiny_world import tiny_stage_config as _config
+from tests.tiny_world import write_tiny_world
+from vgrpo.training.phases import iteration_generator, sample_prompt_rows
+from vgrpo.training.stage import run_stage
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_world(tmp_path_factory.mktemp("world"))
+
+
+def test_iteration_randomness_depends_only_on_seed_and_iteration() -> None:
+    rows = [{"prompt": str(i)} for i in range(10)]
+    assert sample_prompt_rows(rows, 4, 0, 3) == sample_prompt_rows(rows, 4, 0, 3) != sample_prompt_rows(rows, 4, 0, 4)
+    assert len({r["prompt"] for r in sample_prompt_rows(rows, 10, 1, 0)}) == 10  # without replacement
+    a, b = iteration_generator(0, 5), iteration_generator(0, 5)
+    assert torch.equal(torch.randn(3, generator=a), torch.randn(3, generator=b))
+
+
+def test_tag_weights_set_each_tags_share_of_the_drawn_prompts() -> None:
+    rows = [{"prompt": f"a{i}", "tag": "a"} for i in range(900)] + [{"prompt": f"b{i}", "tag": "b"} for i in range(100)]
+    drawn = [r["tag"] for it in range(400) for r in sample_prompt_rows(rows, 8, 0, it, {"a": 1.0, "b": 3.0})]
+    assert drawn.count("b") / len(drawn) == pytest.approx(0.75, abs=0.03)  # uniform over rows would give 0.10
+    assert sample_prompt_rows(rows, 8, 0, 7, {"a": 1.0, "b": 3.0}) == sample_prompt_rows(
+        rows, 8, 0, 7, {"a": 1, "b": 3}
+    )
+
+
+def test_tag_weights_must_cover_every_kept_tag(world: Path) -> None:
+    config = _config(prompt_tag_weights={"single_object": 1.0})
+    with pytest.raises(ValueError, match="no weight for the tags"):
+        run_stage(config, pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora", root=world)
+    with pytest.raises(ValueError, match="must all be > 0"):
+        _config(prompt_tag_weights={"single_object": 0.0})
+
+
+def test_stage_exports_lora_that_diffusers_loads(world: Path) -> None:
+    from diffusers import StableDiffusion3Pipeline
+
+    from vgrpo.checkpoints.state import load_lora_into
+    from vgrpo.models import add_lora
+
+    logged: list[int] = []
+    result = run_stage(_config(), pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora",
+                       root=world, log=lambda m, i: logged.append(i))  # fmt: skip
+    assert logged == [0, 1, 2] and len(result.history) == 3
+    assert {"reward/geneval_mean", "reward/geneval/strict_mean", "train/grad_norm", "surrogate/cv"} <= set(
+        result.history[0]
+    )
+    assert result.evaluations[-1]["iteration"] == 3 and "geneval" in result.evaluations[-1]["rewards"]
+    # A plain diffusers script loads the export and reproduces our adapted transformer.
+    plain = StableDiffusion3Pipeline.from_pretrained(world / "base", text_encoder_3=None, tokenizer_3=None)
+    plain.load_lora_weights(world / "lora")
+    ours = StableDiffusion3Pipeline.from_pretrained(world / "base", text_encoder_3=None, tokenizer_3=None).transformer
+    add_lora(ours, rank=4, alpha=8, target_modules=_config().lora.target_modules)  # type: ignore[union-attr]
+    load_lora_into(ours, world / "lora")
+    x = torch.randn(2, 4, 8, 8)
+    enc, pooled, t = torch.randn(2, 20, 32), torch.randn(2, 16), torch.tensor([500.0, 300.0])
+    kw = {"hidden_states": x, "encoder_hidden_states": enc, "pooled_projections": pooled, "timestep": t}
+    with torch.no_grad():
+        base_out = (
+            StableDiffusion3Pipeline.from_pretrained(world / "base", text_encoder_3=None, tokenizer_3=None)
+            .transformer(**kw)
+            .sample
+        )
+        torch.testing.assert_close(plain.transformer(**kw).sample, ours(**kw).sample)
+    assert not torch.allclose(base_out, ours(**kw).sample)  # training changed the adapter
+
+
+class Killed(RuntimeError):
+    pass
+
+
+def test_killed_stage_resumes_to_the_same_weights(world: Path) -> None:
+    from safetensors.torch import load_file
+
+    cfg = _config(eval_prompts=None)
+    run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "whole", out_dir=world / "whole_lora", root=world)
+
+    def die_after_second(metrics: dict, iteration: int) -> None:
+        if iteration == 1:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world,
+                  log=die_after_second)  # fmt: skip
+    resumed = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world)
+    assert resumed.resumed_from == 1  # iteration 1 died before its checkpoint
+    a = load_file(world / "whole_lora" / "pytorch_lora_weights.safetensors")
+    b = load_file(world / "cut_lora" / "pytorch_lora_weights.safetensors")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    other = _config(eval_prompts=None, seed=1)
+    fresh = run_stage(other, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "o", root=world)
+    assert fresh.resumed_from == 0  # a checkpoint written with other params is not resumed
+    assert np.isfinite([h["reward/pickscore_mean"] for h in resumed.history]).all()
+
+
+def test_a_stage_does_not_resume_across_a_changed_starting_adapter(world: Path) -> None:
+    """Re-running a curriculum's earlier stage with other params rewrites its adapter at the same path; the next
+    stage must then start over, not resume (or re-export) what it trained from the old adapter."""
+    cfg, short = _config(eval_prompts=None, iterations=2), _config(eval_prompts=None, iterations=1)
+    run_stage(short, pipeline_dir=Path("base"), work_dir=world / "p1", out_dir=world / "prev", root=world)
+    first = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
+                      init_lora=Path("prev"), root=world)  # fmt: skip
+    again = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
+                      init_lora=Path("prev"), root=world)  # fmt: skip
+    assert first.resumed_from == 0 and again.resumed_from == 2  # same start: the finished run is reused
+    other = _config(eval_prompts=None, iterations=1, seed=1)
+    run_stage(other, pipeline_dir=Path("base"), work_dir=world / "p2", out_dir=world / "prev", root=world)
+    changed = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
+                        init_lora=Path("prev"), root=world)  # fmt: skip
+    assert changed.resumed_from == 0
+
+
+def test_stage_config_errors() -> None:
+    with pytest.raises(ValueError, match=r"rewards\[\]\.weight"):
+        _config(advantage={"weights": {"geneval": 1.0}})
+    with pytest.raises(ValueError, match="unknown reward"):
+        _config(rewards=[{"name": "nope"}])
+
+
+def test_safetensors_header_is_canonical_whatever_order_it_was_written_in(tmp_path: Path) -> None:
+    """safetensors writes ``__metadata__`` from a Rust hash map (its order varies by process); stage outputs are
+    identified by content hash, so save_lora rewrites the header with sorted keys."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vgrpo.checkpoints.state import canonicalize_safetensors_header
+
+    tensors = {"b.weight": torch.arange(6.0).reshape(2, 3), "a.weight": torch.ones(3, dtype=torch.float16)}
+    save_file(tensors, tmp_path / "x.safetensors", metadata={"format": "pt", "lora_adapter_metadata": "{}"})
+    raw = (tmp_path / "x.safetensors").read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + size])
+    reordered = {"__metadata__": dict(reversed(list(header.pop("__metadata__").items()))), **header}
+    text = json.dumps(reordered).encode()  # another order, other spacing, no padding
+    (tmp_path / "y.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + size :])
+    for name in ("x", "y"):
+        canonicalize_safetensors_header(tmp_path / f"{name}.safetensors")
+    x, y = ((tmp_path / f"{n}.safetensors").read_bytes() for n in ("x", "y"))
+    assert x == y and int.from_bytes(x[:8], "little") % 8 == 0
+    with safe_open(tmp_path / "x.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt", "lora_adapter_metadata": "{}"}
+        for key, value in tensors.items():
+            assert torch.equal(f.get_tensor(key), value)
+
+
+def test_stage_trains_with_bf16_autocast_and_gradient_checkpointing(world: Path) -> None:
+    config = _config(iterations=1, eval_prompts=None, precision={"autocast": "bf16", "gradient_checkpointing": True})
+    result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / "bf16", out_dir=world / "bf16-lora",
+                       root=world)  # fmt: skip
+    metrics = result.history[0]
+    assert all(np.isfinite(v) for v in metrics.values())
+    assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy, one precision for both
+    assert (world / "bf16-lora" / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_stage_evaluation_uses_hybrid_sampling_when_configured(world: Path) -> None:
+    evaluation = {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}], "p_mix": 0.5,
+                  "base_pipeline": "base"}  # fmt: skip
+    result = run_stage(_config(iterations=1, evaluation=evaluation), pipeline_dir=Path("base"),
+                       work_dir=world / "hybrid", out_dir=world / "hybrid-lora", root=world)  # fmt: skip
+    assert result.evaluations[-1]["sampling"]["p_mix"] == 0.5
+
+
+@pytest.mark.parametrize("at_start", [True, False])
+def test_periodic_evaluation_includes_the_start_unless_it_is_switched_off(world: Path, at_start: bool) -> None:
+    config = _config(iterations=2, eval_every=1, eval_at_start=at_start)
+    result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / f"start-{at_start}",
+                       out_dir=world / f"start-{at_start}-lora", root=world)  # fmt: skip
+    assert [e["iteration"] for e in result.evaluations] == ([0, 1, 2] if at_start else [1, 2])

@@ -1,0 +1,274 @@
+"""Evaluation: sample a fixed prompt set with fixed seeds, score every image with every reward, write a table.
+
+What the pipeline's evaluate task runs after each stage, and what the paper's tables report: GenEval per tag
+(strict, the overall score the mean of the per-tag accuracies, Ghosh et al. 2023), OCR accuracy over OCR
+prompts, and the mean of each preference reward over the prompts it applies to. Sampling is the RL rollout's
+Euler ODE, optionally with classifier-free guidance (the paper reports SD3.5-M with and without CFG) and with
+MixGRPO's hybrid sampling (the trained model for the first ``p_mix * T`` steps, the base for the rest; the
+paper's FLUX evaluation uses ``p_mix = 0.8``).
+
+Every sample's initial noise comes from its own generator seeded by ``(seed, sample index)``, so an image does
+not depend on the micro-batch size or on which other prompts are evaluated with it.
+
+A stage evaluates at its own resolution and shift when it sets them (``evaluation.resolution``,
+``evaluation.shift``): the paper's FLUX protocol trains at 720 px and evaluates at 1024 px (V-GRPO App. A.1), and
+FLUX's shift depends on the image's token count, so the evaluation's is recomputed at its resolution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from vgrpo.config import StageConfig
+from vgrpo.evaluation.config import EvaluationConfig
+from vgrpo.evaluation.tables import summarise
+from vgrpo.flow import timestep_grid
+from vgrpo.parallel.distributed import Distributed
+from vgrpo.policy import Conditioning, VelocityModel
+from vgrpo.rewards.base import Metadata
+from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
+from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
+from vgrpo.seeding import derive_seed
+
+__all__ = [
+    "Evaluator",
+    "Sampling",
+    "build_evaluator",
+    "evaluate",
+    "generate",
+    "resized_adapter",
+    "sample_noise",
+    "sampling_shift",
+]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How an evaluation samples: Euler steps, the seed of every sample's noise, the timestep shift, CFG and
+    hybrid sampling. A table records it (``table["sampling"]``), and two tables compare only when theirs match."""
+
+    num_steps: int
+    seed: int = 0
+    shift: float | None = None
+    guidance_scale: float | None = None
+    p_mix: float | None = None
+
+    @classmethod
+    def of(cls, config: EvaluationConfig, shift: float | None) -> Sampling:
+        """The sampling of an evaluation config at the stage's resolved shift."""
+        return cls(config.num_steps, config.seed, shift, config.guidance_scale, config.p_mix)
+
+
+def sample_noise(seed: int, indices: Sequence[int], latent_shape: Sequence[int]) -> Tensor:
+    """``(len(indices), *latent_shape)`` standard normal noise, row ``k`` a function of ``(seed, indices[k])``."""
+    rows = []
+    for i in indices:
+        state = derive_seed(seed, i)
+        rows.append(torch.randn(*latent_shape, generator=torch.Generator().manual_seed(state)))
+    return torch.stack(rows)
+
+
+@torch.no_grad()
+def generate(
+    *,
+    encode: Callable[[list[str]], Conditioning],
+    decode: Callable[[Tensor], np.ndarray],
+    policy: VelocityModel,
+    prompts: Sequence[str],
+    latent_shape: Sequence[int],
+    sampling: Sampling,
+    base: VelocityModel | None = None,
+    micro_batch: int = 64,
+    score: Callable[[np.ndarray, list[int]], Future[Any]] | None = None,
+    progress: bool = False,
+) -> tuple[np.ndarray, list[Any]]:
+    """Images for ``prompts`` (``uint8 (N, H, W, 3)``), sample ``i`` from :func:`sample_noise` ``(sampling.seed, i)``.
+
+    Args:
+        encode: prompts -> conditioning (e.g. :meth:`vgrpo.models.adapter.PipelineAdapter.encode_prompts`).
+        decode: latents -> uint8 images.
+        sampling: CFG against the empty prompt when ``guidance_scale`` is given and != 1; hybrid sampling with
+            ``base`` when ``p_mix`` is given (both or neither).
+        micro_batch: samples per forward pass (memory only: no image depends on it).
+        score: called with each decoded chunk and its sample indices as soon as it exists (e.g.
+            :meth:`vgrpo.rewards.multi.MultiReward.submit`), so rewards overlap the next chunk's sampling.
+        progress: show a tqdm bar over the samples.
+
+    Returns:
+        The images and the futures ``score`` returned, in chunk order.
+    """
+    p_mix, guidance_scale = sampling.p_mix, sampling.guidance_scale
+    if (base is None) != (p_mix is None):
+        raise ValueError("hybrid sampling needs both `base` and `p_mix`")
+    from tqdm.auto import tqdm
+
+    sigmas = timestep_grid(sampling.num_steps, shift=sampling.shift)
+    model, base_model = policy, base
+    if guidance_scale is not None and guidance_scale != 1.0:
+        uncond = encode([""])
+        model = ClassifierFreeGuidance(policy, uncond, guidance_scale)
+        base_model = None if base is None else ClassifierFreeGuidance(base, uncond, guidance_scale)
+    images, futures = [], []
+    bar = tqdm(total=len(prompts), desc="sampling", unit="img", disable=not progress)
+    for start in range(0, len(prompts), micro_batch):
+        idx = list(range(start, min(start + micro_batch, len(prompts))))
+        cond = encode([prompts[i] for i in idx])
+        noise = sample_noise(sampling.seed, idx, latent_shape)
+        if base_model is not None and p_mix is not None:
+            latents = hybrid_euler_sample(model, base_model, noise, cond, sigmas, p_mix)
+        else:
+            latents = euler_ode_sample(model, noise, cond, sigmas)
+        chunk = decode(latents)
+        if score is not None:
+            futures.append(score(chunk, idx))
+        images.append(chunk)
+        bar.update(len(idx))
+    bar.close()
+    return np.concatenate(images), futures
+
+
+def evaluate(
+    *,
+    adapter: Any,
+    policy: VelocityModel,
+    metadata: Sequence[Metadata],
+    rewards: MultiReward,
+    group_size: int,
+    sampling: Sampling,
+    base: VelocityModel | None = None,
+    micro_batch: int = 64,
+    overlap: bool = True,
+    progress: bool = False,
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Sample ``group_size`` images for each metadata row's ``prompt`` (prompt-major) and tabulate every
+    reward (:func:`vgrpo.evaluation.tables.summarise`). ``adapter`` encodes prompts, decodes latents and knows the
+    latent shape
+    (:class:`vgrpo.models.adapter.PipelineAdapter`). With ``overlap``, chunk ``k`` is scored on the reward thread
+    while chunk ``k + 1`` is sampled.
+
+    Returns:
+        The table (with the sampling settings and seconds spent) and the images.
+    """
+    import time
+
+    from vgrpo.images import tensor_to_images
+
+    expanded = [md for md in metadata for _ in range(group_size)]
+    prompts = [str(md["prompt"]) for md in expanded]
+    meta = expanded if rewards.needs_metadata else None
+
+    def score(chunk: np.ndarray, idx: list[int]) -> Future[MultiRewardOutput]:
+        return rewards.submit(chunk, [prompts[i] for i in idx], None if meta is None else [meta[i] for i in idx])
+
+    t0 = time.perf_counter()
+    images, futures = generate(
+        encode=adapter.encode_prompts,
+        decode=lambda z: tensor_to_images(adapter.decode(z)),
+        policy=policy,
+        prompts=prompts,
+        latent_shape=adapter.latent_shape,
+        sampling=sampling,
+        base=base,
+        micro_batch=micro_batch,
+        score=score if overlap else None,
+        progress=progress,
+    )
+    t1 = time.perf_counter()
+    scored = MultiRewardOutput.concatenate([f.result() for f in futures]) if overlap else rewards(images, prompts, meta)
+    t2 = time.perf_counter()
+    table = summarise(scored, prompts, expanded, rewards, group_size=group_size)
+    table["sampling"] = asdict(sampling)
+    table["seconds"] = {"sampling": t1 - t0, "scoring_after_sampling": t2 - t1, "total": t2 - t0}
+    table["seconds"] |= {f"reward_{k}": v for k, v in scored.seconds.items()}
+    return table, images
+
+
+def resized_adapter(adapter: Any, resolution: int | None) -> Any:
+    """``adapter`` (:class:`vgrpo.models.adapter.PipelineAdapter`) at the evaluation's image side, sharing its
+    pipeline and its prompt cache (:meth:`~vgrpo.models.adapter.PipelineAdapter.resized`); ``adapter`` itself when
+    ``resolution`` is None or its own.
+
+    Raises:
+        ValueError: naming ``evaluation.resolution`` when it is not a multiple of the VAE factor times the patch size.
+    """
+    if resolution is None or resolution == adapter.resolution:
+        return adapter
+    try:
+        return adapter.resized(resolution)
+    except ValueError as exc:
+        raise ValueError(f"evaluation.{exc}") from exc
+
+
+def sampling_shift(
+    setting: float | str, adapter: Any, *, rollout_shift: float | None, rollout_dynamic: bool = False
+) -> float | None:
+    """The static shift an evaluation samples with on ``adapter`` (at the evaluation's resolution), by its
+    ``evaluation.shift`` ``setting``: a number as given; ``"dynamic"`` FLUX's resolution-dependent shift at the
+    adapter's token count; ``"rollout"`` the rollout's rule: ``rollout_shift``, or the dynamic shift again when the
+    rollout's is dynamic (``rollout_dynamic``)."""
+    if setting == "dynamic" or (setting == "rollout" and rollout_dynamic):
+        return float(adapter.dynamic_shift())
+    if setting == "rollout":
+        return rollout_shift
+    return float(setting)
+
+
+@dataclass
+class Evaluator:
+    """The evaluation routine of a stage (:func:`evaluate`): fixed prompts, seeds and rewards, the base model for
+    hybrid sampling (FLUX, ``p_mix``) when configured, and the rollout's shift (``shift``, resolved; with
+    ``dynamic_shift`` FLUX's rule, recomputed at the evaluation's resolution). Each call samples at
+    ``config.resolution`` (None: the adapter's, the rollout's) with :func:`sampling_shift` of ``config.shift``."""
+
+    rows: list[dict[str, Any]]
+    rewards: MultiReward
+    config: EvaluationConfig
+    shift: float | None
+    base: nn.Module | None = None
+    dynamic_shift: bool = False
+
+    def sampling(self, adapter: Any) -> tuple[Any, Sampling]:
+        """The adapter at the evaluation's resolution and the :class:`Sampling` it is evaluated with."""
+        adapter = resized_adapter(adapter, self.config.resolution)
+        shift = sampling_shift(self.config.shift, adapter, rollout_shift=self.shift, rollout_dynamic=self.dynamic_shift)
+        return adapter, Sampling.of(self.config, shift)
+
+    def __call__(self, adapter: Any, policy: nn.Module, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
+        adapter, sampling = self.sampling(adapter)
+        table, images = evaluate(adapter=adapter, policy=policy, metadata=self.rows, rewards=self.rewards,
+                                 group_size=self.config.group_size, sampling=sampling, base=self.base,
+                                 micro_batch=self.config.micro_batch)  # fmt: skip
+        table["iteration"] = iteration
+        return table, images
+
+
+def build_evaluator(
+    config: StageConfig, rows: list[dict[str, Any]] | None, root: Path, shift: float | None, dist: Distributed
+) -> Evaluator | None:
+    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0, except
+    under FSDP: every rank takes part in the sharded policy's forward passes, so every rank evaluates); ``shift``
+    is the rollout's, resolved (:meth:`vgrpo.models.adapter.PipelineAdapter.sigma_shift`)."""
+    if not rows or not (dist.is_main or config.distributed.strategy == "fsdp"):
+        return None
+    base = None
+    if config.evaluation.base_pipeline is not None:
+        from vgrpo.models.pipeline import build_adapter, load_pipeline
+        from vgrpo.models.precision import frozen_dtype
+
+        # Only the base's transformer samples (the policy's adapter encodes the prompts and decodes): its text
+        # encoders and VAE load in the frozen dtype and stay on the CPU.
+        frozen = frozen_dtype(config.precision.frozen_dtype, dist.device)
+        base_pipe = load_pipeline(root / config.evaluation.base_pipeline, frozen_dtype=frozen)
+        base_pipe.transformer.to(dist.device)
+        base = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
+    rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards])
+    return Evaluator(rows=rows, rewards=rewards, config=config.evaluation, shift=shift, base=base,
+                     dynamic_shift=config.rollout.dynamic_shift)  # fmt: skip

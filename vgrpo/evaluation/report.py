@@ -1,0 +1,136 @@
+"""An evaluation as files: :func:`vgrpo.evaluation.evaluator.evaluate` of a pipeline directory (with a stage's LoRA or
+not)
+on a prompt file, its table written beside its per-prompt scores, an earlier one read back as the baseline of
+paired gains, and the table as text.
+
+This is the body of ``python -m vgrpo.cli evaluate`` (the DVC stages ``evaluate_base`` and
+``evaluate_curriculum``); its errors name the inputs as that command spells them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vgrpo.atomic import write_json_atomic
+from vgrpo.checkpoints.state import LORA_FILE
+from vgrpo.errors import ConfigError, UserError
+from vgrpo.evaluation.config import EvaluationConfig
+from vgrpo.evaluation.evaluator import Sampling, evaluate, sampling_shift
+from vgrpo.evaluation.grids import grid_of, write_grid
+from vgrpo.evaluation.tables import compare
+from vgrpo.models.pipeline import build_adapter, load_pipeline
+from vgrpo.prompts import load_prompts
+from vgrpo.rewards.multi import MultiReward
+
+__all__ = ["evaluate_to_files", "format_table", "read_evaluation", "scores_path"]
+
+
+def scores_path(out: str | Path) -> Path:
+    """Where an evaluation written to ``out`` keeps its per-prompt scores: ``out`` with ``.scores.json``."""
+    return Path(out).with_suffix(".scores.json")
+
+
+def read_evaluation(path: str | Path) -> dict[str, Any]:
+    """An evaluation written by :func:`evaluate_to_files`, with its per-prompt scores put back."""
+    scores = scores_path(path)
+    for f in (Path(path), scores):
+        if not f.is_file():
+            raise UserError(f"--baseline {path}: {f} does not exist (written by `evaluate --out {path}`)")
+    try:
+        table = json.loads(Path(path).read_text())
+        table["per_prompt"] = json.loads(scores.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--baseline {path}: not JSON ({exc})") from exc
+    return dict(table)
+
+
+def evaluate_to_files(
+    config: EvaluationConfig,
+    pipeline: str | Path,
+    prompts: str | Path,
+    out: str | Path,
+    *,
+    lora: str | Path | None = None,
+    grid: str | Path | None = None,
+    baseline: str | Path | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``pipeline`` (plus the LoRA directory ``lora``, read by diffusers' ``load_lora_weights`` as a
+    plain diffusers script would) on the first ``config.max_prompts`` rows of ``prompts``.
+
+    Writes the table to ``out`` and its per-prompt scores beside it (:func:`scores_path`: DVC and readers of the
+    metrics file see the summary only), and the image grid of the first ``config.grid_prompts`` prompts to
+    ``grid``. With ``baseline`` (an earlier ``out`` of the same prompts and settings) the table adds paired gains
+    with their intervals. Returns the table as written.
+
+    Raises:
+        UserError: a missing or unreadable baseline, prompt file, pipeline or adapter directory, or a baseline
+            of other prompts or settings.
+    """
+    reference = read_evaluation(baseline) if baseline is not None else None
+    metadata = load_prompts(prompts)[: config.max_prompts]
+    if lora is not None and not (Path(lora) / LORA_FILE).is_file():
+        raise UserError(f"--lora {lora}: no {LORA_FILE} there (not an adapter directory written by a stage)")
+    pipe = load_pipeline(pipeline)
+    if lora is not None:
+        pipe.load_lora_weights(lora, use_safetensors=True)
+    adapter, policy = build_adapter(pipe, resolution=config.resolution)
+    base = None
+    if config.base_pipeline is not None:
+        base_pipe = load_pipeline(config.base_pipeline)
+        if type(base_pipe) is not type(pipe):
+            raise ConfigError(
+                f"base_pipeline {config.base_pipeline} is a {type(base_pipe).__name__}, the evaluated pipeline a "
+                f"{type(pipe).__name__}: hybrid sampling needs the same model family"
+            )
+        base = build_adapter(base_pipe)[1].eval()
+    with MultiReward.from_specs([r.model_dump() for r in config.rewards]) as rewards:
+        table, images = evaluate(
+            adapter=adapter, policy=policy.eval(), metadata=metadata,
+            rewards=rewards, group_size=config.group_size,
+            sampling=Sampling.of(config, sampling_shift(config.shift, adapter, rollout_shift=adapter.scheduler_shift)),
+            base=base, micro_batch=config.micro_batch, overlap=config.overlap, progress=True,
+        )  # fmt: skip
+    table |= {"pipeline": str(pipeline), "lora": None if lora is None else str(lora), "prompt_file": str(prompts)}
+    if reference is not None:
+        try:
+            compare(table, reference)
+        except ValueError as exc:
+            raise UserError(f"--baseline {baseline}: {exc}") from exc
+        table["baseline"] = str(baseline)
+    if grid and config.grid_prompts:
+        write_grid(grid, **grid_of(table, images, config.grid_prompts))
+    write_json_atomic(scores_path(out), table.pop("per_prompt"))
+    write_json_atomic(out, table)
+    return table
+
+
+def _with_ci(value: float | None, ci: list[float] | None, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+
+
+def format_table(table: dict[str, Any]) -> str:
+    """The evaluation table with 95% intervals, and the gains over the baseline when it has them, as text."""
+    gains = "baseline" in table
+    lines = []
+    for key, entry in table["rewards"].items():
+        if "per_tag" in entry:
+            lines.append(f"{key + ' tag':<16}{'strict [95% CI]':>24}{'partial':>9}{'images':>8}"
+                         + (f"{'gain [95% CI]':>26}" if gains else ""))  # fmt: skip
+            for tag, row in entry["per_tag"].items():
+                gain = f"{_with_ci(row['strict_gain'], row['strict_gain_ci']):>26}" if gains else ""
+                lines.append(f"{tag:<16}{_with_ci(row['strict'], row['strict_ci']):>24}{row['partial']:>9.3f}"
+                             f"{row['images']:>8d}{gain}")  # fmt: skip
+            gain = f"{_with_ci(entry['geneval_strict_gain'], entry['geneval_strict_gain_ci']):>34}" if gains else ""
+            lines.append(f"{'overall':<16}{_with_ci(entry['geneval_strict'], entry['geneval_strict_ci']):>24}"
+                         f"{entry['geneval_partial']:>9.3f}{gain}")  # fmt: skip
+    for key, entry in table["rewards"].items():
+        varied = entry["varied_group_frac"]
+        gain = f"; gain {_with_ci(entry['gain'], entry['gain_ci'], 4)}" if gains and "gain" in entry else ""
+        lines.append(f"{key}: {_with_ci(entry['mean'], entry['mean_ci'], 4)} over {entry['images']} images{gain}; "
+                     f"prompts whose group varies: {'n/a' if varied is None else f'{varied:.3f}'}")  # fmt: skip
+    lines.append(f"{table['samples']} samples in {table['seconds']['total']:.0f} s (95% CIs: bootstrap over prompts)")
+    return "\n".join(lines)

@@ -1,0 +1,297 @@
+"""One training iteration, the same for every algorithm, usable without Prefect, in three phases:
+
+rollout (:func:`rollout_batch`) -> rewards (:func:`gather_rewards`) -> advantages, prepare (pairs, old surrogates)
+and K gradient steps (:func:`update_policy`); :func:`train_iteration` runs the three in one call.
+
+Sharded over ``W`` processes (the algorithm's :class:`vgrpo.parallel.distributed.Distributed`), every rank is given the
+same global prompts and generator and works on its block of whole prompt groups: it keeps its block of the
+global initial noise, rolls out and scores its samples, gathers the rewards to normalise each group on the
+global batch, and averages gradients over ranks before each optimizer step. With one process every step is
+the same as without sharding.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from vgrpo.advantages import compute_advantages
+from vgrpo.algorithms.base import Algorithm, Payload, Rollout
+from vgrpo.algorithms.config import AdvantageConfig
+from vgrpo.config import TrainConfig
+from vgrpo.parallel.distributed import Distributed, samples_per_process
+from vgrpo.policy import Conditioning, trainable_parameters
+from vgrpo.training.guards import NonFiniteError, check_finite, nonfinite_summary
+from vgrpo.training.optim import OptimConfig, build_adamw, clip_gradients
+
+__all__ = [
+    "IterationRecord",
+    "RewardFn",
+    "RolloutBatch",
+    "build_optimizer",
+    "gather_rewards",
+    "minibatch_schedule",
+    "rollout_batch",
+    "train_iteration",
+    "update_policy",
+]
+
+RewardFn = Callable[[Tensor, Sequence[str]], Mapping[str, Tensor]]
+"""``(samples (N, *S), prompts (N,)) -> {reward name: (N,) scores}``; decoding is the reward's job."""
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """What one iteration did.
+
+    Attributes:
+        metrics: flat dict of floats: rewards, advantages, surrogate CV, ratio/clip/KL statistics
+            (averaged over gradient steps; ``*_first`` / ``*_last`` keep the ends), grad norm,
+            seconds per phase and NFE.
+        rewards: name -> ``(N,)`` the iteration's raw rewards (the global batch's, gathered from every rank).
+        samples: ``(N / W, *S)`` the rollout's final latents (this rank's samples).
+    """
+
+    metrics: dict[str, float]
+    rewards: dict[str, Tensor]
+    samples: Tensor
+
+
+def _clock(device: torch.device) -> float:
+    """Seconds for the phase split; waits for queued GPU work first, or a phase's kernels bill the next one."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _prompts_at(values: Tensor, prompts: Sequence[str], group_size: int) -> list[str]:
+    """The prompts of the first non-finite samples of a global ``(B * G,)`` tensor, for the event log."""
+    bad = torch.nonzero(~torch.isfinite(values)).flatten()[:4].tolist()
+    return [prompts[i // group_size] for i in bad]
+
+
+def _check_prepared(payload: Payload, dist: Distributed) -> None:
+    """Non-finite floating-point tensors among the payload ``prepare`` computed (old surrogates, old x-predictions,
+    old velocities, reward weights). Each rank holds its own samples', so the verdict is reduced: every rank skips,
+    or none does."""
+    bad = {k: v for k, v in payload.tensors().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())}
+    if dist.any(bool(bad)):
+        name = next(iter(bad), "prepared batch")
+        details = nonfinite_summary(bad[name]) if bad else {"on": "another rank"}
+        raise NonFiniteError(name, {**details, "rank": dist.rank})
+
+
+def build_optimizer(policy: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW over the policy's trainable parameters (LoRA adapters, or everything)."""
+    params = trainable_parameters(policy)
+    if not params:
+        raise ValueError("the policy has no trainable parameters")
+    return build_adamw(params, config, betas=config.betas, eps=config.adam_eps)
+
+
+def minibatch_schedule(num_samples: int, minibatches: int, steps: int, generator: torch.Generator) -> list[Tensor]:
+    """Sample indices for each of ``steps`` gradient steps: the whole batch when ``minibatches == 1``,
+    else consecutive parts of a permutation redrawn at the start of each pass over the batch.
+
+    Sharded, ``num_samples`` is a rank's count and every rank draws the same permutation of its own samples
+    (Flow-GRPO permutes per rank too), so a global minibatch is the union of the ranks' same-position parts:
+    as large as in one process, with an equal share from each rank, but not the same samples.
+    """
+    if minibatches == 1:
+        return [torch.arange(num_samples)] * steps
+    size = num_samples // minibatches
+    schedule: list[Tensor] = []
+    while len(schedule) < steps:
+        perm = torch.randperm(num_samples, generator=generator)
+        schedule.extend(perm[k * size : (k + 1) * size].sort().values for k in range(minibatches))
+    return schedule[:steps]
+
+
+def _accumulate(into: dict[str, list[float]], metrics: Mapping[str, float]) -> None:
+    for key, value in metrics.items():
+        into.setdefault(key, []).append(value)
+
+
+@dataclass
+class RolloutBatch:
+    """What the rollout phase hands to scoring and to the update (in memory: tensors are not persisted).
+
+    Attributes:
+        rollout: this rank's samples ``(N / W, *S)`` and what the algorithm stored while sampling.
+        prompts: the iteration's ``B`` global prompts; ``sample_prompts``: this rank's ``N / W``, prompt-major.
+        sample_cond: this rank's conditioning, one row per sample.
+        generator: the iteration's generator, advanced past the rollout (the update draws from it next).
+        seconds: wall time of the rollout.
+    """
+
+    rollout: Rollout
+    prompts: list[str]
+    sample_prompts: list[str]
+    sample_cond: Conditioning
+    group_size: int
+    generator: torch.Generator
+    iteration: int
+    seconds: float
+
+
+def rollout_batch(
+    *,
+    policy: nn.Module,
+    algorithm: Algorithm,
+    prompts: Sequence[str],
+    cond: Conditioning,
+    minibatches: int,
+    latent_shape: tuple[int, ...],
+    generator: torch.Generator,
+    iteration: int,
+) -> RolloutBatch:
+    """Phase 1 of an iteration: ``G`` samples for each of ``B`` prompts (``cond`` has ``B`` rows) under the
+    behaviour policy. Sharded, every rank passes the same global ``prompts``, ``cond`` and ``generator`` state and
+    samples its block of whole prompt groups from its block of the global initial noise."""
+    dist = algorithm.dist
+    group_size = algorithm.group_size
+    if len(prompts) != len(cond):
+        raise ValueError(f"{len(prompts)} prompts but conditioning has {len(cond)} rows")
+    samples_per_process(len(prompts), group_size, minibatches, dist.world_size)
+    shard = dist.shard(len(prompts))  # whole prompt groups per rank
+    device = next(policy.parameters()).device
+    sample_prompts = [p for p in prompts[shard] for _ in range(group_size)]
+    sample_cond = cond.index(torch.arange(shard.start, shard.stop)).repeat_interleave(group_size).to(device)
+    samples = slice(shard.start * group_size, shard.stop * group_size)  # this rank's block of the global batch
+    t0 = _clock(device)
+    noise = torch.randn(len(prompts) * group_size, *latent_shape, generator=generator)[samples].to(device)
+    rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
+    return RolloutBatch(rollout=rollout, prompts=list(prompts), sample_prompts=sample_prompts,
+                        sample_cond=sample_cond, group_size=group_size, generator=generator, iteration=iteration,
+                        seconds=_clock(device) - t0)  # fmt: skip
+
+
+def gather_rewards(batch: RolloutBatch, local: Mapping[str, Tensor], dist: Distributed) -> dict[str, Tensor]:
+    """Phase 2's end: this rank's scores ``{name: (N / W,)}`` gathered into the global batch's on every rank,
+    checked finite there, so every rank takes the same decision (:class:`vgrpo.training.guards.NonFiniteError`)."""
+    num_samples = len(batch.sample_prompts)
+    rewards = {name: r.detach().float().cpu() for name, r in local.items()}
+    for name, r in rewards.items():
+        if r.shape != (num_samples,):
+            raise ValueError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({num_samples},)")
+    rewards = {name: dist.gather(r) for name, r in rewards.items()}
+    for name, r in rewards.items():
+        check_finite(f"reward/{name}", r, prompts=_prompts_at(r, batch.prompts, batch.group_size))
+    return rewards
+
+
+def update_policy(
+    *,
+    policy: nn.Module,
+    algorithm: Algorithm,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    rewards: Mapping[str, Tensor],
+    advantage: AdvantageConfig,
+    optim: OptimConfig,
+    reward_weights: Mapping[str, float] | None = None,
+    reward_seconds: float = 0.0,
+) -> IterationRecord:
+    """Phase 3 of an iteration: advantages from the global batch's ``rewards`` (weighted by ``reward_weights``),
+    the algorithm's precomputation, then ``optim.gradient_steps`` optimizer steps, drawing minibatches from the
+    iteration's generator."""
+    dist = algorithm.dist
+    group_size = batch.group_size
+    num_samples = len(batch.sample_prompts)
+    device = next(policy.parameters()).device
+    shard = dist.shard(len(batch.prompts))
+    samples = slice(shard.start * group_size, shard.stop * group_size)
+    t2 = _clock(device)
+    adv = compute_advantages(
+        dict(rewards),
+        group_size=group_size,
+        weights=dict(reward_weights) if reward_weights else None,
+        aggregation=advantage.aggregation,
+        std_scope=advantage.std_scope,
+        delta=advantage.delta,
+        std_ddof=advantage.std_ddof,
+        soft_clip_eta=advantage.soft_clip_eta,
+        clamp=advantage.clamp,
+    )
+    check_finite("advantages", adv.advantages)
+    prepared = algorithm.prepare(policy, batch.rollout, batch.sample_cond, adv.advantages[samples], batch.generator)
+    _check_prepared(prepared.payload, dist)
+    t3 = _clock(device)
+
+    params = trainable_parameters(policy)
+    per_step: dict[str, list[float]] = {}
+    schedule = minibatch_schedule(num_samples, optim.minibatches, optim.gradient_steps, batch.generator)
+    for step, idx in enumerate(schedule):
+        optimizer.zero_grad(set_to_none=True)
+        step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, prepared, idx, step))
+        dist.average_gradients(params)  # before clipping, so every rank clips and steps the same gradient
+        grad_norm = clip_gradients(params, optim)
+        if not torch.isfinite(grad_norm):  # no step: this iteration is skipped (vgrpo.training.guards)
+            optimizer.zero_grad(set_to_none=True)
+            bad = {k: v for k, v in step_metrics.items() if not math.isfinite(v)}
+            raise NonFiniteError("loss" if bad else "gradients", {"step": step, "grad_norm": grad_norm.item(), **bad})
+        optimizer.step()
+        _accumulate(per_step, {**step_metrics, "grad_norm": grad_norm.item()})
+    end_metrics = algorithm.end_iteration(policy, batch.iteration)
+    t4 = _clock(device)
+
+    metrics: dict[str, float] = {"iteration": float(batch.iteration), **adv.metrics, **prepared.metrics,
+                                 **end_metrics}  # fmt: skip
+    for key, values in per_step.items():
+        metrics[f"train/{key}"] = sum(values) / len(values)
+    for key in ("ratio_mean", "ratio_max", "ratio_min", "clip_frac"):
+        if key in per_step:
+            metrics[f"train/{key}_first"] = per_step[key][0]
+            metrics[f"train/{key}_last"] = per_step[key][-1]
+    metrics.update(
+        {
+            "time/rollout_s": batch.seconds,
+            "time/reward_s": reward_seconds,
+            "time/prepare_s": t3 - t2,
+            "time/update_s": t4 - t3,
+            "time/total_s": batch.seconds + reward_seconds + (t4 - t2),
+            "nfe/rollout_per_sample": float(batch.rollout.nfe),
+            "gradient_steps": float(optim.gradient_steps),
+        }
+    )
+    return IterationRecord(metrics=metrics, rewards=dict(rewards), samples=batch.rollout.samples)
+
+
+def train_iteration(
+    *,
+    policy: nn.Module,
+    algorithm: Algorithm,
+    optimizer: torch.optim.Optimizer,
+    reward_fn: RewardFn,
+    prompts: Sequence[str],
+    cond: Conditioning,
+    config: TrainConfig,
+    latent_shape: tuple[int, ...],
+    generator: torch.Generator,
+    iteration: int,
+    reward_weights: Mapping[str, float] | None = None,
+) -> IterationRecord:
+    """One iteration on ``B`` prompts (``cond`` has ``B`` rows), ``G`` samples each: the three phases
+    :func:`rollout_batch` -> ``reward_fn`` + :func:`gather_rewards` -> :func:`update_policy` in one call.
+
+    Randomness (initial noise, SDE noise, pairs, minibatches) comes from ``generator`` only, so the
+    same seed gives the same iteration. Sharded, every rank passes the same global ``prompts``, ``cond`` and
+    ``generator`` state; ``reward_fn`` sees the rank's samples only. ``reward_weights`` (default
+    ``config.advantage.weights``) weight the rewards' advantages.
+    """
+    if config.rollout.group_size != algorithm.group_size:
+        raise ValueError(f"rollout.group_size {config.rollout.group_size} != the algorithm's {algorithm.group_size}")
+    batch = rollout_batch(policy=policy, algorithm=algorithm, prompts=prompts, cond=cond,
+                          minibatches=config.optim.minibatches, latent_shape=latent_shape, generator=generator,
+                          iteration=iteration)  # fmt: skip
+    t1 = time.perf_counter()
+    rewards = gather_rewards(batch, reward_fn(batch.rollout.samples, batch.sample_prompts), algorithm.dist)
+    weights = reward_weights if reward_weights is not None else config.advantage.weights
+    return update_policy(policy=policy, algorithm=algorithm, optimizer=optimizer, batch=batch, rewards=rewards,
+                         advantage=config.advantage, optim=config.optim, reward_weights=weights,
+                         reward_seconds=time.perf_counter() - t1)  # fmt: skip

@@ -1,0 +1,347 @@
+"""The phases of a curriculum stage, each a function with plain inputs and outputs
+(:func:`vgrpo.training.stage.run_stage`
+runs them in a loop; an orchestrator may run each as a task):
+
+* :func:`prepare_prompts` -- read, check and filter the training and evaluation prompt rows;
+* :func:`setup_policy` -- the pipeline, its LoRA, the optimizer, the algorithm and the rewards (:class:`StagePolicy`);
+* :func:`rollout` -> :func:`score` -> :func:`update` -- one iteration (:mod:`vgrpo.training.iteration`);
+* :func:`evaluate` / :func:`evaluate_adapter` -- the stage's :class:`vgrpo.evaluation.evaluator.Evaluator`, of the
+policy in
+  memory or of exported weights;
+* :func:`export` -- the LoRA in diffusers' format, or the whole pipeline.
+
+With ``ema.enabled`` the stage keeps an EMA of the trainable weights (:class:`vgrpo.training.ema.PolicyEMA`), and
+evaluation and export read it instead of the live weights.
+
+Each iteration draws its prompts and its randomness from ``(seed, iteration)`` alone
+(:func:`sample_prompt_rows`, :func:`iteration_generator`), so a resumed stage takes the steps an uninterrupted
+one takes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vgrpo.algorithms import Algorithm, build_algorithm
+from vgrpo.atomic import atomic_dir
+from vgrpo.checkpoints.state import Checkpointed, load_lora_into, save_lora
+from vgrpo.config import StageConfig
+from vgrpo.evaluation.evaluator import Evaluator, build_evaluator
+from vgrpo.models import add_lora
+from vgrpo.models.precision import apply_precision
+from vgrpo.parallel.distributed import Distributed, is_sharded
+from vgrpo.parallel.fsdp import export_pipeline, shard_transformer
+from vgrpo.policy import ParameterSnapshot, trainable_parameters
+from vgrpo.prompts import check_geneval_metadata, load_prompts
+from vgrpo.rewards.base import Metadata, NonFiniteRewardError
+from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
+from vgrpo.seeding import derive_seed
+from vgrpo.training.ema import PolicyEMA, maybe_swapped_in
+from vgrpo.training.guards import NonFiniteError
+from vgrpo.training.iteration import RolloutBatch, build_optimizer, gather_rewards, rollout_batch, update_policy
+
+__all__ = [
+    "Scores",
+    "StagePolicy",
+    "StagePrompts",
+    "StageRollout",
+    "evaluate",
+    "evaluate_adapter",
+    "evaluation_rows",
+    "export",
+    "iteration_generator",
+    "prepare_prompts",
+    "rollout",
+    "sample_prompt_rows",
+    "score",
+    "setup_policy",
+    "update",
+]
+
+
+def iteration_generator(seed: int, iteration: int) -> torch.Generator:
+    """The torch generator of one iteration: a function of ``(seed, iteration)`` only."""
+    return torch.Generator().manual_seed(derive_seed(seed, iteration, 1))
+
+
+def sample_prompt_rows(
+    rows: Sequence[Metadata],
+    count: int,
+    seed: int,
+    iteration: int,
+    tag_weights: Mapping[str, float] | None = None,
+) -> list[Metadata]:
+    """``count`` prompt rows for one iteration, without replacement when there are enough. With ``tag_weights``
+    each row's probability is its tag's weight shared among the tag's rows (every row's tag needs a weight)."""
+    rng = np.random.default_rng(derive_seed(seed, iteration, 0))
+    p = None
+    if tag_weights is not None:
+        tags = [str(r.get("tag")) for r in rows]
+        per_tag = Counter(tags)
+        p = np.array([tag_weights[t] / per_tag[t] for t in tags])
+        p = p / p.sum()
+    idx = rng.choice(len(rows), size=count, replace=len(rows) < count, p=p)
+    return [rows[int(i)] for i in idx]
+
+
+# -- phase: prepare prompts --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StagePrompts:
+    """The stage's prompt rows, validated and filtered: ``train`` to draw from, ``evaluation`` (or ``None``)."""
+
+    train: list[dict[str, Any]]
+    evaluation: list[dict[str, Any]] | None
+
+
+def _uses_geneval(rewards: Sequence[Any]) -> bool:
+    return any(r.name in ("geneval", "geneval_server") for r in rewards)
+
+
+def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
+    """Read the training and evaluation prompt files (relative to ``root``), check GenEval clauses where a
+    GenEval reward reads them, and apply ``prompt_tags`` / ``prompt_tag_weights`` / ``evaluation.max_prompts``."""
+    rows = load_prompts(root / config.prompts)
+    if _uses_geneval(config.rewards):
+        check_geneval_metadata(rows, root / config.prompts)
+    if config.prompt_tags is not None:
+        rows = [r for r in rows if r.get("tag") in config.prompt_tags]
+        if not rows:
+            raise ValueError(f"{config.prompts}: no prompt has a tag in prompt_tags={list(config.prompt_tags)}")
+    if config.prompt_tag_weights is not None:
+        unweighted = sorted({str(r.get("tag")) for r in rows} - set(config.prompt_tag_weights))
+        if unweighted:
+            raise ValueError(
+                f"{config.prompts}: prompt_tag_weights has no weight for the tags {unweighted} "
+                "(give them one, or leave them out with prompt_tags)"
+            )
+    return StagePrompts(train=[dict(r) for r in rows], evaluation=evaluation_rows(config, root))
+
+
+def evaluation_rows(config: StageConfig, root: Path) -> list[dict[str, Any]] | None:
+    """The first ``evaluation.max_prompts`` rows of the evaluation prompt file, their GenEval clauses checked
+    where an evaluation reward reads them; ``None`` without an evaluation prompt file."""
+    if not config.eval_prompts:
+        return None
+    rows = load_prompts(root / config.eval_prompts)
+    if rows and _uses_geneval(config.evaluation.rewards):
+        check_geneval_metadata(rows, root / config.eval_prompts)
+    return [dict(r) for r in rows[: config.evaluation.max_prompts]] or None
+
+
+# -- phase: set up the policy ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StagePolicy:
+    """The live objects of a stage: the pipeline's adapter and velocity model (with its LoRA), the optimizer, the
+    algorithm, the training rewards, the resolved sampling shift (a number: FLUX's dynamic shift depends on
+    the adapter's token count, and the algorithm and the evaluation must build the same sigmas) and the policy's
+    EMA when one is kept."""
+
+    pipe: Any
+    adapter: Any
+    policy: nn.Module
+    optimizer: torch.optim.Optimizer
+    algorithm: Algorithm
+    rewards: MultiReward
+    shift: float | None
+    dist: Distributed
+    ema: PolicyEMA | None = None
+
+    @property
+    def transformer(self) -> nn.Module:
+        return self.pipe.transformer
+
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP shards the transformer over the ranks (:mod:`vgrpo.parallel.fsdp`)."""
+        return is_sharded(next(self.transformer.parameters()))
+
+    def snapshots(self) -> dict[str, ParameterSnapshot]:
+        """Every weight copy a checkpoint saves besides the policy: the algorithm's, and the EMA."""
+        ema = {} if self.ema is None else {PolicyEMA.SNAPSHOT_NAME: self.ema.snapshot}
+        return {**self.algorithm.snapshots(), **ema}
+
+    def checkpointed(self) -> Checkpointed:
+        """What a training checkpoint of the stage saves and restores."""
+        return Checkpointed(module=self.transformer, optimizer=self.optimizer, snapshots=self.snapshots())
+
+
+def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
+    from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
+    from vgrpo.models.precision import frozen_dtype
+
+    pipe = load_pipeline(pipeline_dir, frozen_dtype=frozen_dtype(config.precision.frozen_dtype, dist.device))
+    if config.lora is None:
+        pipe.transformer.requires_grad_(True)
+        if config.distributed.strategy == "fsdp" and dist.world_size > 1:  # before moving: one block at a time moves
+            shard_transformer(pipe.transformer, dist)
+    pipe = place_pipeline(pipe, dist.device, text_encoders=config.precision.text_encoders)
+    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution, precision=config.precision)
+    transformer = pipe.transformer
+    if config.lora is not None:
+        with torch.random.fork_rng():  # LoRA A is drawn from the global RNG: seed it, or runs differ
+            torch.manual_seed(derive_seed(config.seed, 2))
+            add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha,
+                     target_modules=config.lora.target_modules, dropout=config.lora.dropout)  # fmt: skip
+        if init_lora is not None:
+            load_lora_into(transformer, init_lora)
+    policy = apply_precision(policy, transformer, autocast=config.precision.autocast,
+                             gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
+    return pipe, adapter, policy
+
+
+def setup_policy(
+    config: StageConfig,
+    pipeline_dir: Path,
+    init_lora: Path | None,
+    dist: Distributed,
+    rewards: MultiReward | None = None,
+) -> StagePolicy:
+    """Load the pipeline on ``dist``'s device, add the LoRA (seeded; from ``init_lora`` when given), and build the
+    optimizer, the algorithm (on the resolved sigma grid), the training rewards (``rewards`` when given, else
+    from ``config.rewards``) and, with ``ema.enabled``, the policy's EMA (starting at the initial weights)."""
+    pipe, adapter, policy = _load_policy(config, pipeline_dir, init_lora, dist)
+    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
+    rollout_config = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
+    algorithm = build_algorithm(config.model_copy(update={"rollout": rollout_config}), policy=policy,
+                                latent_shape=adapter.latent_shape, dist=dist)  # fmt: skip
+    if rewards is None:
+        rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
+    ema = PolicyEMA(trainable_parameters(policy), config.ema) if config.ema.enabled else None
+    return StagePolicy(pipe=pipe, adapter=adapter, policy=policy, optimizer=build_optimizer(policy, config.optim),
+                       algorithm=algorithm, rewards=rewards, shift=shift, dist=dist, ema=ema)  # fmt: skip
+
+
+# -- phases of an iteration: rollout -> score -> update ----------------------------------------------------------------
+
+
+@dataclass
+class StageRollout:
+    """The rollout phase's output: the samples (in memory) and this rank's prompt rows, one per sample."""
+
+    batch: RolloutBatch
+    sample_rows: list[Metadata]
+
+
+def rollout(stage: StagePolicy, config: StageConfig, rows: Sequence[Metadata], iteration: int) -> StageRollout:
+    """Draw the iteration's prompts from ``(seed, iteration)``, encode them and sample ``group_size`` images each
+    under the behaviour policy."""
+    drawn = sample_prompt_rows(rows, config.rollout.prompts_per_iteration, config.seed, iteration,
+                               config.prompt_tag_weights)  # fmt: skip
+    prompts = [str(r["prompt"]) for r in drawn]
+    shard = stage.dist.shard(len(prompts))
+    batch = rollout_batch(policy=stage.policy, algorithm=stage.algorithm, prompts=prompts,
+                          cond=stage.adapter.encode_prompts(prompts), minibatches=config.optim.minibatches,
+                          latent_shape=stage.adapter.latent_shape,
+                          generator=iteration_generator(config.seed, iteration), iteration=iteration)  # fmt: skip
+    return StageRollout(batch=batch, sample_rows=[r for r in drawn[shard] for _ in range(config.rollout.group_size)])
+
+
+@dataclass
+class Scores:
+    """The score phase's output: the global batch's rewards ``{key: (N,)}`` and their metrics."""
+
+    rewards: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+    seconds: float
+
+
+def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
+    """Decode this rank's samples and score them with every training reward; gather the scores of all ranks.
+
+    A reward that returns NaN or Inf on any rank stops the phase on every rank with
+    :class:`vgrpo.training.guards.NonFiniteError` naming the reward (a flag reduced over ranks, so all ranks skip)."""
+    from vgrpo.images import tensor_to_images
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        images = tensor_to_images(stage.adapter.decode(rolled.batch.rollout.samples))
+    rewards, out, failure = stage.rewards, None, None
+    try:
+        out = rewards(images, rolled.batch.sample_prompts, rolled.sample_rows if rewards.needs_metadata else None)
+    except NonFiniteRewardError as exc:
+        failure = exc
+    if stage.dist.any(failure is not None):
+        quantity = failure.quantity if failure is not None else "reward (on another rank)"
+        details = failure.details if failure is not None else {}
+        raise NonFiniteError(quantity, {**details, "rank": stage.dist.rank,
+                                        "reward_errors": [str(failure)] if failure is not None else []})  # fmt: skip
+    assert out is not None
+    gathered = gather_rewards(rolled.batch, out.score_tensors(), stage.dist)
+    # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
+    local_times = {k: v for k, v in out.metrics().items() if k.startswith("time/")}
+    metrics = MultiRewardOutput.concatenate(stage.dist.gather_object(out)).metrics() | local_times
+    return Scores(rewards=gathered, metrics=metrics, seconds=time.perf_counter() - t0)
+
+
+def update(
+    stage: StagePolicy, config: StageConfig, rolled: StageRollout, scores: Scores, iteration: int
+) -> dict[str, float]:
+    """Advantages from the scores (weighted by the rewards' weights), then the algorithm's gradient steps and the
+    EMA's update; returns the iteration's metrics."""
+    record = update_policy(policy=stage.policy, algorithm=stage.algorithm, optimizer=stage.optimizer,
+                           batch=rolled.batch, rewards=scores.rewards, advantage=config.advantage, optim=config.optim,
+                           reward_weights=stage.rewards.weights, reward_seconds=scores.seconds)  # fmt: skip
+    ema = stage.ema.step(iteration) if stage.ema is not None else {}
+    return {**record.metrics, **scores.metrics, **ema}
+
+
+# -- phase: evaluate ---------------------------------------------------------------------------------------------------
+
+
+def evaluate(stage: StagePolicy, evaluator: Evaluator, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
+    """The evaluation of the stage's policy in memory: its EMA when one is kept, else the live weights."""
+    with maybe_swapped_in(stage.ema):
+        return evaluator(stage.adapter, stage.policy, iteration)
+
+
+def evaluate_adapter(
+    config: StageConfig, pipeline_dir: Path, adapter_dir: Path | None, root: Path, iteration: int
+) -> tuple[dict[str, Any], np.ndarray] | None:
+    """The evaluation of exported weights (``adapter_dir``: a LoRA on ``pipeline_dir``; ``None``: the pipeline
+    itself) under the stage's evaluation settings (its resolution and shift:
+    :class:`vgrpo.evaluation.evaluator.Evaluator`
+    resizes the adapter and resolves the shift from the rollout's rule); ``None`` without evaluation prompts. The
+    same numbers as evaluating the trained policy in memory, so an evaluation can be redone (or cached) without
+    training."""
+    rows = evaluation_rows(config, root)  # not the training prompts: nothing here reads them
+    if rows is None:
+        return None
+    dist = Distributed()
+    if config.lora is None and adapter_dir is not None:
+        pipeline_dir, adapter_dir = adapter_dir, None  # a full fine-tune exports a whole pipeline
+    _, adapter, policy = _load_policy(config, pipeline_dir, adapter_dir, dist)
+    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
+    evaluator = build_evaluator(config, rows, root, shift, dist)
+    return None if evaluator is None else evaluator(adapter, policy, iteration)
+
+
+# -- phase: export -----------------------------------------------------------------------------------------------------
+
+
+def export(stage: StagePolicy, config: StageConfig, out_dir: Path) -> Path:
+    """Write the trained weights (the EMA when one is kept) to ``out_dir`` atomically (rank 0): the LoRA in
+    diffusers' format, or the whole pipeline after a full fine-tune (sharded: gathered on rank 0 from every rank)."""
+    if stage.sharded:
+        with maybe_swapped_in(stage.ema):
+            export_pipeline(stage.pipe, stage.dist, out_dir)
+    elif stage.dist.is_main:
+        with maybe_swapped_in(stage.ema):
+            if config.lora is not None:
+                save_lora(stage.transformer, out_dir)
+            else:
+                atomic_dir(out_dir, stage.pipe.save_pretrained)
+    stage.dist.barrier()  # every rank returns once the export exists
+    return out_dir

@@ -1,0 +1,348 @@
+"""Preflight: every input a run will read, checked before any compute and reported in one message.
+
+It checks what the inputs say, not only that they exist:
+
+* pipelines (a stage's ``pipeline``, the evaluation's ``base_pipeline``): ``model_index.json``, a folder for every
+  component it names, and the header of every safetensors file in them, so a truncated or corrupt file is named
+  with its path instead of surfacing as a library traceback mid-stage;
+* prompt files (``prompts``, ``eval_prompts``), read as the stage reads them, and every class and colour of their
+  GenEval clauses against the vocabulary of the detector that will score them;
+* reward models: every ``path`` / ``*_path`` / ``*_file`` option opened (safetensors headers; a torch ``.pth`` as a
+  zip archive, never unpickled; an mmdet config compiled, never run), every ``*url`` option a well-formed http(s)
+  URL (reached, with ``connect``), and each reward's options against its constructor;
+* the starting adapter (``init_lora``);
+* the processes against the batch and the visible CUDA devices;
+* the free disk under the checkpoint folder against an estimate of what the checkpoints take.
+
+Reward paths resolve as the rewards read them (against the current directory); pipelines, prompt files and the
+starting adapter against ``root``, as :class:`vgrpo.trainer.Trainer` does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import shutil
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from vgrpo.checkpoints.weight_files import adapter_problems, folder_problems, pipeline_problems, weights_problem
+from vgrpo.config import StageConfig, unset_variables
+from vgrpo.errors import UserError
+
+__all__ = ["PreflightError", "Problem", "check_or_raise", "checkpoint_estimate", "preflight", "url_problem"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad input: ``message`` names the file, folder, URL or setting; ``used_by`` which stage and key read it."""
+
+    message: str
+    used_by: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.used_by})" if self.used_by else self.message
+
+
+class PreflightError(UserError):
+    """Inputs a run would fail on; the message lists every :class:`Problem`, one per line."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = list(problems)
+        count = f"{len(self.problems)} problem{'' if len(self.problems) == 1 else 's'}"
+        super().__init__(f"preflight found {count} before any compute:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def url_problem(url: str, *, connect: bool = False, timeout: float = 3.0) -> str | None:
+    """What is wrong with a reward server's URL: not ``http(s)://host[:port]``, or, with ``connect``, no server
+    accepting a TCP connection there."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        return f"not a well-formed URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not a well-formed http(s)://host[:port] URL"
+    if connect:
+        try:
+            socket.create_connection(
+                (parts.hostname, port or (443 if parts.scheme == "https" else 80)), timeout
+            ).close()
+        except OSError as exc:
+            return f"no server accepts a connection ({exc})"
+    return None
+
+
+def _vocabulary(reward: Any) -> tuple[str, frozenset[str], frozenset[str]] | None:
+    """Who scores a GenEval reward's clauses, and the classes and colours it can see; None for no fixed vocabulary
+    (recorded detections, a reward that is not GenEval)."""
+    if reward.name not in ("geneval", "geneval_server"):
+        return None
+    detector = reward.options.get("detector", "world") if reward.name == "geneval" else "mask2former"
+    if detector == "world":
+        from vgrpo.world.scene import COLORS, SHAPES
+
+        what = f"the world detector (classes {list(SHAPES)}, colours {list(COLORS)})"
+        return what, frozenset(SHAPES), frozenset(COLORS)
+    if detector == "mask2former":
+        from vgrpo.rewards.detectors import GENEVAL_COLORS, geneval_classnames
+
+        what = "Mask2Former (GenEval's 80 COCO classes, vgrpo/rewards/data/geneval_object_names.txt, and its colours)"
+        return what, frozenset(geneval_classnames()), frozenset(GENEVAL_COLORS)
+    return None
+
+
+def vocabulary_problems(rows: Sequence[Mapping[str, Any]], rewards: Sequence[Any], path: str) -> list[str]:
+    """The classes and colours of ``rows``' GenEval clauses that the detector of a GenEval reward in ``rewards``
+    does not know: it would never find them, and the prompt could never score."""
+    from vgrpo.rewards.clauses import GENEVAL_TAGS
+
+    out = []
+    for reward in rewards:
+        vocabulary = _vocabulary(reward)
+        if vocabulary is None:
+            continue
+        who, classes, colors = vocabulary
+        unknown: dict[str, str] = {}  # word -> the first prompt naming it
+        for row in rows:
+            if row.get("tag") not in GENEVAL_TAGS:
+                continue
+            for clause in [*row.get("include", []), *row.get("exclude", [])]:
+                for word, known in ((clause.get("class"), classes), (clause.get("color"), colors)):
+                    if word is not None and word not in known:
+                        unknown.setdefault(str(word), str(row["prompt"]))
+        if unknown:
+            named = ", ".join(f"{w!r} (in {p!r})" for w, p in list(unknown.items())[:8])
+            more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+            out.append(f"{path}: GenEval clauses name {named}{more}, unknown to {who}")
+    return out
+
+
+def _leaves(options: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, str, Any]]:
+    """``(leaf key, dotted key, value)`` of every non-container entry of nested reward options."""
+    for key, value in options.items():
+        dotted = f"{prefix}.{key}"
+        if isinstance(value, Mapping):
+            yield from _leaves(value, dotted)
+        elif isinstance(value, list) and all(isinstance(v, Mapping) for v in value):
+            for i, item in enumerate(value):
+                yield from _leaves(item, f"{dotted}[{i}]")
+        else:
+            yield str(key), dotted, value
+
+
+def _options_problem(reward: Any) -> str | None:
+    """A reward class's constructor refusing the options (a missing ``path``, a misspelt keyword)."""
+    from vgrpo.rewards.registry import resolve_reward
+
+    target = resolve_reward(reward.name)
+    if not isinstance(target, type):
+        return None
+    try:
+        inspect.signature(target).bind(**reward.options)
+    except TypeError as exc:
+        return f"reward {reward.name!r}: options {sorted(reward.options)}: {exc}"
+    return None
+
+
+def _snapshots(config: StageConfig) -> int:
+    """Weight copies a checkpoint saves besides the policy (:meth:`vgrpo.algorithms.base.Algorithm.snapshots`, the
+    EMA): DiffusionNFT's old policy, a KL reference (Flow-GRPO's and MixGRPO's ``kl_coef``, V-GRPO's
+    ``ref_kl_coef``)."""
+    algo = config.algorithm
+    reference = getattr(algo, "ref_kl_coef", 0) > 0 or (algo.name in ("flow_grpo", "mixgrpo") and
+                                                        getattr(algo, "kl_coef", 0) > 0)  # fmt: skip
+    return int(config.ema.enabled) + int(algo.name == "diffusion_nft") + int(reference)
+
+
+def checkpoint_estimate(config: StageConfig, pipeline: Path) -> tuple[int, str] | None:
+    """Bytes a stage's checkpoints and export take, and how that was reckoned, from the shapes in the transformer's
+    safetensors headers; None when they cannot be read."""
+    from safetensors import safe_open
+
+    files = sorted((pipeline / "transformer").glob("*.safetensors"))
+    if not files or any(weights_problem(f) for f in files):
+        return None
+    shapes: dict[str, list[int]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            shapes |= {name: f.get_slice(name).get_shape() for name in f.keys()}  # noqa: SIM118 -- not a dict
+    if config.lora is None:
+        params = sum(math.prod(s) for s in shapes.values())
+    else:
+        targets = config.lora.target_modules
+        params = sum(config.lora.rank * (s[0] + s[1]) for name, s in shapes.items() if len(s) == 2
+                     and any(name.removesuffix(".weight").endswith(f".{t}") for t in targets))  # fmt: skip
+    snapshots, kept = _snapshots(config), config.keep_checkpoints + 1
+    total = 4 * params * ((3 + snapshots) * kept + 1)
+    how = (f"{config.name}: {params:,} trainable fp32 parameters x 4 bytes x (1 weights + 2 Adam moments + "
+           f"{snapshots} snapshots) x {kept} checkpoints (keep_checkpoints + one being written), "
+           "+ the export")  # fmt: skip
+    return total, how
+
+
+def _launch_problems(config: StageConfig, world_size: int | None) -> list[str]:
+    """The processes (``world_size``, else the params' ``launch.processes``) against the batch and, when CUDA is in
+    use, the devices this machine shows."""
+    import torch
+
+    from vgrpo.parallel.distributed import samples_per_process
+
+    processes = world_size or config.launch.processes
+    out = []
+    try:
+        samples_per_process(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
+                            processes)  # fmt: skip
+    except ValueError as exc:
+        out.append(str(exc))
+    per_machine = math.ceil(processes / config.launch.machines)
+    if torch.cuda.is_available() and per_machine > torch.cuda.device_count():
+        out.append(f"{per_machine} processes per machine, but {torch.cuda.device_count()} CUDA devices are visible "
+                   "(CUDA_VISIBLE_DEVICES): one process per device")  # fmt: skip
+    return out
+
+
+class _Findings:
+    """Problems in first-seen order, each input checked once however many stages name it."""
+
+    def __init__(self, root: Path, connect: bool):
+        self.root, self.connect = root, connect
+        self.found: dict[str, list[str]] = {}
+        self.variables: dict[str, list[str]] = {}
+        self._done: dict[tuple[str, str], list[str]] = {}
+
+    def add(self, messages: Sequence[str], used_by: str) -> None:
+        for message in messages:
+            self.found.setdefault(message, []).append(used_by)
+
+    def unset(self, value: str, used_by: str) -> bool:
+        """Whether ``value`` still holds a ``${NAME}`` whose variable is unset (recorded for one problem per name)."""
+        names = unset_variables(value)
+        for name in names:
+            self.variables.setdefault(name, []).append(used_by)
+        return bool(names)
+
+    def check(self, kind: str, value: str, used_by: str) -> None:
+        """An input named by ``value``: ``pipeline``, ``adapter``, ``model`` (a reward's file or folder) or ``url``."""
+        if self.unset(value, used_by):
+            return
+        if (kind, value) not in self._done:
+            path = Path(value) if kind == "model" else self.root / value
+            if kind == "url":
+                self._done[kind, value] = [f"{value}: {p}"] if (p := url_problem(value, connect=self.connect)) else []
+            elif kind == "model" and path.is_dir():
+                self._done[kind, value] = folder_problems(path, safetensors_only=False)
+            elif kind == "model":
+                self._done[kind, value] = [f"{path}: {p}"] if (p := weights_problem(path)) else []
+            else:
+                self._done[kind, value] = (pipeline_problems if kind == "pipeline" else adapter_problems)(path)
+        self.add(self._done[kind, value], used_by)
+
+    def rewards(self, rewards: Sequence[Any], stage: str, section: str) -> None:
+        for i, reward in enumerate(rewards):
+            where = f"{stage}: {section}[{i}]"
+            self.add([p] if (p := _options_problem(reward)) else [], where)
+            for leaf, dotted, value in _leaves(reward.options, "options"):
+                if isinstance(value, str) and (leaf == "path" or leaf.endswith(("_path", "_file"))):
+                    self.check("model", value, f"{where}.{dotted}")
+                elif isinstance(value, str) and leaf.endswith("url"):
+                    self.check("url", value, f"{where}.{dotted}")
+
+    def prompts(self, config: StageConfig) -> None:
+        """Both prompt files as the stage reads them (the training rows after ``prompt_tags``, the first
+        ``evaluation.max_prompts`` evaluation rows), and their GenEval vocabulary; read once for stages that
+        read them alike."""
+        from vgrpo.training.phases import evaluation_rows, prepare_prompts
+
+        def train() -> list[dict[str, Any]]:
+            return prepare_prompts(config.model_copy(update={"eval_prompts": None}), self.root).train
+
+        train_key = (config.prompt_tags, config.prompt_tag_weights, config.rewards)
+        readers: list[tuple[str, str, Any, Any, Any]] = [("prompts", config.prompts, config.rewards, train, train_key)]
+        if config.eval_prompts:
+            readers.append(("eval_prompts", config.eval_prompts, config.evaluation.rewards,
+                            lambda: evaluation_rows(config, self.root) or [],
+                            (config.evaluation.max_prompts, config.evaluation.rewards)))  # fmt: skip
+        for key, file, rewards, read, alike in readers:
+            used_by = f"{config.name}: {key}"
+            if self.unset(file, used_by):
+                continue
+            done = (key, f"{file} {alike!r}")
+            if done not in self._done:
+                try:
+                    self._done[done] = vocabulary_problems(read(), rewards, str(self.root / file))
+                except (UserError, ValueError) as exc:
+                    self._done[done] = [str(exc)]
+            self.add(self._done[done], used_by)
+
+    def problems(self) -> list[Problem]:
+        out = [Problem(m, users[0] + (f", and {len(users) - 1} more" if len(users) > 1 else ""))
+               for m, users in self.found.items()]  # fmt: skip
+        for name, users in self.variables.items():
+            keys: dict[str, list[str]] = {}  # stage -> its keys that read the variable
+            for user in dict.fromkeys(users):
+                stage, _, key = user.partition(": ")
+                keys.setdefault(stage, []).append(key)
+            what = f"the environment variable {name} is not set: export {name}=<folder> (docs/real-models.md)"
+            out.append(Problem(what, "read by " + "; ".join(f"{s}: {', '.join(k)}" for s, k in keys.items())))
+        return out
+
+
+def _disk_problem(stages: Sequence[StageConfig], root: Path, checkpoint_dir: Path) -> str | None:
+    estimates = [e for cfg in stages if (e := checkpoint_estimate(cfg, root / cfg.pipeline)) is not None]
+    need = sum(total for total, _ in estimates)
+    existing = Path(checkpoint_dir)
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if need <= free:
+        return None
+    return (f"{checkpoint_dir}: {free / 1e9:.2f} GB free on its disk, but the checkpoints need about {need / 1e9:.2f} "
+            f"GB ({'; '.join(how for _, how in estimates)})")  # fmt: skip
+
+
+def preflight(
+    stages: Sequence[StageConfig],
+    root: str | Path = ".",
+    *,
+    init_lora: str | Path | None = None,
+    world_size: int | None = None,
+    checkpoint_dir: str | Path | None = None,
+    connect: bool = False,
+) -> list[Problem]:
+    """Every problem with the inputs of ``stages`` (run in order; ``init_lora`` is the first one's starting adapter),
+    before any compute (module docstring); empty when all is well.
+
+    Args:
+        root: the folder pipelines, prompt files and the starting adapter are relative to.
+        world_size: the processes that will run each stage; None reads the params' ``launch.processes`` (default 1).
+        checkpoint_dir: where the checkpoints go; None skips the disk check.
+        connect: also open a TCP connection to every reward server URL.
+    """
+    root = Path(root)
+    findings = _Findings(root, connect)
+    for cfg in stages:
+        findings.check("pipeline", cfg.pipeline, f"{cfg.name}: pipeline")
+        if cfg.evaluation.base_pipeline and cfg.eval_prompts:
+            findings.check("pipeline", cfg.evaluation.base_pipeline, f"{cfg.name}: evaluation.base_pipeline")
+        findings.prompts(cfg)
+        findings.rewards(cfg.rewards, cfg.name, "rewards")
+        if cfg.eval_prompts:
+            findings.rewards(cfg.evaluation.rewards, cfg.name, "evaluation.rewards")
+        findings.add(_launch_problems(cfg, world_size), f"{cfg.name}: launch")
+    if init_lora is not None and stages:
+        findings.check("adapter", str(init_lora), f"{stages[0].name}: starting adapter")
+    if checkpoint_dir is not None:
+        findings.add([p] if (p := _disk_problem(stages, root, Path(checkpoint_dir))) else [], "checkpoints")
+    return findings.problems()
+
+
+def check_or_raise(stages: Sequence[StageConfig], root: str | Path = ".", **options: Any) -> None:
+    """:func:`preflight`, raising one :class:`PreflightError` that lists every problem it found."""
+    problems = preflight(stages, root, **options)
+    if problems:
+        raise PreflightError(problems)

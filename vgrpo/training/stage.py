@@ -1,0 +1,253 @@
+"""One curriculum stage as a short loop over named phases (:mod:`vgrpo.training.phases`):
+
+    prepare_prompts -> setup_policy -> (resume) -> per iteration: rollout -> score -> update [-> evaluate]
+    [-> checkpoint] -> export -> evaluate
+
+A stage resumed from a checkpoint (:class:`vgrpo.checkpoints.resume.ResumableRun`) takes exactly the steps an
+uninterrupted
+run takes. The orchestration plugs in twice, and this module imports none of it: a :class:`StageCallbacks`
+receives what happened (metrics, evaluations, skips, checkpoints), and a :class:`PhaseRunner` decides how each
+phase runs (called directly by default; the Prefect layer runs each as a named task).
+
+Sharded over processes (``dist``, :mod:`vgrpo.parallel.distributed`), every rank trains on its block of each
+iteration's prompts, and rank 0 alone reports, evaluates, writes checkpoints and exports; every rank resumes
+from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every node sees).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from vgrpo.checkpoints.resume import ResumableRun
+from vgrpo.config import StageConfig
+from vgrpo.evaluation.evaluator import build_evaluator
+from vgrpo.parallel.distributed import Distributed, samples_per_process
+from vgrpo.policy import trainable_parameters
+from vgrpo.rewards.multi import MultiReward
+from vgrpo.training.guards import NonFiniteError, TrainingDiverged
+from vgrpo.training.phases import (
+    StagePolicy,
+    StagePrompts,
+    evaluate,
+    export,
+    prepare_prompts,
+    rollout,
+    score,
+    setup_policy,
+    update,
+)
+
+__all__ = ["PhaseRunner", "PrintProgress", "StageCallbacks", "StageResult", "call_directly", "run_stage"]
+
+T = TypeVar("T")
+
+
+class PhaseRunner(Protocol):
+    """How a phase runs: ``runner(phase, iteration, fn, *args)`` returns ``fn(*args)``; an orchestrator wraps it
+    (a named task, a span). ``iteration`` is ``None`` for once-per-stage phases."""
+
+    def __call__(self, phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T: ...
+
+
+def call_directly(phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T:
+    return fn(*args)
+
+
+class StageCallbacks:
+    """What a stage reports as it runs, on rank 0 (as transformers' ``TrainerCallback``); override what you need."""
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        """Each iteration's flat metrics: rewards, every sub-score, surrogate CV, ratio and clip statistics, KL,
+        grad norm, seconds per phase."""
+
+    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
+        """Each evaluation table and its images."""
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        """An iteration skipped for a NaN or Inf (reward, advantage, surrogate, loss or gradient: which, how many,
+        where)."""
+
+    def on_checkpoint(self, path: Path, iteration: int) -> None:
+        """A resumable checkpoint was written."""
+
+
+class PrintProgress(StageCallbacks):
+    """One printed line per iteration (the reward and the seconds it took), and why an iteration was skipped."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        if metrics.get("guard/skipped"):
+            return  # on_skip says why
+        print(f"{self.name} iteration {iteration}: reward {metrics.get('reward/total_mean', float('nan')):.4f}, "
+              f"{metrics['time/iteration_s']:.1f} s", flush=True)  # fmt: skip
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        print(f"{self.name} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
+              f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied", flush=True)  # fmt: skip
+
+
+@dataclass
+class _FunctionCallbacks(StageCallbacks):
+    log: Callable[[dict[str, float], int], None] | None = None
+    eval: Callable[[dict[str, Any], np.ndarray, int], None] | None = None
+    skip: Callable[[dict[str, Any]], None] | None = None
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        if self.log is not None:
+            self.log(metrics, iteration)
+
+    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
+        if self.eval is not None:
+            self.eval(table, images, iteration)
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        if self.skip is not None:
+            self.skip(event)
+
+
+@dataclass
+class StageResult:
+    """What a finished stage leaves: the exported weights and what was measured on the way."""
+
+    out_dir: Path
+    iterations: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int = 0
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    """One event per iteration skipped for a non-finite quantity (:mod:`vgrpo.training.guards`)."""
+
+
+# -- the loop ----------------------------------------------------------------------------------------------------------
+
+
+def run_stage(
+    config: StageConfig,
+    *,
+    pipeline_dir: Path,
+    work_dir: Path,
+    out_dir: Path,
+    init_lora: Path | None = None,
+    root: Path = Path("."),
+    callbacks: StageCallbacks | None = None,
+    phases: PhaseRunner = call_directly,
+    final_evaluation: bool = True,
+    run_state: Mapping[str, Any] | None = None,
+    prompts: StagePrompts | None = None,
+    rewards: MultiReward | None = None,
+    dist: Distributed | None = None,
+    log: Callable[[dict[str, float], int], None] | None = None,
+    on_eval: Callable[[dict[str, Any], np.ndarray, int], None] | None = None,
+    on_skip: Callable[[dict[str, Any]], None] | None = None,
+) -> StageResult:
+    """Train one stage from ``pipeline_dir`` (+ ``init_lora``, the previous stage's adapter) and export its
+    weights to ``out_dir``. Checkpoints go to ``work_dir/checkpoints``; a run finds the newest one written with the
+    same training params and starting adapter and continues from it.
+
+    Args:
+        root: folder that relative prompt and model paths in ``config`` are resolved against.
+        callbacks: what the stage reports (rank 0); ``log``, ``on_eval`` and ``on_skip`` are shorthands for one.
+            After ``max_consecutive_skips`` skipped iterations in a row the stage raises
+            :class:`vgrpo.training.guards.TrainingDiverged` and leaves its last checkpoint as it was.
+        phases: how each phase runs (:data:`PhaseRunner`).
+        final_evaluation: evaluate the exported weights at the end (off when the caller evaluates them itself).
+        run_state: JSON-able values stored in every checkpoint (a tracker's run id, so a resumed stage continues
+            its run).
+        prompts: the output of :func:`prepare_prompts` when the caller ran it already.
+        rewards: the training rewards as objects (default: built from ``config.rewards``).
+        dist: the processes sharing each iteration's batch (default: from the environment ``accelerate launch``
+            sets, else one process, on the GPU when there is one).
+    """
+    dist = dist if dist is not None else Distributed.from_environment()
+    report = callbacks if callbacks is not None else _FunctionCallbacks(log, on_eval, on_skip)
+    if callbacks is not None and (log or on_eval or on_skip):
+        raise ValueError("pass callbacks or log/on_eval/on_skip, not both")
+    samples_per_process(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
+                        dist.world_size)  # fmt: skip
+    if prompts is None:
+        prompts = phases("prepare-prompts", None, prepare_prompts, config, root)
+    init = root / init_lora if init_lora is not None else None
+    stage = phases("setup-policy", None, setup_policy, config, root / pipeline_dir, init, dist, rewards)
+    # precision.text_encoders: drop_after_encoding encodes every prompt of the stage now, then frees the encoders
+    stage.adapter.encode_ahead([str(r["prompt"]) for r in [*prompts.train, *(prompts.evaluation or [])]])
+    evaluator = build_evaluator(config, prompts.evaluation, root, stage.shift, dist)
+    run = ResumableRun.for_stage(config, work_dir, init)
+    result = StageResult(out_dir=out_dir, iterations=config.iterations)
+    resumed = run.restore(stage.checkpointed(), dist)
+    if resumed is not None:
+        result.history, result.evaluations = resumed["history"], resumed["evaluations"]
+        result.skipped = resumed.get("skipped", [])
+        result.resumed_from = int(resumed["iteration"])
+    consecutive_skips = int(resumed.get("consecutive_skips", 0)) if resumed is not None else 0
+    dist.broadcast_parameters(trainable_parameters(stage.policy))  # as DDP: every rank starts from rank 0's
+
+    def run_evaluation(iteration: int) -> None:
+        if evaluator is None:  # the other ranks go on to wait in the next collective (within the group's timeout)
+            return
+        table, images = phases("evaluate", iteration, evaluate, stage, evaluator, iteration)
+        result.evaluations.append(table)
+        if dist.is_main:  # sharded, every rank evaluates (vgrpo.evaluation.evaluator.build_evaluator)
+            report.on_evaluate(table, images, iteration)
+
+    if result.resumed_from == 0 and config.eval_every and config.eval_at_start:
+        run_evaluation(0)
+    for iteration in range(result.resumed_from, config.iterations):
+        started = time.perf_counter()
+        try:
+            rolled = phases("rollout", iteration, rollout, stage, config, prompts.train, iteration)
+            scores = phases("score", iteration, score, stage, rolled)
+            metrics = phases("update", iteration, update, stage, config, rolled, scores, iteration)
+        except NonFiniteError as exc:  # no update was applied after the check failed: skip the iteration
+            consecutive_skips += 1
+            event = {"iteration": iteration, "quantity": exc.quantity, "reward_errors": [], **exc.details,
+                     "consecutive": consecutive_skips}  # fmt: skip
+            result.skipped.append(event)
+            metrics = {"iteration": float(iteration), "guard/skipped": 1.0,
+                       "guard/consecutive_skips": float(consecutive_skips)}  # fmt: skip
+            result.history.append(metrics)
+            if dist.is_main:
+                report.on_log(metrics, iteration)
+                report.on_skip(event)
+            if consecutive_skips >= config.max_consecutive_skips:
+                recent = result.skipped[-consecutive_skips:]
+                raise TrainingDiverged(
+                    f"stage {config.name}: {consecutive_skips} consecutive iterations skipped for non-finite values "
+                    f"({', '.join(sorted({e['quantity'] for e in recent}))} at iterations "
+                    f"{[e['iteration'] for e in recent]}); the last checkpoint, {run.newest() or 'none yet'}, is "
+                    "intact. Lower optim.lr, check the rewards, or raise max_consecutive_skips."
+                ) from exc
+        else:
+            consecutive_skips = 0
+            metrics = {**metrics, "guard/skipped": 0.0, "time/iteration_s": time.perf_counter() - started}
+            result.history.append(metrics)
+            if dist.is_main:
+                report.on_log(metrics, iteration)
+        done = iteration + 1
+        if config.eval_every and done % config.eval_every == 0 and done < config.iterations:
+            run_evaluation(done)
+        if done % config.checkpoint_every == 0 or done == config.iterations:
+            if dist.is_main or run.sharded:  # every rank writes its shards of a sharded checkpoint
+                state = {"init_lora": str(init_lora), "history": result.history, "evaluations": result.evaluations,
+                         "skipped": result.skipped, "consecutive_skips": consecutive_skips,
+                         "run": dict(run_state or {})}  # fmt: skip
+                path = phases("checkpoint", done, _save, run, done, state, stage)
+                if dist.is_main:
+                    report.on_checkpoint(path, done)
+            dist.barrier()  # the checkpoint is whole before any rank goes on
+    phases("export", None, export, stage, config, out_dir)
+    ended = result.evaluations and result.evaluations[-1].get("iteration") == config.iterations
+    if final_evaluation and not ended:
+        run_evaluation(config.iterations)
+    return result
+
+
+def _save(run: ResumableRun, iteration: int, state: dict[str, Any], stage: StagePolicy) -> Path:
+    return run.save(iteration, state, stage.checkpointed(), stage.dist)
