@@ -182,3 +182,25 @@ def test_periodic_evaluation_includes_the_start_unless_it_is_switched_off(world:
     result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / f"start-{at_start}",
                        out_dir=world / f"start-{at_start}-lora", root=world)  # fmt: skip
     assert [e["iteration"] for e in result.evaluations] == ([0, 1, 2] if at_start else [1, 2])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stage_evaluation_scores_on_the_reward_thread_only_with_overlap(
+    world: Path, overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vgrpo.rewards.multi import MultiReward
+
+    submitted: list[int] = []
+    real_submit = MultiReward.submit
+
+    def submit(self: MultiReward, images: np.ndarray, *args: object) -> object:
+        submitted.append(len(images))
+        return real_submit(self, images, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(MultiReward, "submit", submit)
+    evaluation = {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}], "overlap": overlap}
+    result = run_stage(_config(iterations=1, evaluation=evaluation), pipeline_dir=Path("base"),
+                       work_dir=world / f"overlap-{overlap}", out_dir=world / f"overlap-{overlap}-lora",
+                       root=world)  # fmt: skip
+    assert result.evaluations  # the stage evaluated, on the reward thread exactly when evaluation.overlap says so
+    assert (sum(submitted) > 0) == overlap

@@ -245,7 +245,7 @@ class Evaluator:
         adapter, sampling = self.sampling(adapter)
         table, images = evaluate(adapter=adapter, policy=policy, metadata=self.rows, rewards=self.rewards,
                                  group_size=self.config.group_size, sampling=sampling, base=self.base,
-                                 micro_batch=self.config.micro_batch)  # fmt: skip
+                                 micro_batch=self.config.micro_batch, overlap=self.config.overlap)  # fmt: skip
         table["iteration"] = iteration
         return table, images
 
