@@ -28,11 +28,12 @@ SYSTEM_METRICS_INTERVAL_S = float(os.environ.get("VGRPO_SYSTEM_METRICS_INTERVAL_
 
 
 class StageTracker(StageCallbacks):
-    """Progress bar and, with a run, MLflow logging of one stage (rank 0)."""
+    """Progress bar and, with a run, MLflow logging of one stage (rank 0); each evaluation's grid shows its first
+    ``grid_prompts`` prompts (``evaluation.grid_prompts``; none with 0)."""
 
     def __init__(self, name: str, iterations: int, client: MlflowClient | None = None, run_id: str | None = None,
-                 registered_name: str | None = None) -> None:  # fmt: skip
-        self.name, self.iterations = name, iterations
+                 registered_name: str | None = None, grid_prompts: int = 8) -> None:  # fmt: skip
+        self.name, self.iterations, self.grid_prompts = name, iterations, grid_prompts
         self.client, self.run_id, self.registered_name = client, run_id, registered_name
         self.model_uri: str | None = None
         self._bar: Any = None
@@ -45,7 +46,7 @@ class StageTracker(StageCallbacks):
         """A tracker for ``cfg``: no run without ``tracking``; the run ``previous_run_id`` when it still exists
         (a resumed stage), moved under this flow's parent; else a new run with the stage's params."""
         if tracking is None:
-            return cls(cfg.name, cfg.iterations)
+            return cls(cfg.name, cfg.iterations, grid_prompts=cfg.evaluation.grid_prompts)
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
@@ -69,7 +70,8 @@ class StageTracker(StageCallbacks):
             tags = {"vgrpo.training.stage": cfg.name, **tracking.tags}
             run_id = start_run(client, tracking.experiment, tracking.run_name, tracking.parent_run_id, tags=tags)
             log_params(client, run_id, params)
-        tracker = cls(cfg.name, cfg.iterations, client, run_id, registered_name=tracking.experiment)
+        tracker = cls(cfg.name, cfg.iterations, client, run_id, registered_name=tracking.experiment,
+                      grid_prompts=cfg.evaluation.grid_prompts)  # fmt: skip
         tracker._start_system_metrics(tracking.uri, resumed=previous_run_id == run_id)
         return tracker
 
@@ -97,9 +99,11 @@ class StageTracker(StageCallbacks):
 
         if self.client is not None and self.run_id is not None:
             _log_table(self.client, self.run_id, table, flat_metrics(table), iteration)
+            if not self.grid_prompts:  # evaluation.grid_prompts = 0: no grid, as the final evaluation's
+                return
             from tasks.tracking import log_image
 
-            log_image(self.client, self.run_id, grid_image(**grid_of(table, images, 8)),
+            log_image(self.client, self.run_id, grid_image(**grid_of(table, images, self.grid_prompts)),
                       f"eval/iter-{iteration:05d}.png")  # fmt: skip
 
     def on_skip(self, event: dict[str, Any]) -> None:
