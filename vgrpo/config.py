@@ -29,10 +29,11 @@ from vgrpo.algorithms.config import (
     VGRPOConfig,
 )
 from vgrpo.config_base import FrozenConfig
+from vgrpo.config_batch import check_batch
 from vgrpo.errors import ConfigError
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.models.config import LoraConfig, PrecisionConfig
-from vgrpo.parallel.distributed import DistributedConfig, samples_per_process
+from vgrpo.parallel.distributed import DistributedConfig
 from vgrpo.parallel.launch import LaunchConfig
 from vgrpo.rewards.config import RewardConfig, check_unique_keys
 from vgrpo.training.ema import EMAConfig
@@ -70,12 +71,7 @@ class TrainConfig(FrozenConfig):
         algo, rollout = self.algorithm, self.rollout
         if self.distributed.strategy == "fsdp" and self.lora is not None:
             raise ValueError("distributed.strategy=fsdp shards a full fine-tune: set lora: null (or strategy: ddp)")
-        num_samples = rollout.prompts_per_iteration * rollout.group_size
-        if num_samples % self.optim.minibatches:
-            raise ValueError(
-                f"optim.minibatches={self.optim.minibatches} must divide the batch "
-                f"(rollout.prompts_per_iteration x rollout.group_size = {num_samples})"
-            )
+        check_batch(rollout.prompts_per_iteration, rollout.group_size, self.optim.minibatches)
         if (
             isinstance(algo, (VGRPOConfig, DiffusionNFTConfig))
             and algo.timestep_sampling == "stratified"
@@ -319,7 +315,7 @@ def load_stage(
     config = load_config(paths, overrides, schema=StageConfig)
     rollout = config.rollout
     try:
-        samples_per_process(rollout.prompts_per_iteration, rollout.group_size, config.optim.minibatches, world_size)
+        check_batch(rollout.prompts_per_iteration, rollout.group_size, config.optim.minibatches, world_size)
     except ValueError as exc:
         raise ConfigError(f"{' + '.join(str(p) for p in paths)}: {exc}") from exc
     return config

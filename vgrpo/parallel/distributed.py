@@ -33,12 +33,13 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from vgrpo.config_base import FrozenConfig
+from vgrpo.config_batch import check_batch
 from vgrpo.seeding import derive_seed
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["Distributed", "DistributedConfig", "is_sharded", "samples_per_process"]
+__all__ = ["Distributed", "DistributedConfig", "is_sharded"]
 
 # Gradients are averaged in flat buckets of this many elements: one collective per bucket instead of one per
 # tensor (a LoRA has hundreds of small ones), without a second full copy of a fully fine-tuned model's gradients.
@@ -60,26 +61,6 @@ def is_sharded(tensor: Tensor) -> TypeGuard[DTensor]:
     """Whether ``tensor`` is a DTensor (a parameter FSDP shards: each rank holds its own part of it)."""
     dtensor = sys.modules.get("torch.distributed.tensor")  # never imported: no tensor can be one (import costs ~1 s)
     return dtensor is not None and isinstance(tensor, dtensor.DTensor)
-
-
-def samples_per_process(prompts_per_iteration: int, group_size: int, minibatches: int, world_size: int) -> int:
-    """Samples each of ``world_size`` processes holds when the batch is split into whole prompt groups.
-
-    Raises:
-        ValueError: naming ``rollout.prompts_per_iteration`` when the prompts do not split evenly over the
-            processes, or ``optim.minibatches`` when it does not divide a process's samples.
-    """
-    if prompts_per_iteration % world_size:
-        raise ValueError(
-            f"rollout.prompts_per_iteration={prompts_per_iteration} must be divisible by the {world_size} processes"
-        )
-    samples = prompts_per_iteration // world_size * group_size
-    if samples % minibatches:
-        raise ValueError(
-            f"optim.minibatches={minibatches} must divide each of the {world_size} processes' {samples} samples "
-            "(rollout.prompts_per_iteration x rollout.group_size / processes)"
-        )
-    return samples
 
 
 class Distributed:
@@ -123,15 +104,14 @@ class Distributed:
         return f"Distributed(rank={self.rank}, world_size={self.world_size}, device={self.device})"
 
     # sharding -------------------------------------------------------------------------------------------------
-    def shard(self, num_items: int, *, name: str = "rollout.prompts_per_iteration") -> slice:
-        """This rank's contiguous block of ``num_items`` (prompts, or samples in prompt-major order).
+    def shard(self, num_items: int) -> slice:
+        """This rank's contiguous block of an iteration's ``num_items`` prompts.
 
         Raises:
-            ValueError: ``num_items`` does not split evenly over the ranks (``name`` says which setting to change).
+            ValueError: naming ``rollout.prompts_per_iteration`` when they do not split evenly over the ranks
+                (:func:`vgrpo.config_batch.check_batch`).
         """
-        if num_items % self.world_size:
-            raise ValueError(f"{name}={num_items} must be divisible by the number of processes ({self.world_size})")
-        size = num_items // self.world_size
+        size = check_batch(num_items, processes=self.world_size)
         return slice(self.rank * size, (self.rank + 1) * size)
 
     def local_generator(self, generator: torch.Generator) -> torch.Generator:

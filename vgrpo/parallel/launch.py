@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from vgrpo.config_base import FrozenConfig
-from vgrpo.parallel.distributed import samples_per_process
+from vgrpo.config_batch import check_batch
 
 __all__ = ["LaunchConfig"]
 
@@ -53,7 +53,7 @@ class LaunchConfig(FrozenConfig):
         Raises:
             ValueError: naming the setting to change.
         """
-        samples_per_process(prompts_per_iteration, group_size, minibatches, self.processes)
+        check_batch(prompts_per_iteration, group_size, minibatches, self.processes)
         if self.mixed_precision != "no" and self.mixed_precision != autocast:
             raise ValueError(
                 f"launch.mixed_precision={self.mixed_precision} differs from precision.autocast={autocast}: set "

@@ -24,7 +24,8 @@ from vgrpo.advantages import compute_advantages
 from vgrpo.algorithms.base import Algorithm, Payload, Rollout
 from vgrpo.algorithms.config import AdvantageConfig
 from vgrpo.config import TrainConfig
-from vgrpo.parallel.distributed import Distributed, samples_per_process
+from vgrpo.config_batch import check_batch
+from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import Conditioning, trainable_parameters
 from vgrpo.training.guards import NonFiniteError, check_finite, nonfinite_summary
 from vgrpo.training.optim import OptimConfig, build_adamw, clip_gradients
@@ -157,7 +158,7 @@ def rollout_batch(
     group_size = algorithm.group_size
     if len(prompts) != len(cond):
         raise ValueError(f"{len(prompts)} prompts but conditioning has {len(cond)} rows")
-    samples_per_process(len(prompts), group_size, minibatches, dist.world_size)
+    check_batch(len(prompts), group_size, minibatches, dist.world_size)
     shard = dist.shard(len(prompts))  # whole prompt groups per rank
     device = next(policy.parameters()).device
     sample_prompts = [p for p in prompts[shard] for _ in range(group_size)]

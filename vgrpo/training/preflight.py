@@ -190,13 +190,13 @@ def _launch_problems(config: StageConfig, world_size: int | None) -> list[str]:
     use, the devices this machine shows."""
     import torch
 
-    from vgrpo.parallel.distributed import samples_per_process
+    from vgrpo.config_batch import check_batch
 
     processes = world_size or config.launch.processes
     out = []
     try:
-        samples_per_process(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
-                            processes)  # fmt: skip
+        check_batch(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
+                    processes)  # fmt: skip
     except ValueError as exc:
         out.append(str(exc))
     per_machine = math.ceil(processes / config.launch.machines)

@@ -26,8 +26,9 @@ import numpy as np
 
 from vgrpo.checkpoints.resume import ResumableRun
 from vgrpo.config import StageConfig
+from vgrpo.config_batch import check_batch
 from vgrpo.evaluation.evaluator import build_evaluator
-from vgrpo.parallel.distributed import Distributed, samples_per_process
+from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import trainable_parameters
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged
@@ -170,8 +171,8 @@ def run_stage(
     report = callbacks if callbacks is not None else _FunctionCallbacks(log, on_eval, on_skip)
     if callbacks is not None and (log or on_eval or on_skip):
         raise ValueError("pass callbacks or log/on_eval/on_skip, not both")
-    samples_per_process(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
-                        dist.world_size)  # fmt: skip
+    check_batch(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
+                dist.world_size)  # fmt: skip
     if prompts is None:
         prompts = phases("prepare-prompts", None, prepare_prompts, config, root)
     init = root / init_lora if init_lora is not None else None
