@@ -226,7 +226,8 @@ class Evaluator:
     """The evaluation routine of a stage (:func:`evaluate`): fixed prompts, seeds and rewards, the base model for
     hybrid sampling (FLUX, ``p_mix``) when configured, and the rollout's shift (``shift``, resolved; with
     ``dynamic_shift`` FLUX's rule, recomputed at the evaluation's resolution). Each call samples at
-    ``config.resolution`` (None: the adapter's, the rollout's) with :func:`sampling_shift` of ``config.shift``."""
+    ``config.resolution`` (None: the adapter's, the rollout's) with :func:`sampling_shift` of ``config.shift``,
+    scoring on the reward thread while it samples only with ``config.overlap``."""
 
     rows: list[dict[str, Any]]
     rewards: MultiReward
