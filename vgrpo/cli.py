@@ -23,16 +23,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from diffusers.utils import logging as diffusers_logging
+from transformers.utils import logging as transformers_logging
+
+from vgrpo.atomic import dir_size_mb, write_json_atomic
+from vgrpo.checkpoints.state import export_merged_pipeline
 from vgrpo.config import load_config, load_stage, overrides_from_pairs
 from vgrpo.errors import UserError
+from vgrpo.evaluation.config import EvaluationConfig
+from vgrpo.evaluation.report import evaluate_to_files, format_table
+from vgrpo.models.pipeline import load_pipeline
+from vgrpo.parallel.distributed import Distributed
+from vgrpo.trainer import Trainer
 from vgrpo.training.guards import TrainingDiverged
+from vgrpo.training.preflight import check_or_raise
+from vgrpo.training.stage import PrintProgress
 
 __all__ = ["add_params_arguments", "main", "run_command", "use_threads"]
 
 
 def use_threads(threads: int, *, flush_denormal: bool = False) -> None:
     """This process's torch CPU threads, and with ``flush_denormal`` denormal floats flushed to zero."""
-    import torch
 
     torch.set_num_threads(threads)
     if flush_denormal:
@@ -40,9 +52,6 @@ def use_threads(threads: int, *, flush_denormal: bool = False) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from vgrpo.evaluation.config import EvaluationConfig
-    from vgrpo.evaluation.report import evaluate_to_files, format_table
-
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
     use_threads(args.threads, flush_denormal=True)
     table = evaluate_to_files(
@@ -52,10 +61,6 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from vgrpo.atomic import dir_size_mb
-    from vgrpo.checkpoints.state import export_merged_pipeline
-    from vgrpo.models.pipeline import load_pipeline
-
     export_merged_pipeline(load_pipeline(args.pipeline), Path(args.lora), Path(args.out), lora_scale=args.scale)
     print(f"wrote {args.out} ({dir_size_mb(Path(args.out)):.1f} MB): {args.pipeline} + {args.lora} merged")
 
@@ -63,11 +68,6 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     """One stage (:class:`vgrpo.trainer.Trainer`), sharded over the processes ``accelerate launch`` started, after
     :func:`vgrpo.training.preflight.preflight` has checked every input it reads."""
-    from vgrpo.atomic import write_json_atomic
-    from vgrpo.parallel.distributed import Distributed
-    from vgrpo.trainer import Trainer
-    from vgrpo.training.preflight import check_or_raise
-    from vgrpo.training.stage import PrintProgress
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # checked before the processes wait for each other
     cfg = load_stage(args.params, overrides_from_pairs(args.set), world_size=world_size)
@@ -92,8 +92,6 @@ def cmd_train(args: argparse.Namespace) -> None:
 def _quiet_libraries() -> None:
     """Keep diffusers / transformers to errors: their per-save shard bars and the "text_encoder_3=None cannot
     be saved" notice (expected: the embedded default has no T5) would bury the training progress."""
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
 
     diffusers_logging.set_verbosity_error()
     diffusers_logging.disable_progress_bar()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -140,7 +141,6 @@ def timestep_grid(
 
 def _diffusers_default_grid(num_steps: int, shift: float | None, mu: float | None, num_train: int) -> Tensor:
     """:func:`timestep_grid`'s ``"diffusers"`` grid, step by step as ``FlowMatchEulerDiscreteScheduler`` builds it."""
-    import numpy as np
 
     # __init__: the training sigmas' ends, float32, shifted unless the shift is dynamic.
     ends = torch.tensor([float(num_train), 1.0]) / num_train

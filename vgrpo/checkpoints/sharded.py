@@ -30,7 +30,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch.distributed.checkpoint as dcp
 from torch import Tensor
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from vgrpo.atomic import publish_dir, temporary_dir
 from vgrpo.checkpoints.state import Checkpointed, CheckpointError
@@ -45,7 +47,6 @@ FILES = ("optimizer.json", "manifest.json", "state.json")
 def _state_dicts(live: Checkpointed) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every tensor a checkpoint holds by its key (the live ones: loading writes into them), and the optimizer's
     other values."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model, optim = get_state_dict(live.module, live.optimizer, options=_options())
     tensors: dict[str, Any] = {f"model/{k}": v for k, v in model.items()}
@@ -55,8 +56,6 @@ def _state_dicts(live: Checkpointed) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _options() -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True)
 
 
@@ -85,7 +84,6 @@ def _my_files(root: Path, dist: Distributed) -> list[Path]:
 
 def save_sharded_state(path: Path, live: Checkpointed, state: Mapping[str, Any], dist: Distributed) -> None:
     """Write a sharded checkpoint directory at ``path`` (module docstring). A collective: every rank calls it."""
-    import torch.distributed.checkpoint as dcp
 
     tensors, scalars = _state_dicts(live)
     tmp = dist.broadcast_object(temporary_dir(path) if dist.is_main else None)
@@ -133,8 +131,6 @@ def load_sharded_state(path: Path, live: Checkpointed, dist: Distributed) -> dic
 
     Every file is checked against ``manifest.json`` (the ranks share the hashing) and the tensors' names and shapes
     against the model before anything is changed; a failure raises :class:`CheckpointError` on every rank."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     problem = _check(path, dist)
     problems = [p for p in dist.gather_object(problem) if p is not None]

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import diffusers
 import torch
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vgrpo.atomic import atomic_dir
@@ -72,7 +75,6 @@ class Checkpointed:
 def save_training_state(path: Path, live: Checkpointed, state: Mapping[str, Any]) -> None:
     """Write a resumable checkpoint directory at ``path`` atomically (module docstring): ``live``'s tensors and
     ``state``."""
-    from safetensors.torch import save_file
 
     module, optimizer, snapshots = live.module, live.optimizer, live.snapshots
 
@@ -112,7 +114,6 @@ def load_training_state(path: Path, live: Checkpointed) -> dict[str, Any]:
     Every file is read and checked against the model before anything is changed, so a corrupt checkpoint
     raises :class:`CheckpointError` (naming the file) and leaves the model, optimizer and snapshots as they were.
     """
-    from safetensors.torch import load_file
 
     module, optimizer, snapshots = live.module, live.optimizer, live.snapshots
     names = ("trainable.safetensors", "optimizer.safetensors", "optimizer.json", "snapshots.safetensors", "state.json")
@@ -213,8 +214,6 @@ def canonicalize_safetensors_header(path: Path) -> None:
 def save_lora(transformer: nn.Module, out_dir: Path) -> None:
     """The transformer's LoRA adapter in diffusers' format (``pytorch_lora_weights.safetensors``), atomically,
     written by its pipeline class's ``save_lora_weights`` (:data:`LORA_PIPELINES`)."""
-    import diffusers
-    from peft.utils import get_peft_model_state_dict
 
     kind = type(transformer).__name__
     if kind not in LORA_PIPELINES:
@@ -243,8 +242,6 @@ def save_lora(transformer: nn.Module, out_dir: Path) -> None:
 def load_lora_into(transformer: nn.Module, lora_dir: Path) -> None:
     """Load a :func:`save_lora` directory into the transformer's existing (trainable) LoRA adapter, so a stage
     continues training the previous stage's adapter."""
-    from peft.utils import set_peft_model_state_dict
-    from safetensors.torch import load_file
 
     file = lora_dir / LORA_FILE
     if not file.is_file():

@@ -9,6 +9,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from vgrpo.checkpoints.state import LORA_FILE
+from vgrpo.models.pipeline import PIPELINE_COMPONENTS
+
 __all__ = ["PICKLE_SUFFIXES", "adapter_problems", "folder_problems", "pipeline_problems", "weights_problem"]
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -74,7 +77,6 @@ def folder_problems(folder: Path, *, safetensors_only: bool) -> list[str]:
 def pipeline_problems(path: Path) -> list[str]:
     """A diffusers pipeline directory: ``model_index.json``, its class, a folder for every component it names, and
     every component's safetensors files."""
-    from vgrpo.models.pipeline import PIPELINE_COMPONENTS
 
     if not path.is_dir():
         return [f"{path}: pipeline directory not found"]
@@ -103,7 +105,6 @@ def pipeline_problems(path: Path) -> list[str]:
 def adapter_problems(path: Path) -> list[str]:
     """A stage's starting weights: a LoRA directory (``save_lora``'s safetensors file), or after full fine-tuning
     a whole pipeline."""
-    from vgrpo.checkpoints.state import LORA_FILE
 
     if (path / "model_index.json").is_file():  # a full fine-tune's output: a whole pipeline
         return pipeline_problems(path)

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 from vgrpo.models.config import EmbeddedModelConfig
 
@@ -46,8 +49,6 @@ def train_clip_tokenizer(corpus: Iterable[str], config: EmbeddedModelConfig) -> 
     learned on space-prefixed words that ``CLIPTokenizer`` never produces), ``</w>`` word ends, and
     CLIP's special tokens; ``model_max_length`` is the pipeline's text length.
     """
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
-    from transformers import CLIPTokenizer
 
     tok = Tokenizer(models.BPE(unk_token=EOS_TOKEN, end_of_word_suffix="</w>"))
     tok.normalizer = normalizers.Sequence(
@@ -93,7 +94,6 @@ def build_text_encoder(
     """A ``CLIPTextModelWithProjection`` (SD3's CLIPs; ``with_projection=False``: a ``CLIPTextModel``, FLUX's)
     sized by ``config`` whose special ids match ``tokenizer`` (the pooled output is read at the first EOS, so
     the ids must agree)."""
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     text_config = CLIPTextConfig(
         # the tokenizer's vocabulary and special ids
@@ -117,7 +117,6 @@ def build_text_encoder(
 def build_vae(config: EmbeddedModelConfig, seed: int) -> torch.nn.Module:
     """An ``AutoencoderKL`` downsampling by ``2 ** (len(vae_channels) - 1)``; ``scaling_factor`` and
     ``shift_factor`` start at (1, 0) and are set from latent statistics after training, as SD3's were."""
-    from diffusers import AutoencoderKL
 
     n = len(config.vae_channels)
     torch.manual_seed(seed)
@@ -147,7 +146,6 @@ def latent_size(config: EmbeddedModelConfig) -> int:
 def build_transformer(config: EmbeddedModelConfig, seed: int) -> torch.nn.Module:
     """An ``SD3Transformer2DModel`` over the VAE's latents; text width = the two CLIP widths concatenated,
     pooled width = the two projections concatenated (SD3's layout)."""
-    from diffusers import SD3Transformer2DModel
 
     size = latent_size(config)
     torch.manual_seed(seed)
@@ -172,7 +170,6 @@ def build_transformer(config: EmbeddedModelConfig, seed: int) -> torch.nn.Module
 
 def build_pipeline(config: EmbeddedModelConfig, tokenizer: Any, seed: int = 0) -> Any:
     """A randomly initialised ``StableDiffusion3Pipeline`` (both CLIP slots share ``tokenizer``)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
     return StableDiffusion3Pipeline(
         transformer=build_transformer(config, seed),

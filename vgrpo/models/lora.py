@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from peft import LoraConfig as PeftLoraConfig
 from torch import nn
 
 __all__ = ["add_lora"]
@@ -25,7 +26,6 @@ def add_lora(
 
     LoRA ``B`` starts at zero, so the adapted model equals the base model until the first update.
     """
-    from peft import LoraConfig as PeftLoraConfig
 
     missing = [m for m in target_modules if not any(n.endswith(m) for n, _ in transformer.named_modules())]
     if missing:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from diffusers import FluxPipeline, StableDiffusion3Pipeline
 from torch import nn
 
 from vgrpo.errors import UserError
@@ -88,7 +89,6 @@ def load_pipeline(
     index = _check_pipeline_dir(root)
     if index["_class_name"] == "StableDiffusion3Pipeline":
         return load_sd3_pipeline(root, dtype=dtype, frozen_dtype=frozen_dtype)
-    from diffusers import FluxPipeline
 
     pipe = FluxPipeline.from_pretrained(
         root, local_files_only=True, use_safetensors=True, dtype=_component_dtypes(dtype, frozen_dtype)
@@ -116,7 +116,6 @@ def load_sd3_pipeline(
     Raises:
         PipelineError: naming the path and the missing component.
     """
-    from diffusers import StableDiffusion3Pipeline
 
     root = Path(path)
     index = _check_pipeline_dir(root, ("StableDiffusion3Pipeline",))
@@ -150,7 +149,6 @@ def build_adapter(
         resolution: image side in pixels; None = the pipeline's default.
         precision: the prompt cache's budget and the text encoders' placement (None = the defaults).
     """
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
     precision = precision if precision is not None else PrecisionConfig()
     options: dict[str, Any] = {"resolution": resolution, "prompt_cache_bytes": int(precision.prompt_cache_mb * 2**20),

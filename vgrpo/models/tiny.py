@@ -12,9 +12,16 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel, SD3Transformer2DModel
 from torch import nn
+from transformers import (
+    T5Config,
+    T5EncoderModel,
+    T5Tokenizer,  # transformers 5: the tokenizers-backed (fast) T5 tokenizer
+)
 
 from vgrpo.models.config import EmbeddedModelConfig
+from vgrpo.models.embedded import build_text_encoder, build_vae, train_clip_tokenizer
 from vgrpo.policy import Conditioning
 
 __all__ = [
@@ -32,7 +39,6 @@ _TEXT_LEN, _TEXT_DIM, _POOLED_DIM = 6, 16, 16
 
 def tiny_sd3_transformer(seed: int = 0, *, num_layers: int = 2, hidden_heads: int = 2) -> nn.Module:
     """An ``SD3Transformer2DModel`` over ``(4, 8, 8)`` latents: patch 2 (16 tokens), width 16."""
-    from diffusers import SD3Transformer2DModel
 
     torch.manual_seed(seed)
     model = SD3Transformer2DModel(
@@ -76,7 +82,6 @@ def tiny_t5_tokenizer(corpus: Iterable[str], model_max_length: int = _T5_TOKENS)
     starts, ``</s>`` appended) whose pieces are the corpus words plus every printable character, so any ASCII
     prompt tokenizes without ``<unk>``. Built with the ``tokenizers`` library through transformers' fast
     ``T5Tokenizer``; no files."""
-    from transformers import T5Tokenizer  # transformers 5: the tokenizers-backed (fast) T5 tokenizer
 
     words = sorted({w for text in corpus for w in text.split()})
     chars = sorted(set(string.printable) - set(string.whitespace))
@@ -91,10 +96,6 @@ def tiny_flux_pipeline(seed: int = 0, *, corpus: Iterable[str] = _DEFAULT_CORPUS
     guidance-embedding transformer, CLIP (pooled vector) + T5 (tokens) text encoders with tokenizers built from
     ``corpus``, a VAE with FLUX's shift and scaling factors, and the dynamically shifted flow-matching scheduler
     with FLUX.1's shift parameters. ``save_pretrained`` + ``FluxPipeline.from_pretrained`` round-trip it."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import T5Config, T5EncoderModel
-
-    from vgrpo.models.embedded import build_text_encoder, build_vae, train_clip_tokenizer
 
     cfg, corpus = TINY_FLUX, list(corpus)
     clip_tokenizer = train_clip_tokenizer(corpus, cfg)

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import torch
+from accelerate import PartialState
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -90,7 +91,6 @@ class Distributed:
         """
         if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
             return cls(device="cuda" if torch.cuda.is_available() else "cpu")
-        from accelerate import PartialState
 
         state = PartialState(cpu=not torch.cuda.is_available())
         return cls(rank=state.process_index, world_size=state.num_processes, device=state.device)

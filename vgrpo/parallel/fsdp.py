@@ -30,6 +30,9 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from vgrpo.atomic import atomic_dir
 from vgrpo.parallel.distributed import Distributed
@@ -53,8 +56,6 @@ def shard_transformer(transformer: nn.Module, dist: Distributed) -> nn.Module:
     Parameters are resharded after every forward pass, the root's included (FSDP's default keeps the root's
     gathered), so between passes each rank holds only its shards and the snapshots swap those.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     dist.broadcast_parameters(list(transformer.parameters()))
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
@@ -67,7 +68,6 @@ def shard_transformer(transformer: nn.Module, dist: Distributed) -> nn.Module:
 def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
     """The sharded ``module``'s whole state dict, gathered on rank 0 in CPU memory (empty on the other ranks).
     A collective: every rank must call it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return cast(dict[str, Tensor], get_model_state_dict(module, options=options))
@@ -77,7 +77,6 @@ def unsharded_copy(module: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:
     """A plain (unsharded) instance of the sharded diffusers model ``module``'s class holding ``state`` (the output
     of :func:`full_state_dict`), built without a second random initialisation; buffers the state dict does not
     carry (non-persistent) are copied from ``module``."""
-    from torch.distributed.fsdp import FSDPModule
 
     cls: Any = next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))  # fully_shard subclasses it
     with torch.device("meta"):

@@ -22,9 +22,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vgrpo.atomic import write_json_atomic
 from vgrpo.cli import add_params_arguments, run_command, use_threads
 from vgrpo.config import load_config, overrides_from_pairs
 from vgrpo.world.config import PretrainConfig, WorldCLIPConfig, WorldPreferenceConfig
+from vgrpo.world.pretrain import pretrain_base
+from vgrpo.world.prompts import write_splits
+from vgrpo.world.quality import check_split
+from vgrpo.world.reward_models import make_world_clip, make_world_pickscore
 
 __all__ = ["main"]
 
@@ -34,8 +39,6 @@ def _pretrain_config(args: argparse.Namespace) -> PretrainConfig:
 
 
 def cmd_world_splits(args: argparse.Namespace) -> None:
-    from vgrpo.world.prompts import write_splits
-
     cfg = _pretrain_config(args)
     out = Path(args.out)
     n_train, n_test = write_splits(
@@ -46,7 +49,6 @@ def cmd_world_splits(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace, metrics: dict[str, Any], line: str) -> None:
     """A training command's end: its one-line summary, and its metrics to ``--metrics`` when given."""
-    from vgrpo.atomic import write_json_atomic
 
     print(line)
     if args.metrics:
@@ -54,8 +56,6 @@ def _report(args: argparse.Namespace, metrics: dict[str, Any], line: str) -> Non
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
-    from vgrpo.world.pretrain import pretrain_base
-
     cfg = _pretrain_config(args)
     use_threads(args.threads)
     final, metrics = pretrain_base(cfg, Path(args.splits) / "test.jsonl", args.work, args.out)
@@ -63,8 +63,6 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def cmd_train_world_clip(args: argparse.Namespace) -> None:
-    from vgrpo.world.reward_models import make_world_clip
-
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="world_clip", schema=WorldCLIPConfig)
     use_threads(args.threads, flush_denormal=True)
     metrics = make_world_clip(cfg, Path(args.splits) / "test.jsonl", args.out)
@@ -74,8 +72,6 @@ def cmd_train_world_clip(args: argparse.Namespace) -> None:
 
 
 def cmd_train_world_preference(args: argparse.Namespace) -> None:
-    from vgrpo.world.reward_models import make_world_pickscore
-
     overrides = overrides_from_pairs(args.set)
     cfg = load_config(args.params, overrides, section="world_pickscore", schema=WorldPreferenceConfig)
     use_threads(args.threads, flush_denormal=True)
@@ -86,9 +82,6 @@ def cmd_train_world_preference(args: argparse.Namespace) -> None:
 
 
 def cmd_detector_check(args: argparse.Namespace) -> None:
-    from vgrpo.atomic import write_json_atomic
-    from vgrpo.world.quality import check_split
-
     quality = check_split(args.prompts, args.pipeline)
     write_json_atomic(args.out, quality)
     print(" ".join(f"{k}={quality[k]:.3f}" for k in ("ground_truth", "vae_roundtrip", "noise", "wrong_prompt")

@@ -25,13 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from vgrpo.atomic import atomic_dir
 from vgrpo.models.config import EmbeddedModelConfig
+from vgrpo.models.embedded import train_clip_tokenizer
 from vgrpo.progress import progress_bar
 from vgrpo.training.optim import build_adamw, clip_gradients
 from vgrpo.world.config import WorldAugmentConfig, WorldCLIPConfig
-from vgrpo.world.degrade import hard_negative
+from vgrpo.world.degrade import augment, hard_negative
 from vgrpo.world.prompts import allowed_pairs, sample_metadata, scene_for
 from vgrpo.world.render import render
 from vgrpo.world.schedule import one_cycle
@@ -68,7 +70,6 @@ def caption_corpus(seed: int, n: int, tags: tuple[str, ...]) -> list[str]:
 def build_processor(image_size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> Any:
     """A ``CLIPImageProcessor`` that leaves ``image_size`` inputs at their size (resize and centre crop to the
     same side are the identity) and normalises ``(x / 255 - mean) / std``."""
-    from transformers import CLIPImageProcessor
 
     return CLIPImageProcessor(
         do_resize=True,
@@ -93,7 +94,6 @@ def pixel_values(images: np.ndarray, mean: tuple[float, ...], std: tuple[float, 
 def build_world_clip(config: WorldCLIPConfig, tokenizer: Any) -> nn.Module:
     """A randomly initialised ``CLIPModel`` sized by ``config`` whose special ids match ``tokenizer`` (the text
     embedding is read at the first EOS)."""
-    from transformers import CLIPConfig, CLIPModel
 
     text = {
         "vocab_size": len(tokenizer),
@@ -185,7 +185,6 @@ def render_batch(
     rng: np.random.Generator, n: int, tags: tuple[str, ...], allowed: Any, size: int, aug: WorldAugmentConfig | None
 ) -> tuple[list[str], np.ndarray]:
     """``n`` fresh captions (tags uniform) and their renders ``(n, size, size, 3)`` uint8, augmented if ``aug``."""
-    from vgrpo.world.degrade import augment
 
     captions, images = [], []
     for _ in range(n):
@@ -215,7 +214,6 @@ class TrainedRewardModel:
 
 def train_world_clip(config: WorldCLIPConfig, *, log: Callable[[str], None] | None = None) -> TrainedRewardModel:
     """Train the world CLIP on fresh augmented renders of ``config.tags`` prompts (held-out pairs excluded)."""
-    from vgrpo.models.embedded import train_clip_tokenizer
 
     rng = np.random.default_rng(config.seed)
     tok_config = EmbeddedModelConfig(vocab_size=config.vocab_size, max_text_tokens=config.max_text_tokens)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
+from transformers import CLIPImageProcessor, CLIPModel, CLIPTokenizer
 
 from vgrpo.world.clip import TrainedRewardModel, embed_images, embed_texts, fit, pixel_values
 from vgrpo.world.config import WorldPreferenceConfig
@@ -95,7 +96,6 @@ def train_world_preference(
 ) -> TrainedRewardModel:
     """Fine-tune the world CLIP in ``clip_dir`` (model, tokenizer, processor) with :func:`bradley_terry_loss`
     on fresh pairs, degradation kinds drawn uniformly from ``config.degradations``."""
-    from transformers import CLIPImageProcessor, CLIPModel, CLIPTokenizer
 
     model = CLIPModel.from_pretrained(clip_dir)
     tokenizer = CLIPTokenizer.from_pretrained(clip_dir)

@@ -35,7 +35,7 @@ from vgrpo.atomic import atomic_dir
 from vgrpo.evaluation.evaluator import Sampling
 from vgrpo.evaluation.evaluator import evaluate as evaluate_pipeline
 from vgrpo.flow import interpolate, timestep_grid, velocity_target
-from vgrpo.images import images_to_tensor
+from vgrpo.images import images_to_tensor, tensor_to_images
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
 from vgrpo.policy import Conditioning
@@ -46,7 +46,7 @@ from vgrpo.samplers import euler_ode_sample
 from vgrpo.training.optim import build_adamw, clip_gradients
 from vgrpo.world.config import PretrainConfig
 from vgrpo.world.data import world_batch
-from vgrpo.world.prompts import allowed_pairs
+from vgrpo.world.prompts import allowed_pairs, sample_metadata
 from vgrpo.world.schedule import one_cycle
 
 __all__ = [
@@ -125,7 +125,6 @@ def sample_images(
     micro_batch: int = 64,
 ) -> np.ndarray:
     """Euler ODE samples for ``prompts`` decoded to uint8 ``(N, H, W, 3)``, with the same sampler as RL rollouts."""
-    from vgrpo.images import tensor_to_images
 
     sigmas = timestep_grid(num_steps, shift=shift)
     out = []
@@ -317,8 +316,6 @@ def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 
 
 def _prompt_corpus(config: PretrainConfig, n: int = 4000) -> list[str]:
-    from vgrpo.world.prompts import sample_metadata
-
     rng = np.random.default_rng(config.seed + 1)
     allowed = allowed_pairs(config.held_out_pairs)
     return [sample_metadata(rng, config.tags[i % len(config.tags)], allowed)["prompt"] for i in range(n)]

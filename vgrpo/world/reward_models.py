@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from transformers import CLIPModel
+
 from vgrpo.atomic import dir_size_mb
 from vgrpo.errors import UserError
 from vgrpo.world.clip import TrainedRewardModel, final_metrics, save_reward_model, train_world_clip
@@ -48,7 +50,6 @@ def make_world_pickscore(
 ) -> dict[str, Any]:
     """Fine-tune the world CLIP in ``clip_dir`` into the world PickScore model, evaluate it and the CLIP it
     started from on held-out (clean, degraded) pairs, and save it to ``out_dir``; returns its metrics."""
-    from transformers import CLIPModel
 
     clip_dir = Path(clip_dir)
     for name in CLIP_FILES:
