@@ -1,83 +1,107 @@
-"""The library's modules import each other without circles (a circle makes import order matter and hides a
-module's real dependencies, from readers and from DVC's deps lists)."""
+"""The repository imports without circles (a circle makes import order matter and hides a module's real
+dependencies, from readers and from DVC's deps lists), and each DVC stage's code deps are its import closure
+(scripts/import_graph.py)."""
 
 from __future__ import annotations
 
-import ast
+import importlib.util
+import sys
 from pathlib import Path
 
-LIBRARY = Path(__file__).resolve().parents[1] / "vgrpo"
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" / "import_graph.py")
+assert _spec is not None and _spec.loader is not None
+graph_tool = importlib.util.module_from_spec(_spec)
+sys.modules["import_graph"] = graph_tool
+_spec.loader.exec_module(graph_tool)
 
 
-def _module_name(path: Path, root: Path) -> str:
-    parts = path.relative_to(root.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def test_the_repository_has_no_import_circle() -> None:
+    files = graph_tool.module_files(REPO)
+    graph = graph_tool.import_graph(files)
+    assert {m.split(".")[0] for m in files} >= {"vgrpo", "tasks", "flows", "benchmarks", "tests"}
+    assert len(graph) > 150 and "vgrpo.training.stage" in graph["vgrpo.trainer"]  # lazy imports are edges too
+    assert graph_tool.cycles(graph) == []
 
 
-def import_graph(root: Path = LIBRARY) -> dict[str, set[str]]:
-    """Module -> the library modules it imports (at any depth in the file, lazy imports included)."""
-    files = {_module_name(p, root): p for p in root.rglob("*.py")}
-    graph: dict[str, set[str]] = {m: set() for m in files}
-    for module, path in files.items():
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, *([node.module] if node.module else [])])
-                targets = [base, *(f"{base}.{a.name}" for a in node.names)]
-            else:
-                continue
-            graph[module] |= {t for t in targets if t in files and t != module}
-    return graph
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+def test_a_circle_is_found_across_packages_and_through_lazy_imports(tmp_path: Path) -> None:
+    repo = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg import b\n",
+            "pkg/b.py": "def f():\n    from other.c import x\n",
+            "other/__init__.py": "",
+            "other/c.py": "import pkg.a\n",
+            "other/d.py": "from other import c\n",
+        },
+    )
+    graph = graph_tool.import_graph(graph_tool.module_files(repo))
+    assert graph_tool.cycles(graph) == [["other.c", "pkg.a", "pkg.b"]]
 
 
-def test_the_library_has_no_import_circle() -> None:
-    graph = import_graph()
-    assert len(graph) > 50 and "vgrpo.training.stage" in graph["vgrpo.trainer"]  # the walk sees the package
-    assert cycles(graph) == []
+def test_a_closure_follows_parents_and_lazy_imports_but_not_a_lazy_getattr(tmp_path: Path) -> None:
+    repo = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "def __getattr__(name):\n    from pkg.heavy import H\n    return H\n",
+            "pkg/heavy.py": "",
+            "pkg/sub/__init__.py": "from pkg.sub import leaf\n",
+            "pkg/sub/leaf.py": "def f():\n    from pkg import util\n",
+            "pkg/util.py": "",
+            "pkg/unused.py": "",
+        },
+    )
+    graph = graph_tool.import_graph(graph_tool.module_files(repo), lazy_getattr=False)
+    assert graph_tool.closure(graph, ["pkg.sub.leaf"]) == {"pkg", "pkg.sub", "pkg.sub.leaf", "pkg.util"}
 
 
-def test_a_circle_is_found(tmp_path: Path) -> None:
-    pkg = tmp_path / "vgrpo"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from vgrpo import b\n")
-    (pkg / "b.py").write_text("def f():\n    from vgrpo.a import x\n")
-    (pkg / "c.py").write_text("import vgrpo.a\n")
-    assert cycles(import_graph(pkg)) == [["vgrpo.a", "vgrpo.b"]]
+def test_every_dvc_stages_code_deps_are_its_import_closure() -> None:
+    expected, listed = graph_tool.expected_code_deps(REPO), graph_tool.listed_code_deps(REPO)
+    assert {"world_splits", "pretrain_base", "stage", "evaluate_curriculum"} <= set(expected)
+    differ = {s: sorted(set(expected[s]) ^ set(listed[s])) for s in expected}
+    assert {s: d for s, d in differ.items() if d} == {}, "python scripts/import_graph.py dvc-deps --write"
+    code_stages = {s for s, deps in listed.items() if deps}
+    assert code_stages == set(expected), "a stage with code deps names its modules in meta.code"
+
+
+def test_the_deps_writer_keeps_data_deps_and_comments(tmp_path: Path) -> None:
+    repo = _package(
+        tmp_path,
+        {
+            "lib/__init__.py": "",
+            "lib/a.py": "from lib import b\n",
+            "lib/b.py": "",
+            "lib/c.py": "",
+            "dvc.yaml": (
+                "stages:\n"
+                "  one:\n"
+                "    meta:\n"
+                "      code: [lib.a]\n"
+                "    cmd: python -m lib.a\n"
+                "    deps:  # why\n"
+                "      - data/x.json\n"
+                "      - lib/c.py   # stale\n"
+                "      # a note\n"
+                "      - models/m\n"
+                "    outs:\n"
+                "      - out\n"
+            ),
+        },
+    )
+    graph_tool.write_code_deps(repo)
+    assert (
+        graph_tool.expected_code_deps(repo)
+        == graph_tool.listed_code_deps(repo)
+        == {"one": ["lib/__init__.py", "lib/a.py", "lib/b.py"]}
+    )
+    text = (repo / "dvc.yaml").read_text()
+    assert "data/x.json" in text and "models/m" in text and "# a note" in text and "lib/c.py" not in text
