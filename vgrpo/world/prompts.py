@@ -52,7 +52,7 @@ OCR_WORDS: tuple[str, ...] = (
     "wing", "wish", "yak", "12", "25", "50", "64", "404", "500", "1984", "2000", "3000"
 )  # fmt: skip
 """184 words of at most 5 glyphs (one line at 32 px), each read exactly from its ground-truth render by PP-OCR with
-and without the text detector; enough of them that the base does not memorise every one (docs/world.md)."""
+and without the text detector; enough of them that the base does not memorise every one (docs/embedded.md)."""
 OCR_TEMPLATES: tuple[str, ...] = (
     'a sign that says "{t}"',
     'a black poster with the word "{t}" in white letters',
@@ -201,7 +201,7 @@ def make_splits(
 
     No train prompt or ground-truth scene contains a held-out ``(color, shape)`` pair. Every
     ``held_out_every``-th ``colors`` / ``color_attr`` test prompt (the first of each tag included) names one
-    (the compositional-generalisation probe, reported on its own in docs/world.md); the others name seen pairs
+    (the compositional-generalisation probe, reported on its own in docs/embedded.md); the others name seen pairs
     only, as GenEval's colour prompts name familiar objects. Other test prompts draw colours from all pairs."""
     held = [(str(c), str(s)) for c, s in held_out_pairs]
     every = [(c, s) for c in COLORS for s in SHAPES]

@@ -30,7 +30,7 @@ BACKGROUND: tuple[int, int, int] = (0, 0, 0)
 TEXT_COLOR: tuple[int, int, int] = (255, 255, 255)
 
 GRID = 3
-"""Objects sit in the cells of a ``GRID x GRID`` layout (docs/world.md explains the choice)."""
+"""Objects sit in the cells of a ``GRID x GRID`` layout (docs/embedded.md explains the choice)."""
 CELL_CENTERS: tuple[float, ...] = (6 / 32, 16 / 32, 26 / 32)
 """Cell centres as canvas fractions: 10-pixel cells from pixel 1 at 32x32."""
 OBJECT_SIZE = 9 / 32
