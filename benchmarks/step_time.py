@@ -1,8 +1,8 @@
 """Seconds per training iteration of V-GRPO and each baseline on the tiny random SD3 transformer, or on a
 pipeline (the embedded base) with its LoRA and the world GenEval reward.
 
-    python benchmarks/step_time.py [--iterations 5] [--prompts 4] [--group 8] [--steps 10]
-    python benchmarks/step_time.py --pipeline models/embedded-base --prompts 8 --group 8 --steps 10 --method vgrpo
+    python -m benchmarks.step_time [--iterations 5] [--prompts 4] [--group 8] [--steps 10]
+    python -m benchmarks.step_time --pipeline models/embedded-base --prompts 8 --group 8 --steps 10 --method vgrpo
 
 Same batch, model and seed for every method; each method uses its params/algorithms preset on top of
 params/base.yaml. Prints the median seconds per iteration split into rollout / reward / prepare /
@@ -20,8 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("vgrpo", "vgrpo_full_graph", "naive_elbo", "flow_grpo", "mixgrpo", "diffusion_nft")
+from benchmarks.common import METHODS as COMPARED
+from benchmarks.common import ROOT
+
+METHODS = (COMPARED[0], "vgrpo_full_graph", *COMPARED[1:])  # V-GRPO's update also without its two passes
 
 
 def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
@@ -117,8 +119,9 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     )
     pipe = load_pipeline(args.pipeline)
     assert config.lora is not None
-    add_lora(pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha,
-             target_modules=config.lora.target_modules)  # fmt: skip
+    add_lora(
+        pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules
+    )
     adapter, policy = build_adapter(pipe)
     rows = [r for r in read_jsonl(ROOT / "data/world/train.jsonl") if r["tag"] in GENEVAL_TAGS][: args.prompts]
     prompts = [str(r["prompt"]) for r in rows]
@@ -136,9 +139,18 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     cond = adapter.encode_prompts(prompts)
     records = []
     for it in range(args.iterations + 1):  # iteration 0 warms up
-        record = train_iteration(policy=policy, algorithm=built, optimizer=optimizer, reward_fn=reward_fn,
-                                 prompts=prompts, cond=cond, config=config, latent_shape=adapter.latent_shape,
-                                 generator=generator, iteration=it)  # fmt: skip
+        record = train_iteration(
+            policy=policy,
+            algorithm=built,
+            optimizer=optimizer,
+            reward_fn=reward_fn,
+            prompts=prompts,
+            cond=cond,
+            config=config,
+            latent_shape=adapter.latent_shape,
+            generator=generator,
+            iteration=it,
+        )
         if it:
             records.append(record.metrics)
     return _summary(records)
@@ -160,18 +172,22 @@ def main() -> None:
         print(json.dumps(run_one(args.method, args)))
         return
     model = args.pipeline or f"tiny SD3 ({args.layers} layers)"
-    print(f"batch {args.prompts} prompts x {args.group}, {args.steps} steps, {model}, median of {args.iterations} "
-          "iterations")  # fmt: skip
+    print(
+        f"batch {args.prompts} prompts x {args.group}, {args.steps} steps, {model}, median of {args.iterations} "
+        "iterations"
+    )
     columns = ("total s", "rollout", "reward", "prepare", "update")
     print(f"{'method':>16} " + " ".join(f"{c:>8}" for c in columns) + f" {'steps':>5} {'RSS MB':>7}")
     results = {}
     for method in args.only:
-        cmd = [sys.executable, __file__, "--method", method] + [
+        cmd = [sys.executable, "-m", "benchmarks.step_time", "--method", method] + [
             f"--{k}={getattr(args, k)}" for k in ("iterations", "prompts", "group", "steps", "layers")
         ]
         if args.pipeline:
             cmd.append(f"--pipeline={args.pipeline}")
-        result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        result = json.loads(
+            subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+        )
         times = " ".join(f"{result[f'time/{k}_s']:8.3f}" for k in ("total", "rollout", "reward", "prepare", "update"))
         print(f"{method:>16} {times} {int(result['gradient_steps']):5d} {result['peak_rss_mb']:7.0f}")
         results[method] = result
