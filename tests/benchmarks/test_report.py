@@ -175,7 +175,11 @@ def test_report_reads_the_claims_off_the_records(tmp_path: Path) -> None:
         (out / f"{c['name']}.json").write_text(json.dumps(c))
     docs = tmp_path / "docs"
     report.write_report(
-        out, docs, command="python benchmarks/grid.py", planned=[c["name"] for c in cells] + ["x"], sizes=grid.Sizes()
+        out,
+        docs,
+        command="python -m benchmarks.compare",
+        planned=[c["name"] for c in cells] + ["x"],
+        sizes=grid.Sizes(),
     )
     text = (docs / "README.md").read_text()
     # V-GRPO (0.5 at 0 s, 0.6 at 100 s, 0.7 at 200 s) reaches MixGRPO's best 0.6 at 100 s against its 400 s.
@@ -196,7 +200,7 @@ def test_report_reads_the_claims_off_the_records(tmp_path: Path) -> None:
     report.write_report(
         docs / "cells.jsonl",
         again,
-        command="python benchmarks/grid.py",
+        command="python -m benchmarks.compare",
         planned=[c["name"] for c in cells] + ["x"],
         sizes=grid.Sizes(),
     )
