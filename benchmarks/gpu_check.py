@@ -26,7 +26,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from benchmarks.common import LABELS, ROOT, flags
+from vgrpo.world import make_splits, write_jsonl
 
 PACKAGES = ("torch", "transformers", "accelerate", "peft", "diffusers", "pydantic", "safetensors", "numpy")
 
@@ -143,8 +146,6 @@ def environment(mode: str) -> dict[str, Any]:
         "packages": versions,
         "wheels_installed": os.environ.get("VGRPO_WHEELS_INSTALLED", ""),
     }
-    import torch
-
     env["cuda_available"] = torch.cuda.is_available()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -180,8 +181,6 @@ def benchmark(mode: str, budget: Budget, log: Path, env: dict[str, str], work: P
 
 
 def embedded_stage(mode: str, budget: Budget, log: Path, env: dict[str, str], work: Path) -> Step:
-    from vgrpo.world import make_splits, write_jsonl
-
     train, test = make_splits(0, 200, 40)
     write_jsonl(work / "train.jsonl", [md for md, _ in train])
     write_jsonl(work / "test.jsonl", [md for md, _ in test])

@@ -20,6 +20,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+from diffusers import AutoencoderKL, FluxTransformer2DModel, SD3Transformer2DModel
+from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
 from benchmarks.sd35_arch import SD35M  # stabilityai/stable-diffusion-3.5-medium's transformer/config.json
 
 GB = 1e9
@@ -85,9 +89,6 @@ LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", 
 def count_parameters() -> dict[str, Any]:
     """Element counts (parameters and persistent buffers) of every component, built on the meta device, and the
     LoRA r 32 parameters of SD3.5-M's attention projections (``lora.target_modules``'s default)."""
-    import torch
-    from diffusers import AutoencoderKL, FluxTransformer2DModel, SD3Transformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     def elements(module: torch.nn.Module) -> int:
         return sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in module.buffers())

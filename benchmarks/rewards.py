@@ -20,7 +20,17 @@ import argparse
 import json
 import time
 
+import numpy as np
+import torch
+
 from benchmarks.common import ROOT
+from vgrpo.evaluation.evaluator import Sampling, evaluate, generate
+from vgrpo.images import tensor_to_images
+from vgrpo.models.pipeline import load_sd3_pipeline
+from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
+from vgrpo.rewards.multi import MultiReward
+from vgrpo.rewards.ocr import OCRReward
+from vgrpo.world import make_splits, read_jsonl, render
 
 LINE_BOX = (0.0, 0.72, 1.0, 1.0)
 """The world's text band, as in params/embedded/evaluate.yaml."""
@@ -42,12 +52,6 @@ def main() -> None:
     )
     parser.add_argument("--agreement-prompts", type=int, default=40, help="OCR test prompts x 4 for the agreement")
     args = parser.parse_args()
-
-    import numpy as np
-    import torch
-
-    from vgrpo.rewards.multi import MultiReward
-    from vgrpo.world import make_splits, render
 
     torch.set_num_threads(args.threads)
     records = make_splits(
@@ -103,15 +107,6 @@ def main() -> None:
 def _agreement(args: argparse.Namespace) -> dict[str, float]:
     """The world OCR reward (recogniser on the text band) against Flow-GRPO's (detector + recogniser) on the
     base model's samples of the first ``--agreement-prompts`` OCR test prompts (4 each, 20 Euler steps, seed 0)."""
-    import numpy as np
-
-    from vgrpo.evaluation.evaluator import Sampling, generate
-    from vgrpo.images import tensor_to_images
-    from vgrpo.models.pipeline import load_sd3_pipeline
-    from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
-    from vgrpo.rewards.ocr import OCRReward
-    from vgrpo.world import read_jsonl
-
     pipe = load_sd3_pipeline(ROOT / "models/embedded-base")
     adapter, policy = SD3Adapter(pipe), SD3Velocity(pipe.transformer.eval())
     rows = [r for r in read_jsonl(args.prompts) if r["tag"] == "ocr"][: args.agreement_prompts]
@@ -137,11 +132,6 @@ def _agreement(args: argparse.Namespace) -> dict[str, float]:
 
 def _overlap(rewards: object, args: argparse.Namespace) -> dict[str, float]:
     """Sampling + scoring wall time of the shipped base with scoring after sampling vs on the reward thread."""
-    from vgrpo.evaluation.evaluator import Sampling, evaluate
-    from vgrpo.models.pipeline import load_sd3_pipeline
-    from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
-    from vgrpo.world import read_jsonl
-
     base = ROOT / "models/embedded-base"
     metadata = read_jsonl(args.prompts)[: args.overlap_prompts]
     pipe = load_sd3_pipeline(base)

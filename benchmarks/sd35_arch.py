@@ -28,7 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from diffusers import SD3Transformer2DModel
+
 from benchmarks.common import ROOT, TIMED_METHODS
+from vgrpo.algorithms import build_algorithm
+from vgrpo.config import load_config
+from vgrpo.models import SD3Velocity, add_lora
+from vgrpo.models.precision import apply_precision
+from vgrpo.policy import Conditioning
+from vgrpo.training.iteration import build_optimizer, train_iteration
 
 METHODS = TIMED_METHODS
 
@@ -51,16 +60,6 @@ SD35M = {
 
 
 def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-    from diffusers import SD3Transformer2DModel
-
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.models import SD3Velocity, add_lora
-    from vgrpo.models.precision import apply_precision
-    from vgrpo.policy import Conditioning
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)

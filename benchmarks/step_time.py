@@ -20,22 +20,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+import yaml
+
 from benchmarks.common import METHODS as COMPARED
 from benchmarks.common import ROOT
+from vgrpo.algorithms import build_algorithm
+from vgrpo.config import load_config, merge_overrides
+from vgrpo.demo import toy_reward
+from vgrpo.images import tensor_to_images
+from vgrpo.models import SD3Velocity, add_lora
+from vgrpo.models.pipeline import build_adapter, load_pipeline
+from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
+from vgrpo.rewards import build_reward
+from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.world import GENEVAL_TAGS, read_jsonl
 
 METHODS = (COMPARED[0], "vgrpo_full_graph", *COMPARED[1:])  # V-GRPO's update also without its two passes
 
 
 def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
-    import torch
-
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.demo import toy_reward
-    from vgrpo.models import SD3Velocity, add_lora
-    from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
     torch.set_num_threads(2)
     torch.set_flush_denormal(True)
     if args.pipeline:
@@ -93,18 +97,6 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
 def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     """``method`` on ``args.pipeline`` as the embedded stages train it: params/models/embedded.yaml (LoRA r 32),
     the world's GenEval train prompts, and the world GenEval reward on decoded samples."""
-    import torch
-    import yaml
-
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config, merge_overrides
-    from vgrpo.images import tensor_to_images
-    from vgrpo.models import add_lora
-    from vgrpo.models.pipeline import build_adapter, load_pipeline
-    from vgrpo.rewards import build_reward
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-    from vgrpo.world import GENEVAL_TAGS, read_jsonl
-
     preset = "vgrpo" if method == "vgrpo_full_graph" else method
     algorithm: dict[str, object] = {"name": preset}
     if method == "vgrpo_full_graph":
