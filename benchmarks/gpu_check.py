@@ -2,8 +2,8 @@
 ``gpu``-marked tests, ``benchmarks/sd35_arch.py`` at the paper's scale (512 px, group 24, 40 steps, bf16; V-GRPO,
 Flow-GRPO and MixGRPO) and one short embedded stage on the GPU, within a time budget (10 minutes by default).
 
-    python benchmarks/gpu_check.py --out runs/gpu_check            # on a CUDA machine
-    python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check   # the same steps at tiny sizes on the CPU
+    python -m benchmarks.gpu_check --out runs/gpu_check            # on a CUDA machine
+    python -m benchmarks.gpu_check --dry-run --out /tmp/gpu_check   # the same steps at tiny sizes on the CPU
 
 Each step runs in its own process with what is left of the budget as its time limit, so a hung or slow step is
 cut and reported, and the check still writes ``gpu_check.json`` and ``gpu_check.md`` (and the steps' output in
@@ -26,26 +26,48 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import torch
+
+from benchmarks.common import LABELS, ROOT, flags
+from vgrpo.world import make_splits, write_jsonl
+
 PACKAGES = ("torch", "transformers", "accelerate", "peft", "diffusers", "pydantic", "safetensors", "numpy")
-LABELS = {"vgrpo": "V-GRPO", "flow_grpo": "Flow-GRPO", "mixgrpo": "MixGRPO"}
 
 # The paper's scale (V-GRPO App. A.2: 512 px, group 24, 40 steps, bf16) and a CPU scale that runs in seconds.
 BENCHMARK_ARGS = {
-    "gpu": ["--device", "cuda", "--precision", "bf16", "--resolution", "512", "--group", "24", "--steps", "40",
-            "--iterations", "1"],
-    "dry-run": ["--device", "cpu", "--precision", "fp32", "--layers", "2", "--heads", "2", "--pos-embed-max-size",
-                "16", "--resolution", "64", "--group", "2", "--steps", "4", "--text-tokens", "16", "--micro-batch", "2",
-                "--iterations", "1", "--threads", "2"],
-}  # fmt: skip
+    "gpu": flags(device="cuda", precision="bf16", resolution=512, group=24, steps=40, iterations=1),
+    "dry-run": flags(
+        device="cpu",
+        precision="fp32",
+        layers=2,
+        heads=2,
+        pos_embed_max_size=16,
+        resolution=64,
+        group=2,
+        steps=4,
+        text_tokens=16,
+        micro_batch=2,
+        iterations=1,
+        threads=2,
+    ),
+}
 # The embedded curriculum's first stage (params/stages/embedded/1-preference.yaml), cut to a few iterations.
 STAGE_PARAMS = ["params/base.yaml", "params/models/embedded.yaml", "params/stages/embedded/1-preference.yaml"]
 STAGE_SETTINGS = {
     "gpu": ["iterations=4", "checkpoint_every=4", "eval_every=4", "evaluation.max_prompts=32"],
-    "dry-run": ["iterations=1", "checkpoint_every=1", "eval_every=1", "evaluation.max_prompts=2",
-                "evaluation.group_size=1", "evaluation.num_steps=2", "rollout.prompts_per_iteration=2",
-                "rollout.group_size=2", "rollout.num_steps=2", "algorithm.n_mc=2"],
-}  # fmt: skip
+    "dry-run": [
+        "iterations=1",
+        "checkpoint_every=1",
+        "eval_every=1",
+        "evaluation.max_prompts=2",
+        "evaluation.group_size=1",
+        "evaluation.num_steps=2",
+        "rollout.prompts_per_iteration=2",
+        "rollout.group_size=2",
+        "rollout.num_steps=2",
+        "algorithm.n_mc=2",
+    ],
+}
 # The OCR reward needs rapidocr, which the check does not carry: the stage's evaluation scores the rest.
 STAGE_EVAL_REWARDS = json.dumps(
     [
@@ -118,15 +140,20 @@ def environment(mode: str) -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    env: dict[str, Any] = {"python": platform.python_version(), "mode": mode, "packages": versions,
-                           "wheels_installed": os.environ.get("VGRPO_WHEELS_INSTALLED", "")}  # fmt: skip
-    import torch
-
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "mode": mode,
+        "packages": versions,
+        "wheels_installed": os.environ.get("VGRPO_WHEELS_INSTALLED", ""),
+    }
     env["cuda_available"] = torch.cuda.is_available()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        env["gpu"] = {"name": props.name, "memory_gb": round(props.total_memory / 1e9, 1),
-                      "torch_cuda": torch.version.cuda}  # fmt: skip
+        env["gpu"] = {
+            "name": props.name,
+            "memory_gb": round(props.total_memory / 1e9, 1),
+            "torch_cuda": torch.version.cuda,
+        }
     return env
 
 
@@ -134,8 +161,16 @@ def benchmark(mode: str, budget: Budget, log: Path, env: dict[str, str], work: P
     out = work / "sd35_arch.json"
     step = Step("sd35_arch")
     per_method = max(5.0, budget.left() / 3 - 5)
-    step.command = [sys.executable, "benchmarks/sd35_arch.py", *BENCHMARK_ARGS[mode], "--json", str(out),
-                    "--timeout", f"{per_method:.0f}"]  # fmt: skip
+    step.command = [
+        sys.executable,
+        "-m",
+        "benchmarks.sd35_arch",
+        *BENCHMARK_ARGS[mode],
+        "--json",
+        str(out),
+        "--timeout",
+        f"{per_method:.0f}",
+    ]
     run_step(step, budget, log, env)
     if out.is_file():
         record = json.loads(out.read_text())
@@ -146,19 +181,37 @@ def benchmark(mode: str, budget: Budget, log: Path, env: dict[str, str], work: P
 
 
 def embedded_stage(mode: str, budget: Budget, log: Path, env: dict[str, str], work: Path) -> Step:
-    from vgrpo.world import make_splits, write_jsonl
-
     train, test = make_splits(0, 200, 40)
     write_jsonl(work / "train.jsonl", [md for md, _ in train])
     write_jsonl(work / "test.jsonl", [md for md, _ in test])
     metrics = work / "stage_metrics.json"
-    settings = [*STAGE_SETTINGS[mode], f"prompts={work / 'train.jsonl'}", f"eval_prompts={work / 'test.jsonl'}",
-                f"evaluation.rewards={STAGE_EVAL_REWARDS}"]  # fmt: skip
+    settings = [
+        *STAGE_SETTINGS[mode],
+        f"prompts={work / 'train.jsonl'}",
+        f"eval_prompts={work / 'test.jsonl'}",
+        f"evaluation.rewards={STAGE_EVAL_REWARDS}",
+    ]
     step = Step("embedded_stage")
-    step.command = [sys.executable, "-m", "vgrpo.cli", "train", "--params", *STAGE_PARAMS, "--set", *settings,
-                    "--out", str(work / "stage-adapter"), "--work-dir", str(work / "stage-work"),
-                    "--metrics", str(metrics), "--root", str(ROOT),
-                    "--threads", "2" if mode == "dry-run" else "8"]  # fmt: skip
+    step.command = [
+        sys.executable,
+        "-m",
+        "vgrpo.cli",
+        "train",
+        "--params",
+        *STAGE_PARAMS,
+        "--set",
+        *settings,
+        "--out",
+        str(work / "stage-adapter"),
+        "--work-dir",
+        str(work / "stage-work"),
+        "--metrics",
+        str(metrics),
+        "--root",
+        str(ROOT),
+        "--threads",
+        "2" if mode == "dry-run" else "8",
+    ]
     run_step(step, budget, log, env, cap=150)
     if metrics.is_file():
         record = json.loads(metrics.read_text())
@@ -185,11 +238,14 @@ def markdown(summary: dict[str, Any]) -> str:
     gpu = env.get("gpu")
     device = f"GPU: {gpu['name']} ({gpu['memory_gb']} GB)." if gpu else "No GPU: a CPU dry run."
     lines = [
-        f"# GPU check ({summary['mode']})", "",
+        f"# GPU check ({summary['mode']})",
+        "",
         f"{device} Python {env['python']}; " + ", ".join(f"{k} {v}" for k, v in env["packages"].items()) + ".",
-        f"Wall time {summary['wall_s']:.0f} s of a {summary['budget_s']:.0f} s budget.", "",
-        "| step | status | seconds | details |", "|---|---|---:|---|",
-    ]  # fmt: skip
+        f"Wall time {summary['wall_s']:.0f} s of a {summary['budget_s']:.0f} s budget.",
+        "",
+        "| step | status | seconds | details |",
+        "|---|---|---:|---|",
+    ]
     for s in summary["steps"]:
         brief = {
             k: v
@@ -200,18 +256,24 @@ def markdown(summary: dict[str, Any]) -> str:
     bench = steps.get("sd35_arch", {}).get("details", {})
     if bench.get("results"):
         a = bench["args"]
-        lines += ["", f"## SD3.5-M architecture ({a['layers']}/24 blocks, {a['resolution']} px, "
-                  f"{a['prompts']} prompt x group {a['group']}, {a['steps']} steps, {a['precision']}, "
-                  f"{a['device']})", "",
-                  "| method | s/iteration | rollout s | prepare s | update s | images/s | peak memory GB |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            f"## SD3.5-M architecture ({a['layers']}/24 blocks, {a['resolution']} px, "
+            f"{a['prompts']} prompt x group {a['group']}, {a['steps']} steps, {a['precision']}, "
+            f"{a['device']})",
+            "",
+            "| method | s/iteration | rollout s | prepare s | update s | images/s | peak memory GB |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for method, r in bench["results"].items():
             if "error" in r:
                 lines.append(f"| {LABELS[method]} | {r['error']} | | | | | |")
                 continue
-            lines.append(f"| {LABELS[method]} | {r['wall_s']:.2f} | {r['time/rollout_s']:.2f} | "
-                         f"{r['time/prepare_s']:.2f} | {r['time/update_s']:.2f} | {r['images_per_s']:.2f} | "
-                         f"{r['peak_mem_gb']:.2f} |")  # fmt: skip
+            lines.append(
+                f"| {LABELS[method]} | {r['wall_s']:.2f} | {r['time/rollout_s']:.2f} | "
+                f"{r['time/prepare_s']:.2f} | {r['time/update_s']:.2f} | {r['images_per_s']:.2f} | "
+                f"{r['peak_mem_gb']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -236,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
         work = Path(tmp)
-        tests = Step("gpu_tests", [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                                   *gpu_test_files()])  # fmt: skip
+        tests = Step(
+            "gpu_tests",
+            [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *gpu_test_files()],
+        )
         tests.details["counts"] = pytest_counts(run_step(tests, budget, log, env, cap=150))
         if mode == "gpu" and tests.details["counts"].get("skipped"):
             tests.status = "failed"  # on a GPU no gpu-marked test may skip

@@ -1,8 +1,8 @@
 """Per-GPU memory estimate of the paper's two real-model recipes, with its arithmetic (docs/real-models.md):
 SD3.5-Medium with LoRA r 32 on every GPU, and FLUX.1-dev fully fine-tuned with FSDP over 8 GPUs.
 
-    python benchmarks/memory_estimate.py            # markdown tables on stdout
-    python benchmarks/memory_estimate.py --json out.json
+    python -m benchmarks.memory_estimate            # markdown tables on stdout
+    python -m benchmarks.memory_estimate --json out.json
 
 Parameter counts come from the models' published configs (the ``config.json`` of each component in
 stabilityai/stable-diffusion-3.5-medium and black-forest-labs/FLUX.1-dev, restated below), built on the ``meta``
@@ -20,41 +20,75 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sd35_arch import SD35M  # stabilityai/stable-diffusion-3.5-medium's transformer/config.json
+import torch
+from diffusers import AutoencoderKL, FluxTransformer2DModel, SD3Transformer2DModel
+from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+from benchmarks.sd35_arch import SD35M  # stabilityai/stable-diffusion-3.5-medium's transformer/config.json
 
 GB = 1e9
 
 # black-forest-labs/FLUX.1-dev transformer/config.json.
 FLUX_DEV_TRANSFORMER = {
-    "patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38, "attention_head_dim": 128,
-    "num_attention_heads": 24, "joint_attention_dim": 4096, "pooled_projection_dim": 768, "guidance_embeds": True,
+    "patch_size": 1,
+    "in_channels": 64,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "pooled_projection_dim": 768,
+    "guidance_embeds": True,
     "axes_dims_rope": (16, 56, 56),
-}  # fmt: skip
+}
 # google/t5-v1_1-xxl's encoder (text_encoder_3 of SD3.5, text_encoder_2 of FLUX.1).
 T5_XXL = {
-    "d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24, "vocab_size": 32128,
+    "d_model": 4096,
+    "d_ff": 10240,
+    "d_kv": 64,
+    "num_heads": 64,
+    "num_layers": 24,
+    "vocab_size": 32128,
     "feed_forward_proj": "gated-gelu",
-}  # fmt: skip
+}
 # CLIP ViT-L/14's and OpenCLIP ViT-bigG/14's text towers with their projections.
-CLIP_L = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-          "projection_dim": 768, "vocab_size": 49408, "max_position_embeddings": 77}  # fmt: skip
-CLIP_G = {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 20,
-          "projection_dim": 1280, "vocab_size": 49408, "max_position_embeddings": 77}  # fmt: skip
+CLIP_L = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "projection_dim": 768,
+    "vocab_size": 49408,
+    "max_position_embeddings": 77,
+}
+CLIP_G = {
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 20,
+    "projection_dim": 1280,
+    "vocab_size": 49408,
+    "max_position_embeddings": 77,
+}
 # The 16-channel VAE both pipelines share (vae/config.json).
 VAE_16 = {
-    "in_channels": 3, "out_channels": 3, "latent_channels": 16, "block_out_channels": (128, 256, 512, 512),
-    "layers_per_block": 2, "down_block_types": ("DownEncoderBlock2D",) * 4, "up_block_types": ("UpDecoderBlock2D",) * 4,
-    "use_quant_conv": False, "use_post_quant_conv": False, "norm_num_groups": 32,
-}  # fmt: skip
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 16,
+    "block_out_channels": (128, 256, 512, 512),
+    "layers_per_block": 2,
+    "down_block_types": ("DownEncoderBlock2D",) * 4,
+    "up_block_types": ("UpDecoderBlock2D",) * 4,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+    "norm_num_groups": 32,
+}
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 
 
 def count_parameters() -> dict[str, Any]:
     """Element counts (parameters and persistent buffers) of every component, built on the meta device, and the
     LoRA r 32 parameters of SD3.5-M's attention projections (``lora.target_modules``'s default)."""
-    import torch
-    from diffusers import AutoencoderKL, FluxTransformer2DModel, SD3Transformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     def elements(module: torch.nn.Module) -> int:
         return sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in module.buffers())

@@ -2,7 +2,7 @@
 per-iteration MLflow metrics, evaluation images, checkpoints) against the same stage called as plain functions
 (:func:`vgrpo.training.stage.run_stage` with one checkpoint at the end and no tracking).
 
-    python benchmarks/orchestration.py [--stage 1] [--iterations 10] [--checkpoint-every 5]
+    python -m benchmarks.orchestration [--stage 1] [--iterations 10] [--checkpoint-every 5]
 
 Each run is a fresh process (imports, model and reward loading count on both sides) in a fresh folder; the
 server and the MLflow store are created before the flow's timing starts, as a user has them, and the server runs
@@ -22,7 +22,7 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT
 
 PLAIN = """
 import sys
@@ -49,8 +49,9 @@ vgrpo(curriculum=str(Path({work!r}, "one.yaml")), overrides={overrides!r}, run_r
 
 def timed(code: str, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True,
-                         text=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-4000:])
     return time.perf_counter() - start
@@ -64,7 +65,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="plain/flow pairs, alternated")
     parser.add_argument("--out", type=Path, default=None, help="also write the result JSON here")
     args = parser.parse_args()
-
+    # mlflow and Prefect (flows.services) are the ``pipeline`` extra's, needed only once the arguments parse.
     from mlflow import MlflowClient
 
     from flows.services import local_services
@@ -81,8 +82,9 @@ def main() -> None:
             with local_services(work / "services") as services:
                 env = {**base, **services.env, "PREFECT_HOME": str(work / "prefect-client")}
                 MlflowClient(services.env["MLFLOW_TRACKING_URI"]).search_experiments()  # a user's store exists
-                flow.append(timed(FLOW.format(overrides=flow_overrides, index=args.stage - 1, work=str(work / "flow")),
-                                  env))  # fmt: skip
+                flow.append(
+                    timed(FLOW.format(overrides=flow_overrides, index=args.stage - 1, work=str(work / "flow")), env)
+                )
             print(f"flow: {flow[-1]:.1f} s", flush=True)
     plain_s, flow_s = sum(plain) / len(plain), sum(flow) / len(flow)
     result = {

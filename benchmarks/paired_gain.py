@@ -1,6 +1,6 @@
 """Paired gains of stage runs' evaluations over the base's, on the test prompts both evaluated.
 
-    python benchmarks/paired_gain.py metrics/tuning/*.json [--base metrics/base_eval.scores.json]
+    python -m benchmarks.paired_gain metrics/tuning/*.json [--base metrics/base_eval.scores.json]
         [--pretrain-params params/embedded/pretrain.yaml]
 
 Each input is a ``--metrics`` file of ``python -m vgrpo.cli train`` (its last evaluation is used) or an
@@ -33,8 +33,9 @@ def _per_prompt(path: Path) -> tuple[dict[str, Any], int | None]:
     data = json.loads(path.read_text())
     table = data["evaluations"][-1] if data.get("evaluations") else data
     if "per_prompt" not in table:
-        raise SystemExit(f"{path}: no per-prompt scores (neither a train --metrics file with an evaluation nor "
-                         "an evaluation table)")  # fmt: skip
+        raise SystemExit(
+            f"{path}: no per-prompt scores (neither a train --metrics file with an evaluation nor an evaluation table)"
+        )
     return table["per_prompt"], table.get("iteration")
 
 

@@ -1,9 +1,9 @@
 """Per-iteration time and peak memory of V-GRPO, Flow-GRPO and MixGRPO at the SD3.5-Medium transformer
 architecture.
 
-    python benchmarks/sd35_arch.py                                   # GPU: the real config, 512 px, group 24
-    python benchmarks/sd35_arch.py --device cpu --layers 2 --resolution 128 --group 4 --steps 8 --text-tokens 77
-    python benchmarks/sd35_arch.py --device cpu --layers 2 --heads 2 --pos-embed-max-size 16 --resolution 64 ...
+    python -m benchmarks.sd35_arch                                   # GPU: the real config, 512 px, group 24
+    python -m benchmarks.sd35_arch --device cpu --layers 2 --resolution 128 --group 4 --steps 8 --text-tokens 77
+    python -m benchmarks.sd35_arch --device cpu --layers 2 --heads 2 --pos-embed-max-size 16 --resolution 64 ...
 
 Random weights from SD3.5-M's transformer config (no download; ``--layers`` keeps the first N of its 24 blocks,
 dual-attention blocks included, ``--heads`` narrows it for a smoke run), LoRA r 32 / alpha 64 on both streams'
@@ -28,8 +28,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("vgrpo", "flow_grpo", "mixgrpo")
+import torch
+from diffusers import SD3Transformer2DModel
+
+from benchmarks.common import ROOT, TIMED_METHODS
+from vgrpo.algorithms import build_algorithm
+from vgrpo.config import load_config
+from vgrpo.models import SD3Velocity, add_lora
+from vgrpo.models.precision import apply_precision
+from vgrpo.policy import Conditioning
+from vgrpo.training.iteration import build_optimizer, train_iteration
+
+METHODS = TIMED_METHODS
 
 # SD3.5-Medium's transformer/config.json (diffusers SD3Transformer2DModel).
 SD35M = {
@@ -50,16 +60,6 @@ SD35M = {
 
 
 def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-    from diffusers import SD3Transformer2DModel
-
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.models import SD3Velocity, add_lora
-    from vgrpo.models.precision import apply_precision
-    from vgrpo.policy import Conditioning
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
@@ -80,16 +80,25 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
         },
     )
     latent = args.resolution // 8
-    arch = {**SD35M, "num_layers": args.layers, "dual_attention_layers": tuple(range(min(13, args.layers))),
-            "num_attention_heads": args.heads, "caption_projection_dim": args.heads * SD35M["attention_head_dim"],
-            "pos_embed_max_size": args.pos_embed_max_size}  # fmt: skip
+    arch = {
+        **SD35M,
+        "num_layers": args.layers,
+        "dual_attention_layers": tuple(range(min(13, args.layers))),
+        "num_attention_heads": args.heads,
+        "caption_projection_dim": args.heads * SD35M["attention_head_dim"],
+        "pos_embed_max_size": args.pos_embed_max_size,
+    }
     torch.manual_seed(0)
     with device:  # initialised where it runs: a CPU init of 2.5 B random weights takes longer than an iteration
         transformer = SD3Transformer2DModel(**arch)
     assert config.lora is not None
     add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
-    policy = apply_precision(SD3Velocity(transformer), transformer, autocast=config.precision.autocast,
-                             gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
+    policy = apply_precision(
+        SD3Velocity(transformer),
+        transformer,
+        autocast=config.precision.autocast,
+        gradient_checkpointing=config.precision.gradient_checkpointing,
+    )
     latent_shape = (16, latent, latent)
     algorithm = build_algorithm(config, policy=policy, latent_shape=latent_shape)
     optimizer = build_optimizer(policy, config.optim)
@@ -114,10 +123,17 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
         sync()
         t0 = time.perf_counter()
         record = train_iteration(
-            policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=reward_fn,
-            prompts=[f"p{i}" for i in range(args.prompts)], cond=cond, config=config, latent_shape=latent_shape,
-            generator=generator, iteration=it,
-        )  # fmt: skip
+            policy=policy,
+            algorithm=algorithm,
+            optimizer=optimizer,
+            reward_fn=reward_fn,
+            prompts=[f"p{i}" for i in range(args.prompts)],
+            cond=cond,
+            config=config,
+            latent_shape=latent_shape,
+            generator=generator,
+            iteration=it,
+        )
         sync()
         if it:
             rows.append({**record.metrics, "wall_s": time.perf_counter() - t0})
@@ -171,9 +187,9 @@ def main() -> None:
     passthrough = [a for a in passthrough if a != "--gradient-checkpointing=False"]
     passthrough = [a.split("=")[0] if a.endswith("=True") else a for a in passthrough]
     for method in args.methods:
-        cmd = [sys.executable, __file__, *passthrough, "--method", method]
+        cmd = [sys.executable, "-m", "benchmarks.sd35_arch", *passthrough, "--method", method]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
             results[method] = {"error": f"timed out after {args.timeout:g} s"}
             print(f"{method:>10} {results[method]['error']}")

@@ -1,8 +1,8 @@
 """Seconds per training iteration of V-GRPO and each baseline on the tiny random SD3 transformer, or on a
 pipeline (the embedded base) with its LoRA and the world GenEval reward.
 
-    python benchmarks/step_time.py [--iterations 5] [--prompts 4] [--group 8] [--steps 10]
-    python benchmarks/step_time.py --pipeline models/embedded-base --prompts 8 --group 8 --steps 10 --method vgrpo
+    python -m benchmarks.step_time [--iterations 5] [--prompts 4] [--group 8] [--steps 10]
+    python -m benchmarks.step_time --pipeline models/embedded-base --prompts 8 --group 8 --steps 10 --method vgrpo
 
 Same batch, model and seed for every method; each method uses its params/algorithms preset on top of
 params/base.yaml. Prints the median seconds per iteration split into rollout / reward / prepare /
@@ -20,20 +20,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("vgrpo", "vgrpo_full_graph", "naive_elbo", "flow_grpo", "mixgrpo", "diffusion_nft")
+import torch
+import yaml
+
+from benchmarks.common import METHODS as COMPARED
+from benchmarks.common import ROOT
+from vgrpo.algorithms import build_algorithm
+from vgrpo.config import load_config, merge_overrides
+from vgrpo.demo import toy_reward
+from vgrpo.images import tensor_to_images
+from vgrpo.models import SD3Velocity, add_lora
+from vgrpo.models.pipeline import build_adapter, load_pipeline
+from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
+from vgrpo.rewards import build_reward
+from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.world import GENEVAL_TAGS, read_jsonl
+
+METHODS = (COMPARED[0], "vgrpo_full_graph", *COMPARED[1:])  # V-GRPO's update also without its two passes
 
 
 def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
-    import torch
-
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.demo import toy_reward
-    from vgrpo.models import SD3Velocity, add_lora
-    from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
     torch.set_num_threads(2)
     torch.set_flush_denormal(True)
     if args.pipeline:
@@ -91,18 +97,6 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
 def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     """``method`` on ``args.pipeline`` as the embedded stages train it: params/models/embedded.yaml (LoRA r 32),
     the world's GenEval train prompts, and the world GenEval reward on decoded samples."""
-    import torch
-    import yaml
-
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config, merge_overrides
-    from vgrpo.images import tensor_to_images
-    from vgrpo.models import add_lora
-    from vgrpo.models.pipeline import build_adapter, load_pipeline
-    from vgrpo.rewards import build_reward
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-    from vgrpo.world import GENEVAL_TAGS, read_jsonl
-
     preset = "vgrpo" if method == "vgrpo_full_graph" else method
     algorithm: dict[str, object] = {"name": preset}
     if method == "vgrpo_full_graph":
@@ -117,8 +111,9 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     )
     pipe = load_pipeline(args.pipeline)
     assert config.lora is not None
-    add_lora(pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha,
-             target_modules=config.lora.target_modules)  # fmt: skip
+    add_lora(
+        pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules
+    )
     adapter, policy = build_adapter(pipe)
     rows = [r for r in read_jsonl(ROOT / "data/world/train.jsonl") if r["tag"] in GENEVAL_TAGS][: args.prompts]
     prompts = [str(r["prompt"]) for r in rows]
@@ -136,9 +131,18 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     cond = adapter.encode_prompts(prompts)
     records = []
     for it in range(args.iterations + 1):  # iteration 0 warms up
-        record = train_iteration(policy=policy, algorithm=built, optimizer=optimizer, reward_fn=reward_fn,
-                                 prompts=prompts, cond=cond, config=config, latent_shape=adapter.latent_shape,
-                                 generator=generator, iteration=it)  # fmt: skip
+        record = train_iteration(
+            policy=policy,
+            algorithm=built,
+            optimizer=optimizer,
+            reward_fn=reward_fn,
+            prompts=prompts,
+            cond=cond,
+            config=config,
+            latent_shape=adapter.latent_shape,
+            generator=generator,
+            iteration=it,
+        )
         if it:
             records.append(record.metrics)
     return _summary(records)
@@ -160,18 +164,22 @@ def main() -> None:
         print(json.dumps(run_one(args.method, args)))
         return
     model = args.pipeline or f"tiny SD3 ({args.layers} layers)"
-    print(f"batch {args.prompts} prompts x {args.group}, {args.steps} steps, {model}, median of {args.iterations} "
-          "iterations")  # fmt: skip
+    print(
+        f"batch {args.prompts} prompts x {args.group}, {args.steps} steps, {model}, median of {args.iterations} "
+        "iterations"
+    )
     columns = ("total s", "rollout", "reward", "prepare", "update")
     print(f"{'method':>16} " + " ".join(f"{c:>8}" for c in columns) + f" {'steps':>5} {'RSS MB':>7}")
     results = {}
     for method in args.only:
-        cmd = [sys.executable, __file__, "--method", method] + [
+        cmd = [sys.executable, "-m", "benchmarks.step_time", "--method", method] + [
             f"--{k}={getattr(args, k)}" for k in ("iterations", "prompts", "group", "steps", "layers")
         ]
         if args.pipeline:
             cmd.append(f"--pipeline={args.pipeline}")
-        result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        result = json.loads(
+            subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+        )
         times = " ".join(f"{result[f'time/{k}_s']:8.3f}" for k in ("total", "rollout", "reward", "prepare", "update"))
         print(f"{method:>16} {times} {int(result['gradient_steps']):5d} {result['peak_rss_mb']:7.0f}")
         results[method] = result

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-GPU check (benchmarks/gpu_check.py): the gpu-marked tests, benchmarks/sd35_arch.py at the paper's scale
+# The one-GPU check (python -m benchmarks.gpu_check): the gpu-marked tests, benchmarks.sd35_arch at the paper's scale
 # and one short embedded stage on the GPU, in at most 10 minutes; writes gpu_check.json and gpu_check.md under
 # $OUT when it is set, else runs/gpu_check/ (or --out DIR).
 #
@@ -24,4 +24,4 @@ if ! "$PYTHON" -c "import diffusers, pydantic" 2>/dev/null; then
         --target "$site" wheels/*.whl
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" VGRPO_WHEELS_INSTALLED="$site"
 fi
-exec "$PYTHON" benchmarks/gpu_check.py "$@"
+exec "$PYTHON" -m benchmarks.gpu_check "$@"

@@ -1,5 +1,5 @@
-"""scripts/gpu_check.sh (benchmarks/gpu_check.py): its CPU dry run takes every step of the GPU check at tiny sizes and
-writes the JSON and markdown summaries; a step that outruns the budget is reported, not waited for; without
+"""scripts/gpu_check.sh (python -m benchmarks.gpu_check): its CPU dry run takes every step of the GPU check at tiny
+sizes and writes the JSON and markdown summaries; a step that outruns the budget is reported, not waited for; without
 diffusers and without wheels the script stops at once, naming what to do."""
 
 from __future__ import annotations
@@ -14,18 +14,21 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gpu_check  # noqa: E402
+from benchmarks import gpu_check
+from benchmarks.common import ROOT
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("gpu_check")
     env = {**os.environ, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([str(ROOT / "scripts/gpu_check.sh"), "--dry-run", "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [str(ROOT / "scripts/gpu_check.sh"), "--dry-run", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]
     return json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.md").read_text()
@@ -57,8 +60,14 @@ def test_the_dry_run_takes_every_step_and_summarises_it(dry_run: tuple[dict[str,
 def test_the_gpu_mode_asks_for_the_papers_scale_on_the_whole_architecture() -> None:
     args = gpu_check.BENCHMARK_ARGS["gpu"]
     flags = dict(zip(args[::2], args[1::2], strict=True))
-    assert flags == {"--device": "cuda", "--precision": "bf16", "--resolution": "512", "--group": "24",
-                     "--steps": "40", "--iterations": "1"}  # fmt: skip
+    assert flags == {
+        "--device": "cuda",
+        "--precision": "bf16",
+        "--resolution": "512",
+        "--group": "24",
+        "--steps": "40",
+        "--iterations": "1",
+    }
     # no --layers, --heads or --pos-embed-max-size: sd35_arch.py's defaults are SD3.5-M's 24 blocks of 24 heads
 
 
@@ -72,7 +81,10 @@ def test_steps_beyond_the_budget_are_reported_and_the_summary_still_written(tmp_
     ]
     assert summary["passed"] is False and "| sd35_arch | skipped |" in (tmp_path / "gpu_check.md").read_text()
     assert gpu_check.pytest_counts("== 3 passed, 1 failed, 2 skipped, 40 deselected in 9.1s ==") == {
-        "passed": 3, "failed": 1, "skipped": 2}  # fmt: skip
+        "passed": 3,
+        "failed": 1,
+        "skipped": 2,
+    }
 
 
 def test_without_diffusers_or_wheels_the_script_stops_naming_the_wheels_script(tmp_path: Path) -> None:
@@ -81,6 +93,11 @@ def test_without_diffusers_or_wheels_the_script_stops_naming_the_wheels_script(t
     python = tmp_path / "python-without-diffusers"
     python.write_text("#!/bin/sh\nexit 1\n")  # every import fails
     python.chmod(0o755)
-    proc = subprocess.run(["bash", str(tmp_path / "scripts/gpu_check.sh")], env={**os.environ, "PYTHON": str(python)},
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(tmp_path / "scripts/gpu_check.sh")],
+        env={**os.environ, "PYTHON": str(python)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "run scripts/gpu_wheels.sh" in proc.stderr

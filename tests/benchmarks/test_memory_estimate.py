@@ -1,16 +1,11 @@
-"""benchmarks/memory_estimate.py: the element counts behind docs/real-models.md's memory tables are the published
+"""benchmarks.memory_estimate: the element counts behind docs/real-models.md's memory tables are the published
 models' sizes, and the tables add up."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import memory_estimate
+from benchmarks import memory_estimate
 
 
 def test_counts_match_the_model_cards_and_the_tables_add_up() -> None:

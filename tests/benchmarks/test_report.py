@@ -1,34 +1,28 @@
-"""benchmarks/: every planned cell's params validate, the bootstrap's pieces have known values, and the report
+"""benchmarks: every planned cell's params validate, the bootstrap's pieces have known values, and the report
 reads the paper's claims off cell records (synthetic here, so the numbers are known)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import bootstrap  # noqa: E402
-import compare  # noqa: E402
-import paired_gain  # noqa: E402
-import report  # noqa: E402
+from benchmarks import bootstrap, grid, mlflow_runs, paired_gain, report
+from benchmarks.common import METHODS, ROOT
 
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, tmp_path: Path) -> None:
-    sizes = compare.QUICK if quick else compare.Sizes()
-    best = {m: 2e-4 for m in compare.METHODS} | {"flow_grpo": 4e-4}
-    specs = [s for phase in compare.PHASES for s in compare.plan_phase(phase, sizes, best, quick)]
+    sizes = grid.QUICK if quick else grid.Sizes()
+    best = {m: 2e-4 for m in METHODS} | {"flow_grpo": 4e-4}
+    specs = [s for phase in grid.PHASES for s in grid.plan_phase(phase, sizes, best, quick)]
     assert len({s.name for s in specs}) == len(specs)
     trained = [s for s in specs if s.phase != "base"]
-    configs = [compare.stage_config(s, sizes, tmp_path / "prompts.jsonl") for s in trained]
+    configs = [grid.stage_config(s, sizes, tmp_path / "prompts.jsonl") for s in trained]
     rollouts = {(c.rollout.prompts_per_iteration, c.rollout.group_size, c.rollout.num_steps) for c in configs}
     assert rollouts == {(8, 8, 10)}
     for spec, config in zip(trained, configs, strict=True):
@@ -37,7 +31,7 @@ def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, t
     if quick:
         assert {(s.method, s.lr) for s in trained} == {(m, lr) for m in ("vgrpo", "naive_elbo") for lr in (2e-4, 4e-4)}
         return
-    by_phase = {p: [s for s in specs if s.phase == p] for p in compare.PHASES}
+    by_phase = {p: [s for s in specs if s.phase == p] for p in grid.PHASES}
     assert len(by_phase["sweep"]) == 15 and all(s.split == "val" for s in by_phase["sweep"])
     assert all(s.split == "test" for p in ("methods", "stability", "ablation") for s in by_phase[p])
     assert {s.lr for s in by_phase["methods"] if s.method == "flow_grpo"} == {4e-4}
@@ -47,27 +41,28 @@ def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, t
 
 
 def test_the_sweep_picks_each_methods_best_validation_score(tmp_path: Path) -> None:
-    for method in compare.METHODS:
+    for method in METHODS:
         for lr, score in ((1e-4, 0.5), (2e-4, 0.6 if method != "mixgrpo" else 0.4), (4e-4, 0.6)):
-            spec = compare.RunSpec("sweep", method, lr=lr, split="val")
+            spec = grid.RunSpec("sweep", method, lr=lr, split="val")
             (tmp_path / f"{spec.name}.json").write_text(
                 json.dumps({"spec": {"method": method, "lr": lr}, "curve": [{"score": score}]})
             )
-    best = compare.best_learning_rates(tmp_path)
+    best = grid.best_learning_rates(tmp_path)
     assert best["vgrpo"] == 2e-4  # a tie goes to the smaller rate
     assert best["mixgrpo"] == 4e-4
     # MixGRPO's best is the highest rate tried: the sweep goes one factor 2 further (and no further than 8e-4).
-    extra = compare.sweep_extensions(tmp_path, compare.Sizes())
+    extra = grid.sweep_extensions(tmp_path, grid.Sizes())
     assert [(s.method, s.lr) for s in extra] == [("mixgrpo", 8e-4)]
     spec = extra[0]
-    (tmp_path / f"{spec.name}.json").write_text(json.dumps({"spec": {"method": "mixgrpo", "lr": 8e-4},
-                                                            "curve": [{"score": 0.7}]}))  # fmt: skip
-    assert compare.sweep_extensions(tmp_path, compare.Sizes()) == []  # 1.6e-3 is outside the bounds
-    assert compare.best_learning_rates(tmp_path)["mixgrpo"] == 8e-4
+    (tmp_path / f"{spec.name}.json").write_text(
+        json.dumps({"spec": {"method": "mixgrpo", "lr": 8e-4}, "curve": [{"score": 0.7}]})
+    )
+    assert grid.sweep_extensions(tmp_path, grid.Sizes()) == []  # 1.6e-3 is outside the bounds
+    assert grid.best_learning_rates(tmp_path)["mixgrpo"] == 8e-4
     for p in tmp_path.glob("sweep-geneval-diffusion_nft-*"):
         p.unlink()
     with pytest.raises(RuntimeError, match="diffusion_nft"):
-        compare.best_learning_rates(tmp_path)
+        grid.best_learning_rates(tmp_path)
 
 
 def test_bootstrap_weights_reproduce_the_stratified_mean_and_resample_within_tags() -> None:
@@ -82,8 +77,9 @@ def test_bootstrap_weights_reproduce_the_stratified_mean_and_resample_within_tag
 
 def test_curve_replicates_resample_seeds() -> None:
     scores = np.stack([np.full((2, 3), 0.2), np.full((2, 3), 0.6)])  # 2 seeds, 2 points, 3 prompts
-    reps = bootstrap.curve_replicates(scores, bootstrap.prompt_weights(["t"] * 3, 400, np.random.default_rng(0)),
-                                      np.random.default_rng(1))  # fmt: skip
+    reps = bootstrap.curve_replicates(
+        scores, bootstrap.prompt_weights(["t"] * 3, 400, np.random.default_rng(0)), np.random.default_rng(1)
+    )
     assert set(np.round(reps[:, 0], 6)) == {0.2, 0.4, 0.6}  # both seeds drawn twice, or one of each
     assert reps.mean() == pytest.approx(0.4, abs=0.03)
 
@@ -100,27 +96,61 @@ def test_first_crossing_interpolates_and_reports_never_as_inf() -> None:
     assert bootstrap.verdict(-0.1, 0.2, above=0.0) == "unresolved"
 
 
-def _cell(phase: str, method: str, values: list[float], *, seed: int = 0, step_s: float = 10.0,
-          steps_per_it: float = 2.0, variant: str = "default", cv: float = 0.2, lr: float = 2e-4,
-          jitter: float = 0.0) -> dict[str, Any]:  # fmt: skip
+def _cell(
+    phase: str,
+    method: str,
+    values: list[float],
+    *,
+    seed: int = 0,
+    step_s: float = 10.0,
+    steps_per_it: float = 2.0,
+    variant: str = "default",
+    cv: float = 0.2,
+    lr: float = 2e-4,
+    jitter: float = 0.0,
+) -> dict[str, Any]:
     """A synthetic cell: 2 tags x 4 prompts, every prompt at the point's value (plus ``jitter`` on odd ones)."""
-    spec = compare.RunSpec(phase, method, lr=lr, seed=seed, variant=variant, iterations=10 * len(values))
-    curve = [{"iteration": 10.0 * (i + 1), "train_s": step_s * 10 * (i + 1),
-              "gradient_steps": steps_per_it * 10 * (i + 1), "nfe": 1000.0 * (i + 1), "score": v, "partial": v,
-              "per_prompt": [v + (jitter if p % 2 else -jitter) for p in range(8)], "tags": ["a"] * 4 + ["b"] * 4}
-             for i, v in enumerate(values)]  # fmt: skip
-    return {"spec": dataclasses.asdict(spec), "name": spec.name, "curve": curve, "wall_s": 60.0, "diverged": None,
-            "skipped_iterations": 0, "gradient_steps_per_iteration": steps_per_it, "peak_rss_mb": 900.0,
-            "time_split_s": {"iteration": step_s, "rollout": 1.0, "reward": 0.1, "prepare": 0.5, "update": 1.0},
-            "surrogate_cv": cv, "surrogate_cv_within_group": cv / 2, "surrogate_cv_per_iteration": [cv] * 5,
-            "surrogate_cv_within_group_per_iteration": [cv / 2] * 5, "config": {"optim": {"lr": lr},
-            "evaluation": {"group_size": 4}}}  # fmt: skip
+    spec = grid.RunSpec(phase, method, lr=lr, seed=seed, variant=variant, iterations=10 * len(values))
+    curve = [
+        {
+            "iteration": 10.0 * (i + 1),
+            "train_s": step_s * 10 * (i + 1),
+            "gradient_steps": steps_per_it * 10 * (i + 1),
+            "nfe": 1000.0 * (i + 1),
+            "score": v,
+            "partial": v,
+            "per_prompt": [v + (jitter if p % 2 else -jitter) for p in range(8)],
+            "tags": ["a"] * 4 + ["b"] * 4,
+        }
+        for i, v in enumerate(values)
+    ]
+    return {
+        "spec": dataclasses.asdict(spec),
+        "name": spec.name,
+        "curve": curve,
+        "wall_s": 60.0,
+        "diverged": None,
+        "skipped_iterations": 0,
+        "gradient_steps_per_iteration": steps_per_it,
+        "peak_rss_mb": 900.0,
+        "time_split_s": {"iteration": step_s, "rollout": 1.0, "reward": 0.1, "prepare": 0.5, "update": 1.0},
+        "surrogate_cv": cv,
+        "surrogate_cv_within_group": cv / 2,
+        "surrogate_cv_per_iteration": [cv] * 5,
+        "surrogate_cv_within_group_per_iteration": [cv / 2] * 5,
+        "config": {"optim": {"lr": lr}, "evaluation": {"group_size": 4}},
+    }
 
 
 def test_report_reads_the_claims_off_the_records(tmp_path: Path) -> None:
-    base = {"spec": dataclasses.asdict(compare.RunSpec("base", "base")), "name": "base-geneval-test", "wall_s": 5.0,
-            "curve": [{"iteration": 0.0, "score": 0.5, "partial": 0.5, "per_prompt": [0.5] * 8,
-                       "tags": ["a"] * 4 + ["b"] * 4}]}  # fmt: skip
+    base = {
+        "spec": dataclasses.asdict(grid.RunSpec("base", "base")),
+        "name": "base-geneval-test",
+        "wall_s": 5.0,
+        "curve": [
+            {"iteration": 0.0, "score": 0.5, "partial": 0.5, "per_prompt": [0.5] * 8, "tags": ["a"] * 4 + ["b"] * 4}
+        ],
+    }
     cells = [base]
     for s in (0, 1, 2):
         cells += [
@@ -131,17 +161,26 @@ def test_report_reads_the_claims_off_the_records(tmp_path: Path) -> None:
             _cell("methods", "diffusion_nft", [0.6, 0.65], seed=s, steps_per_it=8.0),  # best 0.65 at 160 steps
         ]
     for s in range(5):
-        cells += [_cell("stability", "vgrpo", [0.6], seed=s, lr=4e-4),
-                  _cell("stability", "naive_elbo", [0.2], seed=s, lr=4e-4)]  # fmt: skip
-    cells += [_cell("ablation", "vgrpo", [0.5, 0.5], variant="n_mc_2", jitter=0.1),
-              _cell("ablation", "vgrpo", [0.6, 0.72], variant="n_mc_8", jitter=0.1)]  # fmt: skip
+        cells += [
+            _cell("stability", "vgrpo", [0.6], seed=s, lr=4e-4),
+            _cell("stability", "naive_elbo", [0.2], seed=s, lr=4e-4),
+        ]
+    cells += [
+        _cell("ablation", "vgrpo", [0.5, 0.5], variant="n_mc_2", jitter=0.1),
+        _cell("ablation", "vgrpo", [0.6, 0.72], variant="n_mc_8", jitter=0.1),
+    ]
     out = tmp_path / "cells"
     out.mkdir()
     for c in cells:
         (out / f"{c['name']}.json").write_text(json.dumps(c))
     docs = tmp_path / "docs"
-    report.write_report(out, docs, command="python benchmarks/compare.py", planned=[c["name"] for c in cells] + ["x"],
-                        sizes=compare.Sizes())  # fmt: skip
+    report.write_report(
+        out,
+        docs,
+        command="python -m benchmarks.compare",
+        planned=[c["name"] for c in cells] + ["x"],
+        sizes=grid.Sizes(),
+    )
     text = (docs / "README.md").read_text()
     # V-GRPO (0.5 at 0 s, 0.6 at 100 s, 0.7 at 200 s) reaches MixGRPO's best 0.6 at 100 s against its 400 s.
     assert "| 0.25 [0.25, 0.25] | reproduced |" in text
@@ -158,8 +197,13 @@ def test_report_reads_the_claims_off_the_records(tmp_path: Path) -> None:
     assert all((docs / f"geneval-vs-{a}.png").stat().st_size > 1000 for a in ("train_s", "gradient_steps", "nfe"))
     assert len((docs / "cells.jsonl").read_text().splitlines()) == len(cells)
     again = tmp_path / "again"
-    report.write_report(docs / "cells.jsonl", again, command="python benchmarks/compare.py",
-                        planned=[c["name"] for c in cells] + ["x"], sizes=compare.Sizes())  # fmt: skip
+    report.write_report(
+        docs / "cells.jsonl",
+        again,
+        command="python -m benchmarks.compare",
+        planned=[c["name"] for c in cells] + ["x"],
+        sizes=grid.Sizes(),
+    )
     assert (again / "README.md").read_text() == text  # the committed records rebuild the same report
 
 
@@ -168,13 +212,19 @@ def test_each_cell_becomes_one_mlflow_run_under_one_parent(tmp_path: Path) -> No
 
     from tasks.tracking import tracking_uri
 
-    base = {"spec": dataclasses.asdict(compare.RunSpec("base", "base")), "name": "base-geneval-test", "wall_s": 5.0,
-            "curve": [{"iteration": 0.0, "score": 0.5, "per_prompt": [0.5] * 8, "tags": ["a"] * 8}]}  # fmt: skip
-    records = {c["name"]: c for c in (base, _cell("methods", "vgrpo", [0.6, 0.7]),
-                                      _cell("methods", "naive_elbo", [0.55, 0.6], lr=1e-4))}  # fmt: skip
+    base = {
+        "spec": dataclasses.asdict(grid.RunSpec("base", "base")),
+        "name": "base-geneval-test",
+        "wall_s": 5.0,
+        "curve": [{"iteration": 0.0, "score": 0.5, "per_prompt": [0.5] * 8, "tags": ["a"] * 8}],
+    }
+    records = {
+        c["name"]: c
+        for c in (base, _cell("methods", "vgrpo", [0.6, 0.7]), _cell("methods", "naive_elbo", [0.55, 0.6], lr=1e-4))
+    }
     uri = tracking_uri(tmp_path / "mlflow")
-    report.track(records, uri, grid="full")
-    report.track(records, uri, grid="full")  # idempotent: a resumed grid adds only new cells
+    mlflow_runs.track(records, uri, grid="full")
+    mlflow_runs.track(records, uri, grid="full")  # idempotent: a resumed grid adds only new cells
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("vgrpo-benchmarks")
     runs = client.search_runs([exp.experiment_id])
@@ -212,3 +262,33 @@ def test_paired_gain_pairs_images_and_splits_the_colour_prompts() -> None:
     assert row["ocr_gain"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="first prompts"):
         paired_gain.paired_row({**run, "prompt": prompts[::-1]}, base, [])
+
+
+def _without_progress(text: str) -> list[str]:
+    """The report's lines less those on how much of the planned grid ran (the standalone report plans only the
+    records it is given)."""
+    return [
+        line
+        for line in text.replace("\n\nNot run yet", "\nNot run yet").splitlines()
+        if not line.startswith(("Cells done:", "Not run yet"))
+    ]
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "benchmarks-quick"])
+def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_path: Path) -> None:
+    committed = ROOT / "docs" / folder
+    quick = folder.endswith("-quick")
+    records = report.load_records(committed / "cells.jsonl")
+    report.write_report(
+        committed / "cells.jsonl",
+        tmp_path,
+        command="python -m benchmarks.compare" + " --quick" * quick,
+        planned=list(records),
+        quick=quick,
+        sizes=grid.QUICK if quick else grid.Sizes(),
+    )
+    rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
+    assert _without_progress(rebuilt) == _without_progress(text)
+    if quick:  # every planned cell ran
+        assert rebuilt == text
+    assert (tmp_path / "cells.jsonl").read_bytes() == (committed / "cells.jsonl").read_bytes()

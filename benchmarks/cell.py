@@ -1,0 +1,144 @@
+"""One cell of the comparison grid, trained (or, for the base, evaluated) in this process: its record is the
+held-out curve against training wall time, gradient steps and transformer evaluations, the per-prompt scores of
+every evaluation point, the per-iteration time split, peak memory and surrogate-CV statistics."""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import SD3Transformer2DModel
+
+from benchmarks.common import ROOT
+from benchmarks.grid import REWARDS, RunSpec, Sizes, eval_prompt_file, stage_config
+from vgrpo.evaluation.evaluator import Sampling, evaluate
+from vgrpo.models.pipeline import build_adapter, load_pipeline
+from vgrpo.rewards.multi import MultiReward
+from vgrpo.training.guards import TrainingDiverged
+from vgrpo.training.stage import run_stage
+from vgrpo.world import read_jsonl
+
+
+def scores_of(table: dict[str, Any], reward: str) -> dict[str, Any]:
+    """What the report needs from an evaluation table: the headline numbers and the per-prompt scores."""
+    pp = table["per_prompt"]
+    if reward == "geneval":
+        g = table["rewards"]["geneval"]
+        credited = pp["credited"]
+        return {
+            "score": float(g["geneval_strict"]),
+            "partial": float(g["geneval_partial"]),
+            "per_prompt": [sum(map(bool, c)) / len(c) for c in credited],
+            "tags": pp["tag"],
+        }
+    pick = table["rewards"]["world_pickscore"]
+    return {
+        "score": float(pick["mean"]),
+        "clipscore": float(table["rewards"]["world_clipscore"]["mean"]),
+        "per_prompt": [float(v) for v in pp["world_pickscore"]["mean"]],
+        "tags": pp["tag"],
+    }
+
+
+def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
+    """The base model's evaluation (the start of every curve)."""
+    pipe = load_pipeline(ROOT / "models/embedded-base")
+    adapter, policy = build_adapter(pipe)
+    rows = read_jsonl(eval_prompt_file(out, spec.reward, spec.split, sizes))
+    rewards = MultiReward.from_specs(REWARDS[spec.reward]["eval_rewards"])
+    t0 = time.perf_counter()
+    table, _ = evaluate(
+        adapter=adapter,
+        policy=policy,
+        metadata=rows,
+        rewards=rewards,
+        group_size=sizes.eval_group,
+        sampling=Sampling(sizes.eval_steps, 0, adapter.sigma_shift(None, dynamic=False)),
+    )
+    point = {"iteration": 0.0, "train_s": 0.0, "gradient_steps": 0.0, "nfe": 0.0, **scores_of(table, spec.reward)}
+    return {"spec": asdict(spec), "name": spec.name, "curve": [point], "wall_s": time.perf_counter() - t0}
+
+
+def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, Any]:
+    """Train one cell in this process and return its record (see the module docstring)."""
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    if spec.phase == "base":
+        return run_base(spec, sizes, out)
+    config = stage_config(spec, sizes, eval_prompt_file(out, spec.reward, spec.split, sizes))
+    counted = {"rows": 0}
+    forward = SD3Transformer2DModel.forward
+
+    def counting_forward(self: Any, hidden_states: Any, *a: Any, **kw: Any) -> Any:
+        counted["rows"] += int(hidden_states.shape[0])
+        return forward(self, hidden_states, *a, **kw)
+
+    SD3Transformer2DModel.forward = counting_forward  # type: ignore[method-assign]
+    curve: list[dict[str, Any]] = []
+    history: list[dict[str, float]] = []
+    clock = {"train_s": 0.0, "eval_rows": 0, "rows_at_log": 0, "steps": 0.0}
+    steps_per_iteration = float(config.optim.gradient_steps)
+
+    def log(metrics: dict[str, float], iteration: int) -> None:
+        history.append(metrics)
+        clock["train_s"] += metrics.get("time/iteration_s", 0.0)
+        clock["steps"] += steps_per_iteration if not metrics.get("guard/skipped") else 0.0
+        clock["rows_at_log"] = counted["rows"]
+
+    def on_eval(table: dict[str, Any], images: Any, iteration: int) -> None:
+        clock["eval_rows"] += counted["rows"] - clock["rows_at_log"]
+        clock["rows_at_log"] = counted["rows"]
+        curve.append(
+            {
+                "iteration": float(iteration),
+                "train_s": clock["train_s"],
+                "gradient_steps": clock["steps"],
+                "nfe": float(counted["rows"] - clock["eval_rows"]),
+                **scores_of(table, spec.reward),
+            }
+        )
+
+    work = out / "work" / spec.name
+    started = time.perf_counter()
+    diverged = None
+    try:
+        run_stage(
+            config,
+            pipeline_dir=Path(config.pipeline),
+            work_dir=work,
+            out_dir=work / "adapter",
+            root=ROOT,
+            log=log,
+            on_eval=on_eval,
+        )
+    except TrainingDiverged as exc:  # a collapse is a result of the grid, not a failure of it
+        diverged = str(exc)
+    ok = [h for h in history if not h.get("guard/skipped")]
+
+    def mean(key: str) -> float | None:
+        values = [h[key] for h in ok if key in h]
+        return sum(values) / len(values) if values else None
+
+    return {
+        "spec": asdict(spec),
+        "name": spec.name,
+        "curve": curve,
+        "wall_s": time.perf_counter() - started,
+        "diverged": diverged,
+        "skipped_iterations": len(history) - len(ok),
+        "samples_per_iteration": config.rollout.prompts_per_iteration * config.rollout.group_size,
+        "gradient_steps_per_iteration": steps_per_iteration,
+        "threads": threads,
+        "time_split_s": {k: mean(f"time/{k}_s") for k in ("rollout", "reward", "prepare", "update", "iteration")},
+        "surrogate_cv": mean("surrogate/cv"),
+        "surrogate_cv_within_group": mean("surrogate/cv_within_group"),
+        "train_reward": [h.get("reward/total_mean") for h in history],
+        "surrogate_cv_per_iteration": [h.get("surrogate/cv") for h in ok],
+        "surrogate_cv_within_group_per_iteration": [h.get("surrogate/cv_within_group") for h in ok],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "config": config.model_dump(mode="json"),
+    }
