@@ -23,8 +23,15 @@ if TYPE_CHECKING:
 
 __all__ = ["SYSTEM_METRICS_INTERVAL_S", "StageTracker", "log_adapter_model", "log_evaluation"]
 
-SYSTEM_METRICS_INTERVAL_S = float(os.environ.get("VGRPO_SYSTEM_METRICS_INTERVAL_S", "10"))
-"""Seconds between system-metric samples (CPU, memory, disk, GPU) logged to a stage's run."""
+SYSTEM_METRICS_INTERVAL_S = 10.0
+"""Seconds between system-metric samples (CPU, memory, disk, GPU) logged to a stage's run, unless
+``VGRPO_SYSTEM_METRICS_INTERVAL_S`` says otherwise when the run starts."""
+
+
+def system_metrics_interval() -> float:
+    """The sampling interval of a run starting now: ``VGRPO_SYSTEM_METRICS_INTERVAL_S`` when set, read at each
+    start (not at import), else :data:`SYSTEM_METRICS_INTERVAL_S`."""
+    return float(os.environ.get("VGRPO_SYSTEM_METRICS_INTERVAL_S", SYSTEM_METRICS_INTERVAL_S))
 
 
 class StageTracker(StageCallbacks):
@@ -78,7 +85,7 @@ class StageTracker(StageCallbacks):
     def _start_system_metrics(self, uri: str, resumed: bool) -> None:
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=system_metrics_interval(),
                                              resume_logging=resumed, tracking_uri=uri)  # fmt: skip
         self._monitor.start()
 

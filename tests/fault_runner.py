@@ -41,8 +41,7 @@ def main() -> None:
     parser.add_argument("--set", default="{}", help="JSON overrides of the tiny stage config")
     args = parser.parse_args()
 
-    import safetensors.torch
-
+    import vgrpo.checkpoints.state
     import vgrpo.evaluation.evaluator
     from tests.tiny_world import tiny_stage_config as _config
     from vgrpo.algorithms.vgrpo import VGRPO
@@ -53,7 +52,7 @@ def main() -> None:
         owner, name = {
             "rollout": (VGRPO, "rollout"),
             "update": (VGRPO, "accumulate_gradients"),
-            "checkpoint": (safetensors.torch, "save_file"),
+            "checkpoint": (vgrpo.checkpoints.state, "save_file"),  # the name the checkpoint writer calls
             "eval": (vgrpo.evaluation.evaluator, "evaluate"),
         }[point]
         _kill_on_call(owner, name, int(n))
