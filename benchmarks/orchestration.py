@@ -1,4 +1,4 @@
-"""Orchestration overhead: one curriculum stage through the `vgrpo` flow (a real Prefect server, MLflow's sqlite store,
+"""Orchestration overhead: one curriculum stage through the curriculum flow (a real Prefect server, MLflow sqlite store,
 per-iteration MLflow metrics, evaluation images, checkpoints) against the same stage called as plain functions
 (:func:`vgrpo.training.stage.run_stage` with one checkpoint at the end and no tracking).
 
@@ -38,12 +38,12 @@ run_stage(cfg, pipeline_dir=Path(cfg.pipeline), work_dir=Path({work!r}), out_dir
 FLOW = """
 import yaml
 from pathlib import Path
-from flows.curriculum import vgrpo
+from flows.curriculum import curriculum_flow
 spec = yaml.safe_load(Path("params/curricula/embedded.yaml").read_text())["curriculum"]
 spec["stages"] = [spec["stages"][{index}]]
 Path({work!r}).mkdir(parents=True, exist_ok=True)
 Path({work!r}, "one.yaml").write_text(yaml.safe_dump({{"curriculum": spec}}))
-vgrpo(curriculum=str(Path({work!r}, "one.yaml")), overrides={overrides!r}, run_root={work!r})
+curriculum_flow(curriculum=str(Path({work!r}, "one.yaml")), overrides={overrides!r}, run_root={work!r})
 """
 
 

@@ -8,12 +8,16 @@ import base64
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mlflow import MlflowClient
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
+from tasks.outcome import StageEvaluation, StageOutcome
 from vgrpo.atomic import write_text_atomic
+from vgrpo.config import StageConfig
 
 __all__ = ["artifact_key", "mlflow_run_link", "publish_stage", "publish_summary", "summary_columns", "summary_table"]
 
@@ -28,8 +32,6 @@ def artifact_key(*parts: str) -> str:
 
 def mlflow_run_link(tracking_uri: str, run_id: str) -> str:
     """The MLflow UI's page of a run (``VGRPO_MLFLOW_UI``, default :data:`MLFLOW_UI`)."""
-    from mlflow import MlflowClient
-
     experiment = MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
     return f"{os.environ.get('VGRPO_MLFLOW_UI', MLFLOW_UI)}/#/experiments/{experiment}/runs/{run_id}"
 
@@ -43,7 +45,7 @@ def _cell(metrics: dict[str, float], column: str) -> str:
     return f"{metrics[column]:.3f}{interval}"
 
 
-def summary_columns(stages: list[Any]) -> list[str]:
+def summary_columns(stages: Sequence[StageConfig]) -> list[str]:
     """The headline columns of a curriculum's evaluations: GenEval strict and partial, each other reward's mean."""
     columns: list[str] = []
     for cfg in stages:
@@ -55,12 +57,12 @@ def summary_columns(stages: list[Any]) -> list[str]:
     return columns
 
 
-def summary_table(stages: list[Any], results: list[dict[str, Any]]) -> str:
+def summary_table(stages: Sequence[StageConfig], results: Sequence[StageOutcome]) -> str:
     """Each stage's final evaluation as a plain-text table, each number with its 95% bootstrap interval over
     prompts."""
     columns = summary_columns(stages)
     header = ["stage", *(c.removeprefix("eval/") + " [95% CI]" for c in columns)]
-    rows = [[r["name"], *(_cell(r["final_eval"], c) for c in columns)] for r in results]
+    rows = [[r.name, *(_cell(r.final_eval, c) for c in columns)] for r in results]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows])
 
@@ -73,37 +75,51 @@ def _rows(final_eval: dict[str, float]) -> list[dict[str, Any]]:
             for k in names]  # fmt: skip
 
 
-def publish_stage(cfg: Any, result: dict[str, Any], evaluated: dict[str, Any], tracking_uri: str | None,
-                  variant: str) -> None:  # fmt: skip
+def publish_stage(
+    cfg: StageConfig, outcome: StageOutcome, evaluation: StageEvaluation, tracking_uri: str | None, variant: str
+) -> None:
     """The stage's evaluation table, its sample grid (embedded PNG) and a link to its MLflow run."""
     key = artifact_key(variant, cfg.name)
-    if evaluated["final_eval"]:
-        create_table_artifact(table=_rows(evaluated["final_eval"]), key=f"{key}-evaluation",
-                              description=f"{cfg.name}: final evaluation (95% bootstrap CI over prompts), "
-                              f"adapter {result['hash']}")  # fmt: skip
-    grid = evaluated.get("grid")
-    if grid and Path(grid).is_file():
-        data = base64.b64encode(Path(grid).read_bytes()).decode()
-        create_markdown_artifact(markdown=f"### {cfg.name}: evaluation samples\n\n![grid](data:image/png;base64,{data})"
-                                 "\n\nGreen frame: credited by the detector or OCR.", key=f"{key}-samples")  # fmt: skip
-    if tracking_uri and result.get("record_run_id"):
-        create_link_artifact(link=mlflow_run_link(tracking_uri, result["record_run_id"]), key=f"{key}-mlflow",
-                             link_text=f"MLflow run of {cfg.name}")  # fmt: skip
+    if evaluation.final_eval:
+        description = f"{cfg.name}: final evaluation (95% bootstrap CI over prompts), adapter {outcome.hash}"
+        create_table_artifact(table=_rows(evaluation.final_eval), key=f"{key}-evaluation", description=description)
+    if evaluation.grid and Path(evaluation.grid).is_file():
+        data = base64.b64encode(Path(evaluation.grid).read_bytes()).decode()
+        markdown = (
+            f"### {cfg.name}: evaluation samples\n\n![grid](data:image/png;base64,{data})"
+            "\n\nGreen frame: credited by the detector or OCR."
+        )
+        create_markdown_artifact(markdown=markdown, key=f"{key}-samples")
+    if tracking_uri and outcome.record_run_id:
+        link = mlflow_run_link(tracking_uri, outcome.record_run_id)
+        create_link_artifact(link=link, key=f"{key}-mlflow", link_text=f"MLflow run of {cfg.name}")
 
 
-def publish_summary(name: str, variant: str, stages: list[Any], results: list[dict[str, Any]], run_dir: Path,
-                    table: str) -> None:  # fmt: skip
+def publish_summary(
+    name: str,
+    variant: str,
+    stages: Sequence[StageConfig],
+    results: Sequence[StageOutcome],
+    run_dir: Path,
+    table: str,
+) -> None:
     """Every stage's headline numbers: a table artifact, ``results.md`` (the plain-text table) and
-    ``results.json`` beside the stage outputs."""
+    ``results.json`` (every outcome but its per-iteration history) beside the stage outputs."""
     columns = summary_columns(stages)
-    rows = [{"stage": r["name"], "iterations": len(r["history"]), "adapter": r["hash"],
-             **{c.removeprefix("eval/"): round(r["final_eval"][c], 4) for c in columns if c in r["final_eval"]}}
-            for r in results]  # fmt: skip
+    rows = [
+        {
+            "stage": r.name,
+            "iterations": len(r.history),
+            "adapter": r.hash,
+            **{c.removeprefix("eval/"): round(r.final_eval[c], 4) for c in columns if c in r.final_eval},
+        }
+        for r in results
+    ]
     create_table_artifact(
         table=rows,
         key=artifact_key(name, variant, "stages"),
         description=f"{name}{f' ({variant})' if variant else ''}: final evaluation of each stage",
     )
-    summary = [{k: v for k, v in r.items() if k != "history"} for r in results]
+    summary = [r.to_json(history=False) for r in results]
     write_text_atomic(run_dir / "results.md", table + "\n")
     write_text_atomic(run_dir / "results.json", json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")

@@ -9,17 +9,23 @@ from __future__ import annotations
 import os
 from importlib.metadata import version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import mlflow
+import mlflow.diffusers
 import numpy as np
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+from tasks.outcome import StageEvaluation
+from tasks.tracking import Tracking, end_run, log_image, log_json, log_metrics, log_params, start_run
+from vgrpo.checkpoints.state import LORA_FILE
+from vgrpo.config import StageConfig
+from vgrpo.evaluation.grids import grid_image, grid_of
+from vgrpo.evaluation.tables import flat_metrics
+from vgrpo.progress import progress_bar
 from vgrpo.training.stage import StageCallbacks
-
-if TYPE_CHECKING:
-    from mlflow import MlflowClient
-
-    from tasks.stage import Tracking
-    from vgrpo.config import StageConfig
 
 __all__ = ["SYSTEM_METRICS_INTERVAL_S", "StageTracker", "log_adapter_model", "log_evaluation"]
 
@@ -47,18 +53,11 @@ class StageTracker(StageCallbacks):
         self._monitor: Any = None
 
     @classmethod
-    def open(
-        cls, cfg: StageConfig, params: dict[str, Any], tracking: Tracking | None, previous_run_id: str | None
-    ) -> StageTracker:
+    def open(cls, cfg: StageConfig, tracking: Tracking | None, previous_run_id: str | None) -> StageTracker:
         """A tracker for ``cfg``: no run without ``tracking``; the run ``previous_run_id`` when it still exists
         (a resumed stage), moved under this flow's parent; else a new run with the stage's params."""
         if tracking is None:
             return cls(cfg.name, cfg.iterations, grid_prompts=cfg.evaluation.grid_prompts)
-        from mlflow import MlflowClient
-        from mlflow.exceptions import MlflowException
-
-        from tasks.tracking import log_params, start_run
-
         client = MlflowClient(tracking.uri)
         run_id = None
         if previous_run_id is not None:
@@ -76,23 +75,18 @@ class StageTracker(StageCallbacks):
         else:
             tags = {"vgrpo.training.stage": cfg.name, **tracking.tags}
             run_id = start_run(client, tracking.experiment, tracking.run_name, tracking.parent_run_id, tags=tags)
-            log_params(client, run_id, params)
+            log_params(client, run_id, cfg.model_dump(mode="json"))
         tracker = cls(cfg.name, cfg.iterations, client, run_id, registered_name=tracking.experiment,
                       grid_prompts=cfg.evaluation.grid_prompts)  # fmt: skip
         tracker._start_system_metrics(tracking.uri, resumed=previous_run_id == run_id)
         return tracker
 
     def _start_system_metrics(self, uri: str, resumed: bool) -> None:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
         self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=system_metrics_interval(),
                                              resume_logging=resumed, tracking_uri=uri)  # fmt: skip
         self._monitor.start()
 
     def on_log(self, metrics: dict[str, float], iteration: int) -> None:
-        from tasks.tracking import log_metrics
-        from vgrpo.progress import progress_bar
-
         if self._bar is None:  # created at the first iteration run, so a resumed stage starts where it resumed
             self._bar = progress_bar(self.iterations, self.name, initial=iteration)
         self._bar.update(1)
@@ -101,22 +95,15 @@ class StageTracker(StageCallbacks):
             log_metrics(self.client, self.run_id, metrics, step=iteration)
 
     def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
-        from vgrpo.evaluation.grids import grid_image, grid_of
-        from vgrpo.evaluation.tables import flat_metrics
-
         if self.client is not None and self.run_id is not None:
             _log_table(self.client, self.run_id, table, flat_metrics(table), iteration)
             if not self.grid_prompts:  # evaluation.grid_prompts = 0: no grid, as the final evaluation's
                 return
-            from tasks.tracking import log_image
-
             log_image(self.client, self.run_id, grid_image(**grid_of(table, images, self.grid_prompts)),
                       f"eval/iter-{iteration:05d}.png")  # fmt: skip
 
     def on_skip(self, event: dict[str, Any]) -> None:
         if self.client is not None and self.run_id is not None:
-            from tasks.tracking import log_json
-
             log_json(self.client, self.run_id, event, f"guard/iter-{event['iteration']:05d}.json")
             self.client.set_tag(self.run_id, "vgrpo.guard.last_skip",
                                 f"iteration {event['iteration']}: {event['quantity']}")  # fmt: skip
@@ -143,29 +130,23 @@ class StageTracker(StageCallbacks):
             self._monitor.finish()
             self._monitor = None
         if self.client is not None and self.run_id is not None:
-            from tasks.tracking import end_run
-
             end_run(self.client, self.run_id, status)
 
 
 def _log_table(client: MlflowClient, run_id: str, table: dict[str, Any], flat: dict[str, float], step: int) -> None:
-    from tasks.tracking import log_json, log_metrics
-
     log_metrics(client, run_id, flat, step=step)
     log_json(client, run_id, table, f"eval/iter-{step:05d}.json")
 
 
-def log_evaluation(uri: str, run_id: str, evaluated: dict[str, Any], iteration: int) -> None:
-    """Log a final evaluation (:func:`tasks.stage.evaluate_stage`'s output) to a stage's run: its numbers at
-    step ``iteration``, its table and its captioned grid."""
-    from mlflow import MlflowClient
-
-    from tasks.tracking import log_image
-
+def log_evaluation(uri: str, run_id: str, evaluation: StageEvaluation, iteration: int) -> None:
+    """Log a final evaluation (:func:`tasks.stage.evaluate`'s) to a stage's run: its numbers at step
+    ``iteration``, its table and its captioned grid."""
+    if evaluation.table is None:
+        return
     client = MlflowClient(uri)
-    _log_table(client, run_id, evaluated["table"], evaluated["final_eval"], iteration)
-    if evaluated.get("grid") and Path(evaluated["grid"]).is_file():
-        log_image(client, run_id, Path(evaluated["grid"]), f"eval/iter-{iteration:05d}.png")
+    _log_table(client, run_id, evaluation.table, evaluation.final_eval, iteration)
+    if evaluation.grid and Path(evaluation.grid).is_file():
+        log_image(client, run_id, Path(evaluation.grid), f"eval/iter-{iteration:05d}.png")
 
 
 def log_adapter_model(
@@ -175,11 +156,6 @@ def log_adapter_model(
     (``mlflow.diffusers.load_model(uri).load_pipeline()`` rebuilds the pipeline from the local ``base``),
     registered as ``registered_name``; a whole pipeline (full fine-tune) as artifacts under ``pipeline/``.
     Returns the model's URI."""
-    import mlflow
-    import mlflow.diffusers
-
-    from vgrpo.checkpoints.state import LORA_FILE
-
     if not (out_dir / LORA_FILE).is_file():
         client.log_artifacts(run_id, str(out_dir), "pipeline")
         return f"runs:/{run_id}/pipeline"

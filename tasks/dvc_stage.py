@@ -24,13 +24,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tasks.outcome import StageOutcome
+from tasks.stage import run_tracked_stage
+from vgrpo.atomic import write_json_atomic
+from vgrpo.config import load_curriculum, overrides_from_pairs
+from vgrpo.errors import ConfigError
+from vgrpo.training.guards import TrainingDiverged
+from vgrpo.training.preflight import PreflightError, check_or_raise
+
 __all__ = ["headline", "main", "plot_rows", "stage_details", "stage_metrics"]
 
 # Per-iteration diagnostics that go to the plots file (the full set goes to MLflow).
 PLOT_PREFIXES = ("reward/", "train/kl", "train/ratio_mean", "train/clip_frac", "train/grad_norm", "surrogate/cv")
 
 
-def plot_rows(history: Sequence[dict[str, float]]) -> list[dict[str, float]]:
+def plot_rows(history: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
     """One row per iteration: the iteration, its rewards and the main step diagnostics."""
     rows = []
     for i, metrics in enumerate(history):
@@ -62,18 +70,18 @@ def headline(flat_eval: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def stage_details(result: dict[str, Any], stage: int) -> dict[str, Any]:
+def stage_details(outcome: StageOutcome, stage: int) -> dict[str, Any]:
     """The details file of a finished stage: final evaluation (``eval/...``), the evaluation before the first
     iteration when the stage made one (``start/eval/...``), training length and time, the adapter's hash."""
-    start = next((e for e in result.get("evaluations", []) if e["iteration"] == 0), {})
+    start = next((e for e in outcome.evaluations if e["iteration"] == 0), {})
     return {
         "stage": stage,
-        "name": result["name"],
-        "iterations": len(result["history"]),
-        "resumed_from": result["resumed_from"],
-        "wall_s": round(result["wall_s"], 1),
-        "adapter_hash": result["hash"],
-        **{k: round(v, 5) for k, v in sorted(result["final_eval"].items())},
+        "name": outcome.name,
+        "iterations": len(outcome.history),
+        "resumed_from": outcome.resumed_from,
+        "wall_s": round(outcome.wall_s, 1),
+        "adapter_hash": outcome.hash,
+        **{k: round(v, 5) for k, v in sorted(outcome.final_eval.items())},
         **{f"start/{k}": round(v, 5) for k, v in sorted(start.items()) if k != "iteration"},
     }
 
@@ -98,14 +106,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the curriculum's name)")
     parser.add_argument("--dvc-stage", default=None, help="the DVC stage's name for MLflow (default: stage@STAGE)")
     args = parser.parse_args(argv)
-
-    from tasks.stage import run_tracked_stage
-    from vgrpo.atomic import write_json_atomic
-    from vgrpo.config import load_curriculum, overrides_from_pairs
-    from vgrpo.errors import ConfigError
-    from vgrpo.training.guards import TrainingDiverged
-    from vgrpo.training.preflight import PreflightError, check_or_raise
-
     try:
         spec, stages = load_curriculum(args.curriculum, overrides_from_pairs(args.set), extra=args.params)
         if not 1 <= args.stage <= len(stages):  # a missing --params file is reported by load_curriculum
@@ -132,20 +132,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.params:
         tags["vgrpo.extra_params"] = ",".join(args.params)
     try:
-        result = run_tracked_stage(
-            cfg.model_dump(mode="json"), init, str(run_root), tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
-            experiment=args.experiment or spec.name, tags=tags,
-        )  # fmt: skip
+        outcome = run_tracked_stage(
+            cfg,
+            init,
+            str(run_root),
+            tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+            experiment=args.experiment or spec.name,
+            tags=tags,
+        )
     except TrainingDiverged as exc:  # the message names the intact checkpoint a rerun resumes from
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    details = stage_details(result, args.stage)
+    details = stage_details(outcome, args.stage)
     metrics = stage_metrics(details)
     write_json_atomic(Path(args.metrics), metrics)
     if args.details:
         write_json_atomic(Path(args.details), details)
     if args.plots:
-        write_json_atomic(Path(args.plots), plot_rows(result["history"]))
+        write_json_atomic(Path(args.plots), plot_rows(outcome.history))
     print(f"stage {args.stage} ({cfg.name}): {metrics}")
     return 0
 

@@ -1,5 +1,5 @@
 """A stage on ``launch.processes`` processes: ``accelerate launch`` started by the Prefect train task and by DVC's
-stage command (:func:`tasks.stage._train`), and its result read back.
+stage command (:func:`tasks.stage.train`), and its outcome read back.
 
 :func:`launch_stage` writes the stage's spec (params, starting adapter, folders, MLflow tracking) to
 ``<run_root>/work/<stage>/launch/spec.json`` and starts, in its own process group::
@@ -7,12 +7,12 @@ stage command (:func:`tasks.stage._train`), and its result read back.
     python -m accelerate.commands.launch --num_processes N --num_machines M --mixed_precision P
         (--config_file F | --multi_gpu) [--main_process_port PORT] -m tasks.launched_stage spec.json
 
-Each process trains its share of every batch (:mod:`vgrpo.parallel.distributed`; gloo on CPU, NCCL on GPUs). Every line
-rank 0 prints (and the launcher's own) goes to ``log`` (the Prefect task's logger, or stdout under DVC); the other
-ranks write to ``launch/rank-<r>.log``. Rank 0 writes the result (history, evaluations, resumed_from, the
-output's hash) atomically to ``launch/result.json``; a rank that meets an error a user can fix writes it there.
-When the caller is interrupted (a cancelled flow run, Ctrl-C) the whole group is stopped; when a process fails,
-torchrun stops the others.
+Each process trains its share of every batch (:mod:`vgrpo.parallel.distributed`; gloo on CPU, NCCL on GPUs). Every
+line rank 0 prints (and the launcher's own) goes to ``log`` (the Prefect task's logger, or stdout under DVC); the
+other ranks write to ``launch/rank-<r>.log``. Rank 0 writes its :class:`tasks.outcome.StageOutcome` (history,
+evaluations, resumed_from, the output's hash) atomically to ``launch/result.json``; a rank that meets an error a
+user can fix writes it there. When the caller is interrupted (a cancelled flow run, Ctrl-C) the whole group is
+stopped; when a process fails, torchrun stops the others.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from tasks.outcome import StageOutcome
 from tasks.process_group import stop_group
+from tasks.tracking import Tracking
+from vgrpo.atomic import write_json_atomic
+from vgrpo.config import StageConfig
 from vgrpo.errors import ConfigError, UserError
+from vgrpo.parallel.launch import LaunchConfig
 from vgrpo.training.guards import TrainingDiverged
-
-if TYPE_CHECKING:
-    from tasks.stage import Tracking
-    from vgrpo.parallel.launch import LaunchConfig
 
 __all__ = ["ERRORS", "LaunchFailed", "accelerate_command", "launch_stage", "read_result", "run_streaming"]
 
@@ -100,9 +100,9 @@ def run_streaming(cmd: Sequence[str], log: Callable[[str], None], env: dict[str,
         proc.stdout.close()
 
 
-def read_result(path: Path) -> dict[str, Any] | None:
-    """The result file: rank 0's result, ``None`` when none was written; an error a rank reported is raised again
-    (its :data:`ERRORS` class)."""
+def read_result(path: Path) -> StageOutcome | None:
+    """The result file: rank 0's outcome, ``None`` when none was written; an error a rank reported is raised
+    again (its :data:`ERRORS` class)."""
     try:
         result = json.loads(path.read_text())
     except FileNotFoundError:
@@ -110,7 +110,7 @@ def read_result(path: Path) -> dict[str, Any] | None:
     if "error" in result:
         error = result["error"]
         raise ERRORS.get(error["kind"], RuntimeError)(error["message"])
-    return dict(result)
+    return StageOutcome.from_json(result)
 
 
 def _tail(path: Path) -> str:
@@ -121,32 +121,40 @@ def _tail(path: Path) -> str:
 
 
 def launch_stage(
-    stage: dict[str, Any], init_lora: str | None, run_root: str, root: str, tracking: Tracking | None,
+    cfg: StageConfig,
+    init_lora: str | None,
+    run_root: str,
+    root: str,
+    tracking: Tracking | None,
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:  # fmt: skip
-    """Train ``stage`` (its validated params) on the processes its ``launch`` asks for and return rank 0's result:
+) -> StageOutcome:
+    """Train stage ``cfg`` on the processes its ``launch`` asks for and return rank 0's outcome:
     :func:`tasks.stage.train_and_track`'s. Paths are passed as given: the processes run in this directory.
 
     Raises:
         ConfigError, UserError, TrainingDiverged: as a rank raised them.
         LaunchFailed: any other failure, with the end of the processes' output.
     """
-    from vgrpo.atomic import write_json_atomic
-    from vgrpo.config import StageConfig
-
-    launch = StageConfig.model_validate(stage).launch
-    folder = Path(run_root) / "work" / stage["name"] / "launch"
+    launch, name = cfg.launch, cfg.name
+    folder = Path(run_root) / "work" / name / "launch"
     spec, result = folder / "spec.json", folder / "result.json"
     folder.mkdir(parents=True, exist_ok=True)
     for stale in (result, *folder.glob("rank-*.log")):
         stale.unlink(missing_ok=True)
-    write_json_atomic(spec, {"stage": stage, "init_lora": init_lora, "run_root": run_root, "root": root,
-                             "tracking": asdict(tracking) if tracking is not None else None,
-                             "result": str(result), "logs": str(folder)})  # fmt: skip
+    written = {
+        "stage": cfg.model_dump(mode="json"),
+        "init_lora": init_lora,
+        "run_root": run_root,
+        "root": root,
+        "tracking": asdict(tracking) if tracking is not None else None,
+        "result": str(result),
+        "logs": str(folder),
+    }
+    write_json_atomic(spec, written)
     cmd = accelerate_command(launch, spec.resolve(), Path(root), port=free_port() if launch.machines == 1 else None)
-    log(f"{stage['name']}: launching {launch.processes} processes: {' '.join(cmd)}")
+    log(f"{name}: launching {launch.processes} processes: {' '.join(cmd)}")
     if launch.machines > 1:
-        log(f"{stage['name']}: on machine r of 1..{launch.machines - 1}, run the same command with --machine_rank r")
+        log(f"{name}: on machine r of 1..{launch.machines - 1}, run the same command with --machine_rank r")
     paths = os.pathsep.join(p for p in (str(PROJECT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": paths, "PYTHONUNBUFFERED": "1"}
     output: deque[str] = deque(maxlen=_TAIL_LINES)
@@ -161,7 +169,7 @@ def launch_stage(
         return returned
     ranks = "".join(f"\n--- {p.name}:\n{_tail(p)}" for p in sorted(folder.glob("rank-*.log")))
     raise LaunchFailed(
-        f"stage {stage['name']}: accelerate launch exited with {code}"
+        f"stage {name}: accelerate launch exited with {code}"
         f"{'' if returned is None else ' after rank 0 wrote its result'}; the end of its output:\n"
         + "\n".join(output) + ranks
     )  # fmt: skip

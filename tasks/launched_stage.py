@@ -1,11 +1,11 @@
 """One process of a launched stage (:mod:`tasks.launch`): ``accelerate launch ... -m tasks.launched_stage SPEC.json``.
 
 Every process trains its share of each batch with :func:`tasks.stage.train_and_track`. Rank 0 alone opens (or
-continues, from the run id its checkpoint names) the stage's MLflow run, reports, exports, and writes the result
-atomically to the spec's ``result`` file; its output is what the launcher streams. The other ranks open no run
-and write their output to ``rank-<r>.log`` beside the spec. Any rank that meets an error a user can fix (bad
-input, a diverged stage) writes it to the ``result`` file instead, so the caller raises it again. No process
-talks to Prefect: the launcher's task run is the stage's one task run.
+continues, from the run id its checkpoint names) the stage's MLflow run, reports, exports, and writes its
+:class:`tasks.outcome.StageOutcome` atomically to the spec's ``result`` file; its output is what the launcher
+streams. The other ranks open no run and write their output to ``rank-<r>.log`` beside the spec. Any rank that meets
+an error a user can fix (bad input, a diverged stage) writes it to the ``result`` file instead, so the caller raises
+it again. No process talks to Prefect: the launcher's task run is the stage's one task run.
 """
 
 from __future__ import annotations
@@ -37,24 +37,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))  # set by the launcher before any process group exists
     if rank != 0:
         _output_to(Path(spec["logs"]) / f"rank-{rank}.log")
-
+    # Imported only now: what the libraries print as they load belongs in this rank's log.
     from tasks.launch import ERRORS
-    from tasks.stage import Tracking, train_and_track
+    from tasks.stage import train_and_track
+    from tasks.tracking import Tracking
     from vgrpo.atomic import write_json_atomic
+    from vgrpo.config import StageConfig
     from vgrpo.parallel.distributed import Distributed
 
     dist = Distributed.from_environment()
     tracking = Tracking(**spec["tracking"]) if spec["tracking"] is not None else None
     try:
-        result = train_and_track(spec["stage"], spec["init_lora"], spec["run_root"], spec["root"], tracking,
-                                 phases=None, prompts=None, dist=dist)  # fmt: skip
+        cfg = StageConfig.model_validate(spec["stage"])  # validated by the launcher: the same values come back
+        outcome = train_and_track(cfg, spec["init_lora"], spec["run_root"], spec["root"], tracking, dist=dist)
     except tuple(ERRORS.values()) as exc:  # bad input or a diverged stage: the caller raises it again
         kind = next(cls.__name__ for cls in type(exc).__mro__ if cls.__name__ in ERRORS)
         write_json_atomic(Path(spec["result"]), {"error": {"kind": kind, "message": str(exc)}})  # any rank's
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 3 if kind == "TrainingDiverged" else 2
-    if result is not None:
-        write_json_atomic(Path(spec["result"]), result)
+    if outcome is not None:
+        write_json_atomic(Path(spec["result"]), outcome.to_json())
     return 0
 
 

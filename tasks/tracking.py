@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from mlflow.entities import Metric, Param
 __all__ = [
     "NONFINITE_METRIC",
     "PARAM_VALUE_LIMIT",
+    "Tracking",
     "artifact_root",
     "end_run",
     "flatten_params",
@@ -52,6 +54,17 @@ NONFINITE_METRIC = "tracking/nonfinite_dropped"
 _KEY_LIMIT = 250  # MLflow's MAX_ENTITY_KEY_LENGTH
 _BATCH = 100  # MLflow's MAX_PARAMS_TAGS_PER_BATCH (metrics allow 1000; one size keeps it simple)
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")  # MLflow also allows ':' except on Windows; we do not
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Where a stage's MLflow run goes: the store, the experiment, the parent run, the run's name and tags."""
+
+    uri: str
+    experiment: str
+    run_name: str
+    parent_run_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 def tracking_uri(root: Path) -> str:

@@ -61,9 +61,11 @@ def _task_runs(flow_run_id: Any) -> list[str]:
 def _run(project: Path, **params: Any) -> tuple[dict[str, Any], list[str]]:
     """The flow's result and the names of the task runs it ran (not served from the cache), read back from the
     Prefect API."""
-    from flows.curriculum import vgrpo
+    from flows.curriculum import curriculum_flow
 
-    state = vgrpo(curriculum="curriculum.yaml", root=str(project), run_root="runs", return_state=True, **params)
+    state = curriculum_flow(
+        curriculum="curriculum.yaml", root=str(project), run_root="runs", return_state=True, **params
+    )
     return state.result(), _task_runs(state.state_details.flow_run_id)
 
 
@@ -139,13 +141,13 @@ def test_curriculum_flow_runs_each_phase_as_a_task_caches_stages_and_tracks_them
 def test_a_resumed_stage_continues_its_mlflow_run(project: Path, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from tasks.stage import Tracking, _train
-    from tasks.tracking import tracking_uri
+    from tasks.stage import train
+    from tasks.tracking import Tracking, tracking_uri
     from vgrpo.config import load_curriculum
 
     _, stages = load_curriculum(project / "curriculum.yaml", {"iterations": 3, "checkpoint_every": 1},
                                 root=str(project))  # fmt: skip
-    stage = stages[0].model_dump(mode="json")
+    stage = stages[0]
     uri = tracking_uri(tmp_path / "mlflow")
     tracking = Tracking(uri, "resume", "s1-pick")
 
@@ -155,13 +157,13 @@ def test_a_resumed_stage_continues_its_mlflow_run(project: Path, tmp_path: Path)
         return fn(*args)
 
     with pytest.raises(KeyboardInterrupt):
-        _train(stage, None, str(tmp_path / "run"), str(project), tracking, die_at_update_2, None)
-    trained = _train(stage, None, str(tmp_path / "run"), str(project), tracking, None, None)
+        train(stage, None, str(tmp_path / "run"), str(project), tracking, die_at_update_2)
+    trained = train(stage, None, str(tmp_path / "run"), str(project), tracking)
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
-    assert [r.info.run_id for r in runs] == [trained["run_id"]] and trained["resumed_from"] == 2
+    assert [r.info.run_id for r in runs] == [trained.run_id] and trained.resumed_from == 2
     assert runs[0].info.status == "FINISHED" and runs[0].data.tags["vgrpo.continued"] == "true"
-    assert [m.step for m in client.get_metric_history(trained["run_id"], "reward/total_mean")] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(trained.run_id, "reward/total_mean")] == [0, 1, 2]
 
 
 def test_ablation_sweep_runs_the_curriculum_once_per_file_nested_under_one_sweep_run(
@@ -169,7 +171,7 @@ def test_ablation_sweep_runs_the_curriculum_once_per_file_nested_under_one_sweep
 ) -> None:
     from mlflow import MlflowClient
 
-    from flows.curriculum import vgrpo
+    from flows.sweep import ablation_sweep
     from tasks.tracking import tracking_uri
     from vgrpo.errors import ConfigError
 
@@ -182,11 +184,11 @@ def test_ablation_sweep_runs_the_curriculum_once_per_file_nested_under_one_sweep
     uri = tracking_uri(project / "mlflow-sweep")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with pytest.raises(ConfigError, match="sharing"):  # every ablation is validated before the first stage
-        vgrpo(curriculum="one.yaml", root=str(project), run_root="runs",
-              ablations=["ablations/no_shared_pairs.yaml", "ablations/typo.yaml"])  # fmt: skip
+        ablation_sweep(curriculum="one.yaml", root=str(project), run_root="runs",
+                       ablations=["ablations/no_shared_pairs.yaml", "ablations/typo.yaml"])  # fmt: skip
     ablations = ["ablations/no_shared_pairs.yaml", "ablations/v_prediction.yaml"]
-    out = vgrpo(curriculum="one.yaml", root=str(project), run_root="runs", ablations=ablations,
-                overrides={"iterations": 1})  # fmt: skip
+    out = ablation_sweep(curriculum="one.yaml", root=str(project), run_root="runs", ablations=ablations,
+                         overrides={"iterations": 1})  # fmt: skip
     assert set(out["ablations"]) == {"no_shared_pairs", "v_prediction"}
     adapters = {name: Path(stages[0]["out_dir"]) for name, stages in out["ablations"].items()}
     assert adapters["v_prediction"] == project / "runs/one/ablations/v_prediction/stages/s1-pick"

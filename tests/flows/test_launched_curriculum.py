@@ -1,4 +1,4 @@
-"""Launched stages end to end: the tiny two-stage curriculum of tests/flows/test_curriculum.py through the `vgrpo`
+"""Launched stages end to end: the tiny two-stage curriculum of tests/flows/test_curriculum.py through the curriculum
 flow with ``launch.processes: 2`` (two gloo processes per stage under ``accelerate launch``) ends with the adapters
 of the single-process flow within tests/parallel/test_distributed.py's tolerance, with exactly one MLflow run per stage
 (none opened by rank 1) and the train task's log holding rank 0's output; DVC's stage command launches the same
@@ -24,10 +24,10 @@ TWO = {"launch": {"processes": 2}}
 
 
 def _flow(root: Path, run_root: str, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
-    from flows.curriculum import vgrpo
+    from flows.curriculum import curriculum_flow
 
-    state = vgrpo(curriculum="curriculum.yaml", root=str(root), run_root=run_root, overrides=overrides,
-                  return_state=True)  # fmt: skip
+    state = curriculum_flow(curriculum="curriculum.yaml", root=str(root), run_root=run_root, overrides=overrides,
+                            return_state=True)  # fmt: skip
     return state.result(), state.state_details.flow_run_id
 
 

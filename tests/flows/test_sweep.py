@@ -23,8 +23,9 @@ from tests.tiny_world import TINY_MODEL_PARAMS, WORLD_PICK, write_tiny_world
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SERVE = (  # the sweep's own run and its two cells at once
-    "from prefect import serve; from flows.curriculum import vgrpo; serve(vgrpo.to_deployment(name='sweep'), limit=3)"
+SERVE = (  # the sweep's own run and its two cells at once, from the project's sweep and cell deployments
+    "from prefect import serve; from flows.deploy import deployments; "
+    "serve(*[d for d in deployments() if d.name in ('ablation-sweep', 'ablation-cell')], limit=3)"
 )
 
 
@@ -59,13 +60,13 @@ def test_two_ablation_cells_train_at_once_under_a_device_limit_of_two(tmp_path: 
         try:
             prefect = [sys.executable, "-m", "prefect"]
             deadline = time.monotonic() + 120
-            while subprocess.run([*prefect, "deployment", "inspect", "vgrpo/sweep"], env=env,
+            while subprocess.run([*prefect, "deployment", "inspect", "vgrpo/ablation-sweep"], env=env,
                                  capture_output=True).returncode != 0:  # fmt: skip
                 assert serve.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
                 time.sleep(2)
             params = {"curriculum": "one.yaml", "root": str(project), "run_root": "runs", "devices": 2,
                       "ablations": ["ablations/no_shared_pairs.yaml", "ablations/v_prediction.yaml"]}  # fmt: skip
-            run = subprocess.run([*prefect, "deployment", "run", "vgrpo/sweep", "--params", json.dumps(params),
+            run = subprocess.run([*prefect, "deployment", "run", "vgrpo/ablation-sweep", "--params", json.dumps(params),
                                   "--watch", "--watch-timeout", "600"], env=env, capture_output=True, text=True,
                                  timeout=660)  # fmt: skip
             assert run.returncode == 0, run.stdout[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]

@@ -13,8 +13,7 @@ from mlflow import MlflowClient
 from PIL import Image
 
 from tasks.callbacks import StageTracker
-from tasks.stage import Tracking
-from tasks.tracking import tracking_uri
+from tasks.tracking import Tracking, tracking_uri
 from tests.tiny_world import tiny_stage_config
 from vgrpo.evaluation.grids import CAPTION_HEIGHT
 
@@ -33,7 +32,7 @@ def test_evaluation_grid_shows_grid_prompts_prompts(
     monkeypatch.setattr(StageTracker, "_start_system_metrics", lambda self, uri, resumed: None)
     evaluation = {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}], "grid_prompts": grid_prompts}
     cfg = tiny_stage_config(evaluation=evaluation)
-    tracker = StageTracker.open(cfg, {"name": cfg.name}, Tracking(uri, "tests", "grid"), None)
+    tracker = StageTracker.open(cfg, Tracking(uri, "tests", "grid"), None)
     assert tracker.run_id is not None
     prompts = [f"prompt {i}" for i in range(10)]  # more than the 8 a grid used to show whatever the setting
     table = {"group_size": 1, "rewards": {}, "per_prompt": {"prompt": prompts, "credited": [[None]] * 10}}

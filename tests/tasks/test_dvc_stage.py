@@ -17,6 +17,7 @@ import pytest
 from tasks.dvc_report import flat_eval, moving_average, summaries
 from tasks.dvc_report import main as report_main
 from tasks.dvc_stage import headline, main, plot_rows, stage_details, stage_metrics
+from tasks.outcome import StageOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 CURRICULUM = str(REPO / "params/curricula/embedded.yaml")
@@ -46,9 +47,9 @@ def test_metrics_details_and_plot_rows() -> None:
     evaluations = [{"iteration": 0, "eval/geneval": 0.1}, {"iteration": 3, "eval/geneval": 0.12}]
     final = {"eval/geneval": 0.123456789, "eval/geneval_geneval_strict": 0.5, "eval/geneval_geneval_strict_ci_low": 0.4,
              "eval/world_pickscore": 12.0, "eval/pickscore": 3.0, "eval/ocr_exact": 0.3}  # fmt: skip
-    result = {"name": "s1", "history": history, "resumed_from": 1, "wall_s": 12.34, "hash": "abc",
-              "final_eval": final, "evaluations": evaluations}  # fmt: skip
-    details = stage_details(result, 1)
+    outcome = StageOutcome("s1", "out", "abc", resumed_from=1, wall_s=12.34, history=tuple(history),
+                           evaluations=tuple(evaluations), final_eval=final)  # fmt: skip
+    details = stage_details(outcome, 1)
     assert details["iterations"] == 3 and details["wall_s"] == 12.3 and details["eval/geneval"] == 0.12346
     assert details["start/eval/geneval"] == 0.1 and details["resumed_from"] == 1 and details["adapter_hash"] == "abc"
     # The metrics file: short names only, the world reward ahead of a generic one of the same kind.
@@ -127,12 +128,12 @@ def test_dvc_metrics_show_is_clean_and_narrow() -> None:
 
 
 def test_the_flow_prints_one_row_per_stage() -> None:
-    from flows.curriculum import summary_table
+    from flows.artifacts import summary_table
     from vgrpo.config import load_curriculum
 
     _, stages = load_curriculum(CURRICULUM, root=REPO)
-    results = [{"name": c.name, "final_eval": {"eval/geneval_geneval_strict": 0.1 * i, "eval/ocr": 0.5,
-                                               "eval/ocr_ci_low": 0.4, "eval/ocr_ci_high": 0.6}}
+    final = {"eval/ocr": 0.5, "eval/ocr_ci_low": 0.4, "eval/ocr_ci_high": 0.6}
+    results = [StageOutcome(c.name, "out", "abc", final_eval={"eval/geneval_geneval_strict": 0.1 * i, **final})
                for i, c in enumerate(stages[:2])]  # fmt: skip
     table = summary_table(stages[:2], results).splitlines()
     header = ["geneval_geneval_strict", "geneval_geneval_partial", "ocr", "world_clipscore", "world_pickscore"]

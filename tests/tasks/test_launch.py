@@ -140,7 +140,7 @@ def _fake_launch(monkeypatch: pytest.MonkeyPatch, script: str) -> None:
 def test_a_ranks_error_comes_back_as_its_class_and_any_other_failure_with_the_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stage = _stage(processes=2).model_dump(mode="json")
+    stage = _stage(processes=2)
     writes_error = ("import json, sys; spec = json.load(open(sys.argv[1])); "
                     "open(spec['result'], 'w').write(json.dumps({'error': {'kind': 'TrainingDiverged', "
                     "'message': 'stage tiny: 3 consecutive iterations skipped'}})); sys.exit(3)")  # fmt: skip
@@ -187,8 +187,8 @@ def test_only_rank_0_opens_the_stages_mlflow_run_and_returns_the_result(
 ) -> None:
     from mlflow import MlflowClient
 
-    from tasks.stage import MANIFEST, Tracking, train_and_track
-    from tasks.tracking import tracking_uri
+    from tasks.stage import MANIFEST, train_and_track
+    from tasks.tracking import Tracking, tracking_uri
     from vgrpo.parallel.distributed import Distributed
     from vgrpo.trainer import Trainer
     from vgrpo.training.stage import StageResult
@@ -207,13 +207,12 @@ def test_only_rank_0_opens_the_stages_mlflow_run_and_returns_the_result(
     dist.rank, dist.world_size = rank, 2
     uri = tracking_uri(tmp_path / "mlflow")
     tracking = Tracking(uri, "launch", "tiny", tags={"vgrpo.runner": "test"})
-    stage = _stage(processes=2).model_dump(mode="json")
-    result = train_and_track(stage, None, str(tmp_path / "run"), str(tmp_path), tracking, None, None, dist)
+    result = train_and_track(_stage(processes=2), None, str(tmp_path / "run"), str(tmp_path), tracking, dist=dist)
     experiment = MlflowClient(uri).get_experiment_by_name("launch")
     if rank != 0:
         assert result is None and experiment is None  # no run, not even the experiment
         assert not (tmp_path / "run/work/tiny" / MANIFEST).exists()
         return
     (run,) = MlflowClient(uri).search_runs([experiment.experiment_id])
-    assert result is not None and result["run_id"] == run.info.run_id and run.info.status == "FINISHED"
-    assert result["history"] == [{"reward/total_mean": 0.5}] and (tmp_path / "run/work/tiny" / MANIFEST).is_file()
+    assert result is not None and result.run_id == run.info.run_id and run.info.status == "FINISHED"
+    assert result.history == ({"reward/total_mean": 0.5},) and (tmp_path / "run/work/tiny" / MANIFEST).is_file()

@@ -137,14 +137,14 @@ def test_a_skipped_iteration_is_logged_to_mlflow_with_what_was_wrong(
     from tasks.tracking import tracking_uri
 
     _nan_pickscore_on_calls(monkeypatch, {0})
-    stage = _config(eval_prompts=None, iterations=2).model_dump(mode="json") | {"pipeline": "base"}
+    stage = _config(eval_prompts=None, iterations=2, pipeline="base")
     uri = tracking_uri(tmp_path / "mlflow")
     out = run_tracked_stage(stage, None, str(tmp_path / "runs"), root=str(world), tracking_uri=uri)
     client = MlflowClient(uri)
-    run = client.get_run(out["run_id"])
+    run = client.get_run(out.run_id)
     assert run.data.tags["vgrpo.skipped_iterations"] == "1"
     assert run.data.tags["vgrpo.guard.last_skip"] == "iteration 0: reward/pickscore"
-    assert [m.value for m in client.get_metric_history(out["run_id"], "guard/skipped")] == [1.0, 0.0]
-    event_file = Path(client.download_artifacts(out["run_id"], "guard/iter-00000.json", str(tmp_path)))
+    assert [m.value for m in client.get_metric_history(out.run_id, "guard/skipped")] == [1.0, 0.0]
+    event_file = Path(client.download_artifacts(out.run_id, "guard/iter-00000.json", str(tmp_path)))
     event = json.loads(event_file.read_text())
     assert event["quantity"] == "reward/pickscore" and event["count"] == 1 and event["indices"] == [0]

@@ -181,7 +181,7 @@ def test_the_flow_stops_at_preflight_before_any_mlflow_run(tmp_path: Path, monke
     pytest.importorskip("prefect")
     from mlflow import MlflowClient
 
-    from flows.curriculum import vgrpo
+    from flows.curriculum import curriculum_flow
     from tasks.tracking import tracking_uri
 
     stages: dict[str, Any] = {
@@ -197,7 +197,7 @@ def test_the_flow_stops_at_preflight_before_any_mlflow_run(tmp_path: Path, monke
     uri = tracking_uri(tmp_path / "mlflow")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with pytest.raises(PreflightError) as raised:
-        vgrpo.fn(curriculum="curriculum.yaml", root=str(tmp_path), run_root="runs")  # the flow's body
+        curriculum_flow.fn(curriculum="curriculum.yaml", root=str(tmp_path), run_root="runs")  # the flow's body
     for part in ("base: pipeline directory not found", "train.jsonl: prompt file not found",
                  "later.jsonl: prompt file not found (s2: prompts)"):  # fmt: skip
         assert part in str(raised.value)

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("prefect")
 
-from tasks.phases import RETRIES, is_transient
+from tasks.phase_tasks import RETRIES, is_transient
 from vgrpo.rewards.base import RewardError, TransientRewardError
 from vgrpo.training.guards import NonFiniteError
 

@@ -1,8 +1,8 @@
 """Each phase of a stage as a Prefect task run: ``s2-geneval/rollout-0042``, ``s2-geneval/score-0042``, ...
 
-:func:`vgrpo.training.stage.run_stage` calls its phases through a :class:`vgrpo.training.stage.PhaseRunner`; this one
-runs each
-as a task of the current flow (nested under the stage's task), so the UI shows every step of every iteration.
+:func:`vgrpo.training.stage.run_stage` calls its phases through a :class:`vgrpo.training.stage.PhaseRunner`; this
+one runs each as a task of the current flow (nested under the stage's task), so the UI shows every step of every
+iteration.
 Tensors pass in memory between these tasks: nothing is cached or persisted (``NO_CACHE``, no result storage),
 and the arguments go to the task quoted (``prefect.utilities.annotations.quote``), so Prefect neither
 hashes nor walks them.
@@ -14,11 +14,13 @@ that was unreachable or overloaded): a NaN score, bad input or a bug fails at on
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
+
+from vgrpo.rewards.base import TransientRewardError
 
 __all__ = ["PrefectPhases", "is_transient"]
 
@@ -35,8 +37,6 @@ def _run(run_name: str, call: tuple[Callable[..., Any], tuple[Any, ...]]) -> Any
 
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
     """Retry condition: the failure is a :class:`TransientRewardError` (nothing else is worth a retry)."""
-    from vgrpo.rewards.base import TransientRewardError
-
     try:
         state.result()
     except TransientRewardError:
@@ -46,14 +46,9 @@ def is_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def _name(parameters: dict[str, Any]) -> str:
-    return str(parameters["run_name"])
-
-
 class PrefectPhases:
-    """A :class:`vgrpo.training.stage.PhaseRunner` that runs phase ``p`` of iteration ``i`` of stage ``s`` as the task
-    run
-    ``s/p-iiii`` (``s/p`` for once-per-stage phases)."""
+    """A :class:`vgrpo.training.stage.PhaseRunner` that runs phase ``p`` of iteration ``i`` of stage ``s`` as the
+    task run ``s/p-iiii`` (``s/p`` for once-per-stage phases)."""
 
     def __init__(self, stage: str):
         self.stage = stage
@@ -63,14 +58,17 @@ class PrefectPhases:
         if phase not in self._tasks:
             retries = RETRIES.get(phase, 0)
             self._tasks[phase] = task(
-                _run, name=phase, task_run_name=_name, cache_policy=NO_CACHE, persist_result=False,
-                retries=retries, retry_delay_seconds=RETRY_DELAY_S,
+                name=phase,
+                task_run_name="{run_name}",
+                cache_policy=NO_CACHE,
+                persist_result=False,
+                retries=retries,
+                retry_delay_seconds=RETRY_DELAY_S,
                 retry_condition_fn=is_transient if retries else None,
-            )  # fmt: skip
+            )(_run)
         return self._tasks[phase]
 
     def __call__(self, phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T:
         name = f"{self.stage}/{phase}" if iteration is None else f"{self.stage}/{phase}-{iteration:04d}"
         # Quoted: Prefect would otherwise walk the live objects (an Evaluator is a dataclass holding every row).
-        result: T = self._task(phase)(name, quote((fn, args)))
-        return result
+        return cast(T, self._task(phase)(name, quote((fn, args))))

@@ -1,0 +1,107 @@
+"""The Prefect tasks of a curriculum stage, around the plain bodies of :mod:`tasks.stage`:
+
+* ``prepare-prompts``: the stage's prompt rows, cached on the prompt files' bytes and the filters.
+* ``train-stage``: :func:`tasks.stage.train` with each phase as its own task run (:mod:`tasks.phase_tasks`).
+  Cached on the training fingerprint (never the evaluation settings nor ``launch``), the starting adapter's
+  hash, the run folder and the code; the flow refreshes the cache when the stage's output is gone or changed
+  (:func:`tasks.stage.output_is_intact`). A resumed stage continues the MLflow run its checkpoint names.
+* ``evaluate``: :func:`tasks.stage.evaluate` of the exported adapter, cached on the adapter's hash and the
+  evaluation settings: changing an evaluation setting re-evaluates and never retrains.
+
+Every task takes the stage's validated :class:`vgrpo.config.StageConfig`: the flow validates each stage once,
+when it loads the curriculum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.context import TaskRunContext
+from prefect.runtime import flow_run
+
+from tasks.outcome import StageEvaluation, StageOutcome
+from tasks.phase_tasks import PrefectPhases
+from tasks.stage import code_version, evaluate, grid_path, train
+from tasks.tracking import Tracking
+from vgrpo.checkpoints.resume import training_hash
+from vgrpo.config import StageConfig
+from vgrpo.training.phases import StagePrompts, prepare_prompts
+
+__all__ = ["evaluate_task", "prepare_prompts_task", "train_task"]
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _file_hash(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+
+
+def _prompts_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    cfg: StageConfig = parameters["stage"]
+    root = Path(parameters["root"])
+    files = [cfg.prompts, cfg.eval_prompts]
+    selection = cfg.model_dump(mode="json", include={"prompt_tags", "prompt_tag_weights", "rewards"})
+    selection["evaluation"] = cfg.evaluation.model_dump(mode="json", include={"max_prompts", "rewards"})
+    hashes = [_file_hash(root / f) if f else None for f in files]
+    return "prompts-" + _digest(files, hashes, selection, code_version())
+
+
+@task(
+    name="prepare-prompts",
+    cache_key_fn=_prompts_key,
+    persist_result=True,
+    task_run_name="{stage.name}/prepare-prompts",
+)
+def prepare_prompts_task(stage: StageConfig, root: str) -> StagePrompts:
+    """The stage's training and evaluation prompt rows (:func:`vgrpo.training.phases.prepare_prompts`)."""
+    return prepare_prompts(stage, Path(root))
+
+
+def _train_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    fingerprint = training_hash(parameters["stage"])
+    return "train-stage-" + _digest(fingerprint, parameters["init_hash"], parameters["run_root"], code_version())
+
+
+@task(
+    name="train-stage",
+    cache_key_fn=_train_key,
+    persist_result=True,
+    retries=0,
+    task_run_name="{stage.name}/train",
+)
+def train_task(
+    stage: StageConfig,
+    init_lora: str | None,
+    init_hash: str | None,
+    run_root: str,
+    root: str = ".",
+    tracking: Tracking | None = None,
+    prompts: StagePrompts | None = None,
+) -> StageOutcome:
+    """Train one stage, each phase a task run (a launched stage: the processes' rank-0 output in this task's
+    log); ``init_hash`` (the previous adapter's :func:`tasks.stage.dir_hash`) is read only by the cache key.
+    No retries: a failure inside a stage is a bug or bad input (transient reward faults are retried by the score
+    phase), and the stage resumes from its checkpoint when the flow runs again."""
+    phases = PrefectPhases(stage.name)
+    outcome = train(stage, init_lora, run_root, root, tracking, phases, prompts, log=get_run_logger().info)
+    return outcome.replace(flow_run_id=str(flow_run.get_id()))
+
+
+def _eval_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    cfg: StageConfig = parameters["stage"]
+    prompts = _file_hash(Path(parameters["root"]) / cfg.eval_prompts) if cfg.eval_prompts else None
+    evaluated = cfg.model_dump(mode="json", exclude={"launch"})  # the final evaluation runs in this process
+    return "evaluate-" + _digest(evaluated, parameters["out_dir"], parameters["adapter_hash"], prompts, code_version())
+
+
+@task(name="evaluate", cache_key_fn=_eval_key, persist_result=True, task_run_name="{stage.name}/evaluate")
+def evaluate_task(stage: StageConfig, out_dir: str, adapter_hash: str, root: str = ".") -> StageEvaluation:
+    """Evaluate the exported adapter (``adapter_hash`` is read only by the cache key); the grid goes beside the
+    run's outputs."""
+    return evaluate(stage, out_dir, root, grid_path(Path(out_dir).parent.parent, stage.name, adapter_hash))
