@@ -24,7 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["headline", "main", "plot_rows", "stage_details", "stage_metrics"]
+from vgrpo.rewards.config import RewardConfig
+
+__all__ = ["HEADLINE_REWARDS", "headline", "main", "plot_rows", "stage_details", "stage_metrics"]
 
 # Per-iteration diagnostics that go to the plots file (the full set goes to MLflow).
 PLOT_PREFIXES = ("reward/", "train/kl", "train/ratio_mean", "train/clip_frac", "train/grad_norm", "surrogate/cv")
@@ -40,25 +42,27 @@ def plot_rows(history: Sequence[dict[str, float]]) -> list[dict[str, float]]:
     return rows
 
 
-# The headline columns of ``dvc metrics show``: short name, flat evaluation key; the first key present wins.
-HEADLINE = (
-    ("strict", "eval/geneval_geneval_strict"),
-    ("partial", "eval/geneval_geneval_partial"),
-    ("ocr", "eval/ocr"),
-    ("clipscore", "eval/world_clipscore"),
-    ("clipscore", "eval/clipscore"),
-    ("pickscore", "eval/world_pickscore"),
-    ("pickscore", "eval/pickscore"),
-    ("strict_gain", "eval/geneval_geneval_strict_gain"),
+HEADLINE_REWARDS: tuple[RewardConfig, ...] = (
+    RewardConfig(name="geneval"),
+    RewardConfig(name="ocr"),
+    RewardConfig(name="clipscore", key="world_clipscore"),
+    RewardConfig(name="clipscore"),
+    RewardConfig(name="pickscore", key="world_pickscore"),
+    RewardConfig(name="pickscore"),
 )
+"""The rewards whose headline numbers ``dvc metrics show`` prints when the caller names none: the embedded world's
+evaluation (params/embedded/evaluate.yaml) and the same rewards under their own names (the real-model curricula)."""
 
 
-def headline(flat_eval: Mapping[str, Any]) -> dict[str, float]:
-    """The :data:`HEADLINE` numbers of a flat ``eval/...`` mapping, under their short names."""
+def headline(flat_eval: Mapping[str, Any], rewards: Sequence[RewardConfig] = HEADLINE_REWARDS) -> dict[str, float]:
+    """The headline numbers of a flat ``eval/...`` mapping under their short names: each reward's
+    (:meth:`vgrpo.rewards.base.Reward.headline_columns`), the first reward naming a short name that is present
+    winning."""
     out: dict[str, float] = {}
-    for short, key in HEADLINE:
-        if short not in out and key in flat_eval:
-            out[short] = round(float(flat_eval[key]), 5)
+    for reward in rewards:
+        for column in reward.headline_columns():
+            if column.name not in out and column.metric in flat_eval:
+                out[column.name] = round(float(flat_eval[column.metric]), 5)
     return out
 
 
