@@ -229,9 +229,7 @@ def setup_policy(
     from ``config.rewards``) and, with ``ema.enabled``, the policy's EMA (starting at the initial weights)."""
     pipe, adapter, policy = _load_policy(config, pipeline_dir, init_lora, dist)
     shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
-    rollout_config = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
-    algorithm = build_algorithm(config.model_copy(update={"rollout": rollout_config}), policy=policy,
-                                latent_shape=adapter.latent_shape, dist=dist)  # fmt: skip
+    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape, shift=shift, dist=dist)
     if rewards is None:
         rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
     ema = PolicyEMA(trainable_parameters(policy), config.ema) if config.ema.enabled else None
