@@ -46,13 +46,13 @@ def _cell(metrics: dict[str, float], column: str) -> str:
 
 
 def summary_columns(stages: Sequence[StageConfig]) -> list[str]:
-    """The headline columns of a curriculum's evaluations: GenEval strict and partial, each other reward's mean."""
+    """The headline columns of a curriculum's evaluations: each evaluation reward's headline metrics
+    (:meth:`vgrpo.rewards.base.Reward.headline_columns`) but the gains over a baseline, which a stage's evaluation
+    has none of."""
     columns: list[str] = []
     for cfg in stages:
         for reward in cfg.evaluation.rewards:
-            key = reward.resolved_key
-            names = [f"eval/{key}_geneval_strict", f"eval/{key}_geneval_partial"] if reward.name == "geneval" else [
-                f"eval/{key}"]  # fmt: skip
+            names = [column.metric for column in reward.headline_columns() if not column.gain]
             columns += [n for n in names if n not in columns]
     return columns
 

@@ -1,11 +1,12 @@
 """What ``dvc metrics show`` and ``dvc plots show`` read, drawn from the stages' detailed outputs (seconds, no model).
 
-    python -m tasks.dvc_report summary --src metrics --out metrics/summary
+    python -m tasks.dvc_report summary --src metrics --out metrics/summary --evaluation params/embedded/evaluate.yaml
     python -m tasks.dvc_report plots plots/stages
 
 ``summary`` writes one small JSON per detailed metrics file of the world stages (``pretrain``, ``world_detector``,
 ``world_clip``, ``world_pickscore``, ``evaluate_base``, ``evaluate_curriculum``) with a few headline numbers under
-short names shared with the curriculum stages' files, so ``dvc metrics show`` prints one narrow table. ``plots``
+short names shared with the curriculum stages' files (the headline columns of the rewards ``--evaluation`` names), so
+``dvc metrics show`` prints one narrow table. ``plots``
 draws each per-iteration plots JSON of the curriculum stages as a PNG next to it (training reward, the loss's KL
 term, gradient norm): ``dvc plots show`` embeds images, which need no JavaScript from a CDN.
 """
@@ -18,7 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.dvc_stage import headline
+from vgrpo.atomic import write_json_atomic
+from vgrpo.config import load_config
+from vgrpo.evaluation.config import EvaluationConfig
+from vgrpo.evaluation.tables import headline_metrics
+from vgrpo.rewards.config import RewardConfig
 
 __all__ = ["SUMMARIES", "flat_eval", "main", "moving_average", "plot_stage", "summaries"]
 
@@ -40,19 +45,22 @@ def _rounded(**values: float) -> dict[str, float]:
 # Detailed metrics file (its stem under --src) -> its headline numbers. `acc` is what a world reward model gets
 # right on its held-out check: retrieval (world_clip), preference pairs (world_pickscore), the prompt's clauses
 # on the base VAE's round trips of ground-truth renders (world_detector).
+# The evaluations (base_eval, curriculum_eval) give the headline numbers of their rewards.
 SUMMARIES: dict[str, Callable[[Mapping[str, Any]], dict[str, float]]] = {
     "pretrain": lambda m: {"wall_s": round(m["wall_s"], 1), **_rounded(loss=m["final"]["loss"])},
     "world_detector": lambda m: _rounded(acc=m["vae_roundtrip"]),
     "world_clip": lambda m: _rounded(acc=m["retrieval_acc"]),
     "world_pickscore": lambda m: _rounded(acc=m["pair_acc"]),
-    "base_eval": lambda m: headline(flat_eval(m)),
-    "curriculum_eval": lambda m: headline(flat_eval(m)),
 }
+EVALUATIONS = ("base_eval", "curriculum_eval")
 
 
-def summaries(src: Path) -> dict[str, dict[str, float]]:
-    """Every :data:`SUMMARIES` entry of the detailed files under ``src``, by stem (a missing file is an error)."""
-    return {stem: fn(json.loads((src / f"{stem}.json").read_text())) for stem, fn in SUMMARIES.items()}
+def summaries(src: Path, rewards: Sequence[RewardConfig]) -> dict[str, dict[str, float]]:
+    """Every :data:`SUMMARIES` entry of the detailed files under ``src``, and the headline numbers of ``rewards``
+    in each of :data:`EVALUATIONS`, by stem (a missing file is an error)."""
+    read = {stem: json.loads((src / f"{stem}.json").read_text()) for stem in (*SUMMARIES, *EVALUATIONS)}
+    out = {stem: fn(read[stem]) for stem, fn in SUMMARIES.items()}
+    return out | {stem: headline_metrics(flat_eval(read[stem]), rewards) for stem in EVALUATIONS}
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:
@@ -93,16 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = commands.add_parser("summary", help="headline metrics of the world stages' detailed files")
     summary.add_argument("--src", required=True, help="folder of the detailed metrics files")
     summary.add_argument("--out", required=True, help="folder to write the headline files into")
+    summary.add_argument("--evaluation", required=True, help="the evaluations' params file (its evaluation.rewards)")
     plots = commands.add_parser("plots", help="a PNG next to every per-iteration plots JSON of a folder")
     plots.add_argument("folder", help="folder of plots JSON files (one row per iteration)")
     args = parser.parse_args(argv)
-
-    from vgrpo.atomic import write_json_atomic
-
     if args.command == "summary":
+        evaluation = load_config([args.evaluation], section="evaluation", schema=EvaluationConfig)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        for stem, numbers in summaries(Path(args.src)).items():
+        for stem, numbers in summaries(Path(args.src), evaluation.rewards).items():
             write_json_atomic(out / f"{stem}.json", numbers)
             print(f"{out / stem}.json: {numbers}")
     else:

@@ -29,10 +29,12 @@ from tasks.stage import run_tracked_stage
 from vgrpo.atomic import write_json_atomic
 from vgrpo.config import load_curriculum, overrides_from_pairs
 from vgrpo.errors import ConfigError
+from vgrpo.evaluation.tables import headline_metrics
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.training.guards import TrainingDiverged
 from vgrpo.training.preflight import PreflightError, check_or_raise
 
-__all__ = ["headline", "main", "plot_rows", "stage_details", "stage_metrics"]
+__all__ = ["main", "plot_rows", "stage_details", "stage_metrics"]
 
 # Per-iteration diagnostics that go to the plots file (the full set goes to MLflow).
 PLOT_PREFIXES = ("reward/", "train/kl", "train/ratio_mean", "train/clip_frac", "train/grad_norm", "surrogate/cv")
@@ -46,28 +48,6 @@ def plot_rows(history: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
         row.update({k: v for k, v in metrics.items() if k.startswith(PLOT_PREFIXES) and not k.endswith("_std")})
         rows.append(row)
     return rows
-
-
-# The headline columns of ``dvc metrics show``: short name, flat evaluation key; the first key present wins.
-HEADLINE = (
-    ("strict", "eval/geneval_geneval_strict"),
-    ("partial", "eval/geneval_geneval_partial"),
-    ("ocr", "eval/ocr"),
-    ("clipscore", "eval/world_clipscore"),
-    ("clipscore", "eval/clipscore"),
-    ("pickscore", "eval/world_pickscore"),
-    ("pickscore", "eval/pickscore"),
-    ("strict_gain", "eval/geneval_geneval_strict_gain"),
-)
-
-
-def headline(flat_eval: Mapping[str, Any]) -> dict[str, float]:
-    """The :data:`HEADLINE` numbers of a flat ``eval/...`` mapping, under their short names."""
-    out: dict[str, float] = {}
-    for short, key in HEADLINE:
-        if short not in out and key in flat_eval:
-            out[short] = round(float(flat_eval[key]), 5)
-    return out
 
 
 def stage_details(outcome: StageOutcome, stage: int) -> dict[str, Any]:
@@ -86,9 +66,10 @@ def stage_details(outcome: StageOutcome, stage: int) -> dict[str, Any]:
     }
 
 
-def stage_metrics(details: Mapping[str, Any]) -> dict[str, Any]:
-    """The metrics file of a finished stage, from its :func:`stage_details`: iterations, wall time, headline."""
-    return {"iterations": details["iterations"], "wall_s": details["wall_s"], **headline(details)}
+def stage_metrics(details: Mapping[str, Any], rewards: Sequence[RewardConfig]) -> dict[str, Any]:
+    """The metrics file of a finished stage, from its :func:`stage_details`: iterations, wall time and the
+    headline numbers of its evaluation ``rewards`` (:func:`vgrpo.evaluation.tables.headline_metrics`)."""
+    return {"iterations": details["iterations"], "wall_s": details["wall_s"], **headline_metrics(details, rewards)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     details = stage_details(outcome, args.stage)
-    metrics = stage_metrics(details)
+    metrics = stage_metrics(details, cfg.evaluation.rewards)
     write_json_atomic(Path(args.metrics), metrics)
     if args.details:
         write_json_atomic(Path(args.details), details)

@@ -35,6 +35,7 @@ from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.evaluation.report import evaluate_to_files, format_table
 from vgrpo.models.pipeline import load_pipeline
 from vgrpo.parallel.distributed import Distributed
+from vgrpo.rewards.config import reward_classes
 from vgrpo.trainer import Trainer
 from vgrpo.training.guards import TrainingDiverged
 from vgrpo.training.preflight import check_or_raise
@@ -57,7 +58,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     table = evaluate_to_files(
         cfg, args.pipeline, args.prompts, args.out, lora=args.lora, grid=args.grid, baseline=args.baseline
     )
-    print(format_table(table))
+    print(format_table(table, reward_classes(cfg.rewards)))
 
 
 def cmd_export(args: argparse.Namespace) -> None:

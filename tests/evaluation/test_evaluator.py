@@ -18,6 +18,7 @@ from vgrpo.flow import timestep_grid
 from vgrpo.models.sd3 import SD3Velocity
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_sd3_transformer
 from vgrpo.policy import Conditioning
+from vgrpo.rewards.geneval import GenEvalReward
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
 
@@ -175,6 +176,9 @@ def test_world_ground_truth_renders_score_one_on_every_tag_and_noise_near_zero()
     assert _world_table(noise, metadata, 2)["rewards"]["geneval"]["geneval_strict"] <= 0.05
 
 
+GENEVAL = {"geneval": GenEvalReward}  # what compare asks of each key's reward
+
+
 def _two_evaluations(gain: float) -> tuple[dict, dict]:
     """Base and trained tables of the same 60 prompts (3 tags), the trained strict scores shifted by ``gain``."""
     rng = np.random.default_rng(0)
@@ -192,7 +196,7 @@ def _two_evaluations(gain: float) -> tuple[dict, dict]:
 
 def test_compare_adds_paired_gains_with_intervals() -> None:
     base, trained = _two_evaluations(0.4)
-    compare(trained, base)
+    compare(trained, base, GENEVAL)
     g = trained["rewards"]["geneval"]
     assert g["geneval_strict_gain"] == pytest.approx(g["geneval_strict"] - base["rewards"]["geneval"]["geneval_strict"])
     low, high = g["geneval_strict_gain_ci"]
@@ -200,7 +204,7 @@ def test_compare_adds_paired_gains_with_intervals() -> None:
     assert g["gain"] == pytest.approx(g["mean"] - base["rewards"]["geneval"]["mean"])
     assert set(g["per_tag"]["counting"]) >= {"strict_gain", "strict_gain_ci"}
     same, again = _two_evaluations(0.0)
-    compare(again, same)
+    compare(again, same, GENEVAL)
     low, high = again["rewards"]["geneval"]["geneval_strict_gain_ci"]
     assert low < 0 < high  # no gain: the interval straddles 0
 
@@ -209,11 +213,11 @@ def test_compare_refuses_other_prompts_or_settings() -> None:
     base, trained = _two_evaluations(0.1)
     other = {**base, "per_prompt": {**base["per_prompt"], "prompt": ["x", *base["per_prompt"]["prompt"][1:]]}}
     with pytest.raises(ValueError, match="other prompts"):
-        compare(trained, other)
+        compare(trained, other, GENEVAL)
     with pytest.raises(ValueError, match="group_size"):
-        compare(trained, {**base, "group_size": 2})
+        compare(trained, {**base, "group_size": 2}, GENEVAL)
     with pytest.raises(ValueError, match="no per-prompt scores"):
-        compare(trained, {k: v for k, v in base.items() if k != "per_prompt"})
+        compare(trained, {k: v for k, v in base.items() if k != "per_prompt"}, GENEVAL)
 
 
 def test_grid_captions_rows_and_frames_credited_images() -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from vgrpo.flow import timestep_grid
 from vgrpo.models.flux import FluxAdapter, FluxVelocity
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.models.tiny import tiny_flux_pipeline
@@ -136,6 +137,10 @@ def test_build_algorithm_refuses_an_unresolved_dynamic_shift(tiny_sd3_policy: to
     config = load_config(overrides={"rollout": {"shift": None, "dynamic_shift": True}})
     with pytest.raises(ValueError, match="dynamic_shift must be resolved"):
         build_algorithm(config, policy=tiny_sd3_policy, latent_shape=(4, 8, 8))
+    # The resolved shift is an argument (setup_policy passes the adapter's), not a copy of the config.
+    resolved = build_algorithm(config, policy=tiny_sd3_policy, latent_shape=(4, 8, 8), shift=1.5)
+    grid = timestep_grid(config.rollout.num_steps, shift=1.5, schedule=config.rollout.schedule)
+    assert torch.equal(resolved.sigmas, grid) and config.rollout.dynamic_shift and config.rollout.shift is None
 
 
 def _mu(tokens: int) -> float:

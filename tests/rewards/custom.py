@@ -1,13 +1,15 @@
-"""Rewards a user writes in their own module, named in params as ``tests.rewards.custom:Brightness`` or
-``tests.rewards.custom:redness``: nothing in vgrpo is changed or registered."""
+"""Rewards a user writes in their own module, named in params as ``tests.rewards.custom:Brightness``,
+``tests.rewards.custom:redness`` or ``tests.rewards.custom:Exposure``: nothing in vgrpo is changed or registered."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward, RewardOutput
 
 DEFAULT_GAIN = 1.0
 """A module attribute that is not a reward."""
@@ -29,6 +31,42 @@ def redness(images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metad
     """Share of one colour channel in each image (a plain function, as trl's ``reward_funcs``)."""
     totals = images.reshape(len(images), -1, 3).sum(axis=1).astype(np.float64) + 1e-9
     return totals[:, channel] / totals.sum(axis=1)
+
+
+def _is_target(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+
+
+class Exposure(Reward):
+    """A verifiable reward of the user's own: how close an image's mean brightness comes to its prompt row's
+    ``target`` (in [0, 1]); ``hit`` when within ``tolerance``. Its class checks the prompt rows before any compute
+    and names its headline numbers."""
+
+    name = "exposure"
+    needs_metadata = True
+    credit_sub_scores = ("hit",)
+
+    def __init__(self, tolerance: float = 0.1):
+        self.tolerance = tolerance
+
+    @classmethod
+    def check_prompts(cls, rows: Sequence[Metadata], path: str | Path, options: Mapping[str, Any]) -> list[str]:
+        bad = [i for i, row in enumerate(rows, 1) if not _is_target(row.get("target"))]
+        return [f"{path}: rows {bad[:5]} have no 'target' brightness in [0, 1] (exposure)"] if bad else []
+
+    @classmethod
+    def headline_columns(cls, key: str, options: Mapping[str, Any]) -> tuple[HeadlineColumn, ...]:
+        return (
+            HeadlineColumn("exposure", f"eval/{key}"),
+            HeadlineColumn("exposure_hits", f"eval/{key}_hit"),
+            HeadlineColumn("exposure_gain", f"eval/{key}_gain", gain=True),
+        )
+
+    def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
+        assert metadata is not None  # needs_metadata: Reward.__call__ checked it
+        brightness = images.reshape(len(images), -1).mean(axis=1) / 255.0
+        error = np.abs(brightness - np.array([float(md["target"]) for md in metadata]))
+        return RewardOutput(scores=1 - error, sub_scores={"hit": (error <= self.tolerance).astype(np.float64)})
 
 
 class NotAReward:

@@ -16,11 +16,16 @@ import pytest
 
 from tasks.dvc_report import flat_eval, moving_average, summaries
 from tasks.dvc_report import main as report_main
-from tasks.dvc_stage import headline, main, plot_rows, stage_details, stage_metrics
+from tasks.dvc_stage import main, plot_rows, stage_details, stage_metrics
 from tasks.outcome import StageOutcome
+from vgrpo.config import load_config
+from vgrpo.evaluation.config import EvaluationConfig
+from vgrpo.evaluation.tables import headline_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 CURRICULUM = str(REPO / "params/curricula/embedded.yaml")
+EVALUATION_PARAMS = REPO / "params/embedded/evaluate.yaml"
+EVALUATION = load_config([EVALUATION_PARAMS], section="evaluation", schema=EvaluationConfig)
 
 
 def test_bad_stage_number_missing_files_and_missing_predecessor_exit_2(
@@ -53,22 +58,33 @@ def test_metrics_details_and_plot_rows() -> None:
     assert details["iterations"] == 3 and details["wall_s"] == 12.3 and details["eval/geneval"] == 0.12346
     assert details["start/eval/geneval"] == 0.1 and details["resumed_from"] == 1 and details["adapter_hash"] == "abc"
     # The metrics file: short names only, the world reward ahead of a generic one of the same kind.
-    assert stage_metrics(details) == {"iterations": 3, "wall_s": 12.3, "strict": 0.5, "pickscore": 12.0}
+    assert stage_metrics(details, EVALUATION.rewards) == {"iterations": 3, "wall_s": 12.3, "strict": 0.5,
+                                                          "pickscore": 12.0}  # fmt: skip
 
 
 def test_summary_headlines_of_the_committed_metrics_files(tmp_path: Path) -> None:
-    heads = summaries(REPO / "metrics")
+    heads = summaries(REPO / "metrics", EVALUATION.rewards)
     base = json.loads((REPO / "metrics/base_eval.json").read_text())
     assert heads["base_eval"]["strict"] == round(base["rewards"]["geneval"]["geneval_strict"], 5)
     assert heads["base_eval"]["pickscore"] == round(base["rewards"]["world_pickscore"]["mean"], 5)
     assert "strict_gain" in heads["curriculum_eval"] and "strict_gain" not in heads["base_eval"]
     assert flat_eval(base)["eval/geneval_geneval_strict"] == base["rewards"]["geneval"]["geneval_strict"]
-    assert headline(flat_eval(base)) == heads["base_eval"]  # the same keys as a stage's final evaluation
+    # The same short names as a stage's final evaluation.
+    assert headline_metrics(flat_eval(base), EVALUATION.rewards) == heads["base_eval"]
     assert set(heads["world_clip"]) == {"acc"} and set(heads["pretrain"]) == {"wall_s", "loss"}
     # The committed headline files are what the summary stage writes from the committed detailed files.
     for stem, numbers in heads.items():
         assert json.loads((REPO / "metrics/summary" / f"{stem}.json").read_text()) == numbers, stem
-    assert report_main(["summary", "--src", str(REPO / "metrics"), "--out", str(tmp_path / "s")]) == 0
+    args = [
+        "summary",
+        "--src",
+        str(REPO / "metrics"),
+        "--out",
+        str(tmp_path / "s"),
+        "--evaluation",
+        str(EVALUATION_PARAMS),
+    ]
+    assert report_main(args) == 0
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(f"{stem}.json" for stem in heads)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from torch import nn
 
@@ -14,7 +15,7 @@ from vgrpo.parallel.distributed import Distributed
 if TYPE_CHECKING:  # vgrpo.config imports this package's configs: a runtime import would be a circle
     from vgrpo.config import TrainConfig
 
-__all__ = ["ALGORITHMS", "build_algorithm", "get_algorithm_class"]
+__all__ = ["ALGORITHMS", "CONFIG_SHIFT", "build_algorithm", "get_algorithm_class"]
 
 ALGORITHMS: dict[str, str] = {
     "vgrpo": "vgrpo.algorithms.vgrpo:VGRPO",
@@ -36,19 +37,40 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
     return algorithm_class
 
 
+class _Shift(enum.Enum):
+    CONFIG = "config"
+
+
+CONFIG_SHIFT: Final = _Shift.CONFIG
+"""``build_algorithm``'s default shift: the params' static ``rollout.shift``."""
+
+
 def build_algorithm(
-    config: TrainConfig, *, policy: nn.Module, latent_shape: tuple[int, ...], dist: Distributed | None = None
+    config: TrainConfig,
+    *,
+    policy: nn.Module,
+    latent_shape: tuple[int, ...],
+    shift: float | Literal[_Shift.CONFIG] | None = CONFIG_SHIFT,
+    dist: Distributed | None = None,
 ) -> Algorithm:
-    """Instantiate ``config.algorithm`` with the plain values it needs from the rest of the config; ``dist``:
-    the processes sharing each batch (default one)."""
-    if config.rollout.dynamic_shift:  # it depends on the adapter's token count, which this function cannot see
-        raise ValueError(
-            "rollout.dynamic_shift must be resolved to a static shift first "
-            "(PipelineAdapter.sigma_shift, as vgrpo.training.stage.run_stage does)"
-        )
+    """Instantiate ``config.algorithm`` with the plain values it needs from the rest of the config.
+
+    Args:
+        shift: the resolved static shift of the sigma grid (``PipelineAdapter.sigma_shift``: FLUX's dynamic shift
+            depends on the adapter's token count, which this function cannot see; None for no shift); by default
+            the params' ``rollout.shift``, which must then be static.
+        dist: the processes sharing each batch (default one).
+    """
+    if shift is CONFIG_SHIFT:
+        if config.rollout.dynamic_shift:
+            raise ValueError(
+                "rollout.dynamic_shift must be resolved to a static shift first and passed as shift= "
+                "(PipelineAdapter.sigma_shift, as vgrpo.training.phases.setup_policy does)"
+            )
+        shift = config.rollout.shift
     algo_config = config.algorithm
     kwargs: dict[str, Any] = {
-        "sigmas": timestep_grid(config.rollout.num_steps, shift=config.rollout.shift, schedule=config.rollout.schedule),
+        "sigmas": timestep_grid(config.rollout.num_steps, shift=shift, schedule=config.rollout.schedule),
         "group_size": config.rollout.group_size,
         "latent_shape": latent_shape,
         "rollout_micro_batch": config.rollout.micro_batch_size,

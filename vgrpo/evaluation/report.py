@@ -10,6 +10,7 @@ This is the body of ``python -m vgrpo.cli evaluate`` (the DVC stages ``evaluate_
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from vgrpo.evaluation.grids import grid_of, write_grid
 from vgrpo.evaluation.tables import compare
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.prompts import load_prompts
+from vgrpo.rewards.base import Reward, with_interval
+from vgrpo.rewards.config import reward_classes
 from vgrpo.rewards.multi import MultiReward
 
 __all__ = ["evaluate_to_files", "format_table", "read_evaluation", "scores_path"]
@@ -95,7 +98,7 @@ def evaluate_to_files(
     table |= {"pipeline": str(pipeline), "lora": None if lora is None else str(lora), "prompt_file": str(prompts)}
     if reference is not None:
         try:
-            compare(table, reference)
+            compare(table, reference, reward_classes(config.rewards))
         except ValueError as exc:
             raise UserError(f"--baseline {baseline}: {exc}") from exc
         table["baseline"] = str(baseline)
@@ -106,31 +109,19 @@ def evaluate_to_files(
     return table
 
 
-def _with_ci(value: float | None, ci: list[float] | None, digits: int = 3) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
-
-
-def format_table(table: dict[str, Any]) -> str:
-    """The evaluation table with 95% intervals, and the gains over the baseline when it has them, as text."""
+def format_table(table: dict[str, Any], rewards: Mapping[str, type[Reward]]) -> str:
+    """The evaluation table with 95% intervals, and the gains over the baseline when it has them, as text: what each
+    reward's class prints of its entry (:meth:`vgrpo.rewards.base.Reward.table_lines`; ``rewards``: key -> class,
+    :func:`vgrpo.rewards.config.reward_classes`), then each reward's mean."""
     gains = "baseline" in table
     lines = []
     for key, entry in table["rewards"].items():
-        if "per_tag" in entry:
-            lines.append(f"{key + ' tag':<16}{'strict [95% CI]':>24}{'partial':>9}{'images':>8}"
-                         + (f"{'gain [95% CI]':>26}" if gains else ""))  # fmt: skip
-            for tag, row in entry["per_tag"].items():
-                gain = f"{_with_ci(row['strict_gain'], row['strict_gain_ci']):>26}" if gains else ""
-                lines.append(f"{tag:<16}{_with_ci(row['strict'], row['strict_ci']):>24}{row['partial']:>9.3f}"
-                             f"{row['images']:>8d}{gain}")  # fmt: skip
-            gain = f"{_with_ci(entry['geneval_strict_gain'], entry['geneval_strict_gain_ci']):>34}" if gains else ""
-            lines.append(f"{'overall':<16}{_with_ci(entry['geneval_strict'], entry['geneval_strict_ci']):>24}"
-                         f"{entry['geneval_partial']:>9.3f}{gain}")  # fmt: skip
+        lines += rewards.get(key, Reward).table_lines(key, entry, gains)
     for key, entry in table["rewards"].items():
         varied = entry["varied_group_frac"]
-        gain = f"; gain {_with_ci(entry['gain'], entry['gain_ci'], 4)}" if gains and "gain" in entry else ""
-        lines.append(f"{key}: {_with_ci(entry['mean'], entry['mean_ci'], 4)} over {entry['images']} images{gain}; "
-                     f"prompts whose group varies: {'n/a' if varied is None else f'{varied:.3f}'}")  # fmt: skip
+        gain = f"; gain {with_interval(entry['gain'], entry['gain_ci'], 4)}" if gains and "gain" in entry else ""
+        mean = with_interval(entry["mean"], entry["mean_ci"], 4)
+        spread = "n/a" if varied is None else f"{varied:.3f}"
+        lines.append(f"{key}: {mean} over {entry['images']} images{gain}; prompts whose group varies: {spread}")
     lines.append(f"{table['samples']} samples in {table['seconds']['total']:.0f} s (95% CIs: bootstrap over prompts)")
     return "\n".join(lines)

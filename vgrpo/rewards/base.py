@@ -8,6 +8,12 @@ advantage three functions later.
 
 Images are ``uint8`` arrays ``(N, H, W, 3)`` in RGB: what a decoded rollout is, what every engine here
 (PP-OCR, detectors, CLIP processors, HTTP servers) takes, and cheap to hand to a worker thread.
+
+A reward also answers, from its class and its options alone (nothing is built), what the rest of the project asks
+about it: whether a prompt file suits it (:meth:`Reward.check_prompts`, run before any compute), which flat
+evaluation metrics are its headline (:meth:`Reward.headline_columns`), and how an evaluation table summarises its
+scores beyond their mean (:meth:`Reward.summarise`, :meth:`Reward.add_gains`, :meth:`Reward.table_lines`). The
+defaults suit a reward with one score; GenEval (:class:`vgrpo.rewards.geneval.GenEvalBase`) overrides them.
 """
 
 from __future__ import annotations
@@ -15,20 +21,26 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from vgrpo.training.guards import NonFiniteError
 
 __all__ = [
+    "HeadlineColumn",
+    "Interval",
     "Metadata",
     "NonFiniteRewardError",
+    "PairedScores",
+    "PromptScores",
     "Reward",
     "RewardError",
     "RewardOutput",
     "TransientRewardError",
     "check_images",
+    "with_interval",
 ]
 
 Metadata = Mapping[str, Any]
@@ -74,17 +86,135 @@ def check_images(images: Any) -> np.ndarray:
     return arr
 
 
+@dataclass(frozen=True)
+class HeadlineColumn:
+    """One headline number of a reward's evaluation (:meth:`Reward.headline_columns`).
+
+    Attributes:
+        name: its short name in ``dvc metrics show`` (``strict``, ``ocr``, ``pickscore``).
+        metric: the flat evaluation metric it reads (:func:`vgrpo.evaluation.tables.flat_metrics`: ``eval/KEY``,
+            ``eval/KEY_geneval_strict``).
+        gain: a paired gain over a baseline evaluation, present only in an evaluation compared with one.
+    """
+
+    name: str
+    metric: str
+    gain: bool = False
+
+
+class Interval(Protocol):
+    """The 95% bootstrap interval of the mean of per-prompt ``values`` (resampled within ``strata``, one label per
+    prompt, when given; the statistic is then the mean of the stratum means); None for no values."""
+
+    def __call__(self, values: np.ndarray, strata: np.ndarray | None = None) -> list[float] | None: ...
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """One reward's scores in an evaluation of ``P`` prompts: what :meth:`Reward.summarise` reads.
+
+    Attributes:
+        by_prompt: ``"mean"`` (the reward's score) and each sub-score -> ``(P,)``, the mean over each prompt's
+            samples.
+        applies: ``(P,)`` bool, the prompts the reward applies to (:meth:`Reward.applies_to`, every sample).
+        tags: ``(P,)`` str, each prompt's ``tag`` (``"None"`` without one).
+        group_size: samples per prompt.
+        interval: the table's bootstrap interval over prompts (:mod:`vgrpo.evaluation.stats`).
+    """
+
+    by_prompt: Mapping[str, np.ndarray]
+    applies: np.ndarray
+    tags: np.ndarray
+    group_size: int
+    interval: Interval
+
+
+@dataclass(frozen=True)
+class PairedScores:
+    """One reward's per-prompt scores in two evaluations of the same prompts (``None`` where the reward does not
+    apply): what :meth:`Reward.add_gains` reads.
+
+    Attributes:
+        mine: ``"mean"`` and each sub-score -> per-prompt values of the evaluation gaining.
+        theirs: the same of the baseline.
+        tags: ``(P,)`` str, each prompt's ``tag``.
+        interval: the table's bootstrap interval over prompts (:mod:`vgrpo.evaluation.stats`).
+    """
+
+    mine: Mapping[str, Sequence[float | None]]
+    theirs: Mapping[str, Sequence[float | None]]
+    tags: np.ndarray
+    interval: Interval
+
+    def difference(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per-prompt ``mine - theirs`` of score ``name`` over the prompts both score, and the ``(P,)`` mask of
+        those prompts."""
+        a, b = self.mine[name], self.theirs[name]
+        ok = np.array([x is not None and y is not None for x, y in zip(a, b, strict=True)])
+        return np.array([x - y for x, y in zip(a, b, strict=True) if x is not None and y is not None]), ok
+
+
+def with_interval(value: float | None, ci: Sequence[float] | None, digits: int = 3) -> str:
+    """``value [low, high]`` as evaluation tables print it; ``n/a`` for no value."""
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+
+
 class Reward(ABC):
     """Base class of every reward.
 
     Subclasses set :attr:`name` (the registry name, used in errors and logs), :attr:`needs_metadata` when
     :meth:`score` reads ``metadata``, and implement :meth:`score`. Rewards are stateless between calls, so
     one instance may score batches from several threads when its engine allows (:attr:`thread_safe`).
+
+    The class methods answer before any reward is built (preflight, prompt preparation, evaluation tables of
+    files), from the class and its params ``options``; override them for a reward that needs more than one mean.
     """
 
     name: ClassVar[str] = "reward"
     needs_metadata: ClassVar[bool] = False
     thread_safe: ClassVar[bool] = True
+    credit_sub_scores: ClassVar[tuple[str, ...]] = ()
+    """Sub-scores that say whether the reward credits an image (1.0: credited), the first one present counts:
+    evaluation tables record it per image (``per_prompt.credited``) and image grids frame credited images.
+    Empty: a reward without a verdict (a learned preference)."""
+    summarised_sub_scores: ClassVar[tuple[str, ...]] = ()
+    """Sub-scores that :meth:`summarise` reports in its own way; evaluation tables leave out their plain means."""
+
+    @classmethod
+    def check_prompts(cls, rows: Sequence[Metadata], path: str | Path, options: Mapping[str, Any]) -> list[str]:
+        """What is wrong with prompt rows ``rows`` (read from ``path``) for this reward built with ``options``:
+        problems naming the file and row, each one line; empty when the rows suit it. Run on every row of a prompt
+        file before any compute (preflight, the stage's prompt preparation). Default: none."""
+        return []
+
+    @classmethod
+    def headline_columns(cls, key: str, options: Mapping[str, Any]) -> tuple[HeadlineColumn, ...]:
+        """The headline numbers of this reward under ``key`` in an evaluation (a curriculum's summary table, the
+        columns of ``dvc metrics show``). Default: its mean ``eval/KEY``, named :attr:`name` (``key`` for a class
+        that does not set one)."""
+        return (HeadlineColumn(cls.name if cls.name != Reward.name else key, f"eval/{key}"),)
+
+    @classmethod
+    def summarise(cls, scores: PromptScores) -> dict[str, Any]:
+        """What an evaluation table adds to this reward's entry beyond the mean, its interval, the image count, the
+        mean of each sub-score (but :attr:`summarised_sub_scores`) and the groups that vary. A ``per_tag`` field
+        (tag -> row of numbers) is a breakdown by prompt tag; flat metrics report its rows' numbers that come with an
+        interval (``NAME`` beside ``NAME_ci``) as ``eval/KEY_TAG_NAME``. Default: nothing."""
+        return {}
+
+    @classmethod
+    def add_gains(cls, entry: dict[str, Any], baseline: Mapping[str, Any], paired: PairedScores) -> None:
+        """Add to ``entry`` (this reward's table entry, with its ``gain`` over the baseline already) the gains of
+        what :meth:`summarise` added, over ``baseline`` (the baseline evaluation's entry). Default: nothing."""
+        return None
+
+    @classmethod
+    def table_lines(cls, key: str, entry: Mapping[str, Any], gains: bool) -> list[str]:
+        """Lines an evaluation table prints for this reward under ``key`` before every reward's one-line mean
+        (with the gain columns when ``gains``). Default: none."""
+        return []
 
     def applies_to(self, prompt: str, metadata: Metadata | None) -> bool:
         """Whether this reward means anything for ``prompt`` (GenEval needs GenEval clauses, OCR a quoted

@@ -1,17 +1,20 @@
 """Config of one reward of a set (``rewards:`` of a stage and of an evaluation), built by name from
-:mod:`vgrpo.rewards.registry`."""
+:mod:`vgrpo.rewards.registry`; and what its class answers from it before anything is built (prompt checks,
+headline columns, the classes an evaluation table asks)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
 
 from vgrpo.config_base import FrozenConfig
-from vgrpo.rewards.registry import resolve_reward, reward_key
+from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward
+from vgrpo.rewards.registry import resolve_reward, reward_class, reward_key
 
-__all__ = ["RewardConfig", "check_unique_keys"]
+__all__ = ["RewardConfig", "check_unique_keys", "prompt_problems", "reward_classes"]
 
 
 class RewardConfig(FrozenConfig):
@@ -39,6 +42,19 @@ class RewardConfig(FrozenConfig):
     def resolved_key(self) -> str:
         return reward_key(self.name, self.key)
 
+    @property
+    def reward_class(self) -> type[Reward]:
+        """The class that answers for this reward before it is built (:func:`vgrpo.rewards.registry.reward_class`)."""
+        return reward_class(self.name)
+
+    def check_prompts(self, rows: Sequence[Metadata], path: str | Path) -> list[str]:
+        """What is wrong with prompt rows ``rows`` of ``path`` for this reward (:meth:`Reward.check_prompts`)."""
+        return self.reward_class.check_prompts(rows, path, self.options)
+
+    def headline_columns(self) -> tuple[HeadlineColumn, ...]:
+        """This reward's headline numbers in an evaluation (:meth:`Reward.headline_columns`)."""
+        return self.reward_class.headline_columns(self.resolved_key, self.options)
+
 
 def check_unique_keys(rewards: Sequence[RewardConfig]) -> None:
     """A ``ValueError`` (a validation error of the config holding them) when two rewards share a key."""
@@ -46,3 +62,15 @@ def check_unique_keys(rewards: Sequence[RewardConfig]) -> None:
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
         raise ValueError(f"reward keys {dupes} are used twice; give one of them another `key`")
+
+
+def prompt_problems(rewards: Sequence[RewardConfig], rows: Sequence[Metadata], path: str | Path) -> list[str]:
+    """Every problem the rewards find with prompt rows ``rows`` of ``path`` (:meth:`Reward.check_prompts`), each
+    once, in the rewards' order."""
+    return list(dict.fromkeys(problem for reward in rewards for problem in reward.check_prompts(rows, path)))
+
+
+def reward_classes(rewards: Sequence[RewardConfig]) -> Mapping[str, type[Reward]]:
+    """Reward key -> the class that answers for it, what evaluation tables of files ask
+    (:func:`vgrpo.evaluation.tables.compare`, :func:`vgrpo.evaluation.report.format_table`)."""
+    return {reward.resolved_key: reward.reward_class for reward in rewards}

@@ -8,6 +8,10 @@
   (docs/rewards.md).
 * :class:`RecordedDetector` -- detections saved earlier (JSONL keyed by the image's SHA-256), to re-score
   images offline or pin GenEval scoring in tests.
+
+A named detector's class also names what it can see (its ``vocabulary()`` class method, read by
+:func:`detector_vocabulary` before anything is loaded), so a prompt file's clauses are checked against the detector
+that will score them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from vgrpo.rewards.base import Metadata
-from vgrpo.rewards.clauses import Detection
+from vgrpo.rewards.clauses import Detection, Vocabulary
 from vgrpo.rewards.preference import pooled_features
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "RecordedDetector",
     "build_detector",
     "colored_detections",
+    "detector_vocabulary",
     "geneval_classnames",
     "image_sha256",
     "parse_mmdet_result",
@@ -62,7 +67,9 @@ CROP_BACKGROUND = (153, 153, 153)
 
 
 class Detector(Protocol):
-    """``detect(images uint8 (N, H, W, 3), metadata (N,)) -> N lists of detections``."""
+    """``detect(images uint8 (N, H, W, 3), metadata (N,)) -> N lists of detections``. A detector class registered
+    by name may also have a ``vocabulary()`` class method returning its :class:`vgrpo.rewards.clauses.Vocabulary`
+    (:func:`detector_vocabulary`)."""
 
     def detect(self, images: np.ndarray, metadata: Sequence[Metadata]) -> list[list[Detection]]: ...
 
@@ -246,6 +253,12 @@ class Mask2FormerDetector:
         self.classnames = geneval_classnames()  # pragma: no cover
         self.min_score = min_score  # pragma: no cover
 
+    @classmethod
+    def vocabulary(cls) -> Vocabulary:
+        """GenEval's 80 COCO classes and its colours."""
+        what = "Mask2Former (GenEval's 80 COCO classes, vgrpo/rewards/data/geneval_object_names.txt, and its colours)"
+        return Vocabulary(what, frozenset(geneval_classnames()), frozenset(GENEVAL_COLORS))
+
     def detect(self, images: np.ndarray, metadata: Sequence[Metadata]) -> list[list[Detection]]:  # pragma: no cover
         from mmdet.apis import inference_detector
 
@@ -278,6 +291,16 @@ DETECTORS: dict[str, str] = {
     "mask2former": "vgrpo.rewards.detectors:Mask2FormerDetector",
 }
 """Detector names (what ``params/`` files say) to classes, imported only when selected."""
+
+
+def detector_vocabulary(name: Any) -> Vocabulary | None:
+    """The classes and colours the detector named ``name`` can report, from its class (nothing is loaded); None
+    for recorded detections (whatever was recorded), a detector object or a class that does not name them."""
+    if not isinstance(name, str) or name not in DETECTORS:
+        return None
+    module, _, attr = DETECTORS[name].partition(":")
+    vocabulary = getattr(getattr(importlib.import_module(module), attr), "vocabulary", None)
+    return None if vocabulary is None else cast(Vocabulary, vocabulary())
 
 
 def build_detector(name: str, options: Mapping[str, Any] | None = None) -> Detector:

@@ -16,23 +16,37 @@ Mask2Former + CLIP colour for real images, recorded detections). It follows two 
   server computes it, since that is the reward Flow-GRPO, DiffusionNFT and V-GRPO trained on). Exclude
   clauses do not enter the reward. The reward is the mean of the entries; its ``strict_correct`` (every
   count exact, every colour and relation right) is :attr:`GenEvalScore.exact`. :func:`flow_grpo_reward`.
+
+What GenEval rewards (this one and Flow-GRPO's server, :mod:`vgrpo.rewards.geneval_server`) answer before scoring
+and in evaluation tables is :class:`GenEvalBase`: prompt rows checked against the clause format and the scoring
+detector's vocabulary, the headline ``strict`` / ``partial`` / ``strict_gain``, and the table's per-tag accuracies
+with the overall score GenEval reports, the mean of the per-tag accuracies (its interval from a bootstrap within
+tags), and their paired gains over a baseline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from vgrpo.rewards.base import Metadata, Reward, RewardOutput
-from vgrpo.rewards.clauses import GENEVAL_TAGS, Box, Detection, relative_position
-
-if TYPE_CHECKING:
-    from vgrpo.rewards.detectors import Detector
+from vgrpo.rewards.base import (
+    HeadlineColumn,
+    Metadata,
+    PairedScores,
+    PromptScores,
+    Reward,
+    RewardOutput,
+    with_interval,
+)
+from vgrpo.rewards.clauses import GENEVAL_TAGS, Box, Detection, clause_problem, relative_position, vocabulary_problem
+from vgrpo.rewards.detectors import Detector, build_detector, detector_vocabulary
 
 __all__ = [
+    "GenEvalBase",
     "GenEvalReward",
     "GenEvalScore",
     "GenEvalThresholds",
@@ -210,7 +224,100 @@ def score_detections(
     return GenEvalScore(correct=correct, exact=exact, reward=reward, reasons=tuple(reasons))
 
 
-class GenEvalReward(Reward):
+class GenEvalBase(Reward):
+    """What a GenEval reward answers from its class and options (:class:`vgrpo.rewards.base.Reward`'s class
+    methods): its sub-scores ``strict`` (GenEval's correctness) and ``partial`` (the server's partial credit), and
+    ``exact``; subclasses name the detector that scores their clauses (:meth:`detector_name`)."""
+
+    needs_metadata: ClassVar[bool] = True
+    credit_sub_scores: ClassVar[tuple[str, ...]] = ("strict", "exact")
+    summarised_sub_scores: ClassVar[tuple[str, ...]] = ("strict", "partial")
+
+    @classmethod
+    def detector_name(cls, options: Mapping[str, Any]) -> Any:
+        """The name of the detector that scores the clauses with ``options`` (:mod:`vgrpo.rewards.detectors`)."""
+        return options.get("detector", "world")
+
+    @classmethod
+    def check_prompts(cls, rows: Sequence[Metadata], path: str | Path, options: Mapping[str, Any]) -> list[str]:
+        """The first row whose clauses are malformed (:func:`vgrpo.rewards.clauses.clause_problem`), else the
+        classes and colours the clauses name that the scoring detector cannot see."""
+        malformed = clause_problem(rows, path)
+        if malformed is not None:
+            return [malformed]
+        vocabulary = detector_vocabulary(cls.detector_name(options))
+        unknown = None if vocabulary is None else vocabulary_problem(rows, path, vocabulary)
+        return [] if unknown is None else [unknown]
+
+    @classmethod
+    def headline_columns(cls, key: str, options: Mapping[str, Any]) -> tuple[HeadlineColumn, ...]:
+        """GenEval's overall ``strict`` and ``partial`` scores, and the ``strict_gain`` over a baseline."""
+        return (
+            HeadlineColumn("strict", f"eval/{key}_geneval_strict"),
+            HeadlineColumn("partial", f"eval/{key}_geneval_partial"),
+            HeadlineColumn("strict_gain", f"eval/{key}_geneval_strict_gain", gain=True),
+        )
+
+    @classmethod
+    def summarise(cls, scores: PromptScores) -> dict[str, Any]:
+        """With ``strict`` and ``partial`` sub-scores: ``per_tag``, each GenEval tag's ``strict`` (with its interval),
+        ``partial`` and image count, and the overall ``geneval_strict`` / ``geneval_partial``, GenEval's mean of the
+        per-tag accuracies, with intervals from a bootstrap over prompts within tags."""
+        by_prompt, applies, tags = scores.by_prompt, scores.applies, scores.tags
+        if not {"strict", "partial"} <= set(by_prompt):
+            return {}
+        per_tag = {}
+        for tag in GENEVAL_TAGS:
+            rows = applies & (tags == tag)
+            if rows.any():
+                per_tag[tag] = {
+                    "strict": float(by_prompt["strict"][rows].mean()),
+                    "strict_ci": scores.interval(by_prompt["strict"][rows]),
+                    "partial": float(by_prompt["partial"][rows].mean()),
+                    "images": int(rows.sum() * scores.group_size),
+                }
+        out: dict[str, Any] = {"per_tag": per_tag}
+        if per_tag:
+            strata = tags[applies]
+            out["geneval_strict"] = float(np.mean([v["strict"] for v in per_tag.values()]))
+            out["geneval_strict_ci"] = scores.interval(by_prompt["strict"][applies], strata)
+            out["geneval_partial"] = float(np.mean([v["partial"] for v in per_tag.values()]))
+            out["geneval_partial_ci"] = scores.interval(by_prompt["partial"][applies], strata)
+        return out
+
+    @classmethod
+    def add_gains(cls, entry: dict[str, Any], baseline: Mapping[str, Any], paired: PairedScores) -> None:
+        """``geneval_strict_gain`` (with its interval, paired by prompt within tags) and ``geneval_partial_gain``
+        beside the overall scores, and ``strict_gain`` (with its interval) in each tag's row."""
+        if "per_tag" not in entry:
+            return
+        d, ok = paired.difference("strict")
+        tags = paired.tags[ok]
+        entry["geneval_strict_gain"] = entry["geneval_strict"] - baseline["geneval_strict"]
+        entry["geneval_strict_gain_ci"] = paired.interval(d, tags)
+        entry["geneval_partial_gain"] = entry["geneval_partial"] - baseline["geneval_partial"]
+        for tag, row in entry["per_tag"].items():
+            row["strict_gain"] = float(d[tags == tag].mean())
+            row["strict_gain_ci"] = paired.interval(d[tags == tag])
+
+    @classmethod
+    def table_lines(cls, key: str, entry: Mapping[str, Any], gains: bool) -> list[str]:
+        """The per-tag table (strict with its interval, partial, images, and the strict gain) and the overall line."""
+        if "per_tag" not in entry:
+            return []
+        header = f"{key + ' tag':<16}{'strict [95% CI]':>24}{'partial':>9}{'images':>8}"
+        lines = [header + (f"{'gain [95% CI]':>26}" if gains else "")]
+        for tag, row in entry["per_tag"].items():
+            gain = f"{with_interval(row['strict_gain'], row['strict_gain_ci']):>26}" if gains else ""
+            strict = with_interval(row["strict"], row["strict_ci"])
+            lines.append(f"{tag:<16}{strict:>24}{row['partial']:>9.3f}{row['images']:>8d}{gain}")
+        gain = f"{with_interval(entry['geneval_strict_gain'], entry['geneval_strict_gain_ci']):>34}" if gains else ""
+        strict = with_interval(entry["geneval_strict"], entry["geneval_strict_ci"])
+        lines.append(f"{'overall':<16}{strict:>24}{entry['geneval_partial']:>9.3f}{gain}")
+        return lines
+
+
+class GenEvalReward(GenEvalBase):
     """GenEval as a reward: ``sub_scores`` are ``strict`` (GenEval's correctness, what the benchmark reports),
     ``exact`` (the reward server's ``strict_correct``) and ``partial`` (its partial credit); ``scores`` is the one
     that ``reward`` names (Flow-GRPO trains on ``partial``).
@@ -229,7 +336,6 @@ class GenEvalReward(Reward):
     """
 
     name = "geneval"
-    needs_metadata = True
 
     def __init__(
         self,
@@ -239,8 +345,6 @@ class GenEvalReward(Reward):
         thresholds: Mapping[str, Any] | None = None,
         shaping_detectors: Sequence[Mapping[str, Any]] | None = None,
     ):
-        from vgrpo.rewards.detectors import build_detector
-
         self.detector = build_detector(detector, detector_options) if isinstance(detector, str) else detector
         if shaping_detectors and not isinstance(detector, str):
             raise ValueError(f"reward {self.name!r}: shaping_detectors needs the detector given by name")

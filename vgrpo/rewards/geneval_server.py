@@ -27,13 +27,14 @@ from __future__ import annotations
 import io
 import json
 import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, NoReturn
 
 import numpy as np
 from PIL import Image
 
-from vgrpo.rewards.base import Metadata, Reward, RewardError, RewardOutput
+from vgrpo.rewards.base import HeadlineColumn, Metadata, RewardError, RewardOutput
+from vgrpo.rewards.geneval import GenEvalBase
 from vgrpo.rewards.http import DEFAULT_HOST, HTTPClient, HTTPOptions, truncate
 
 __all__ = ["GenEvalServerReward", "RestrictedUnpickler", "restricted_loads"]
@@ -59,7 +60,7 @@ def _jpeg(image: np.ndarray, quality: int) -> bytes:
     return buffer.getvalue()
 
 
-class GenEvalServerReward(Reward):
+class GenEvalServerReward(GenEvalBase):
     """GenEval scored by Flow-GRPO's reward server (protocol in the module docstring).
 
     Args:
@@ -75,11 +76,23 @@ class GenEvalServerReward(Reward):
         http: the other options of :class:`vgrpo.rewards.http.HTTPOptions` (timeouts, retries, ``api_key_env``).
 
     Sub-scores, named as :class:`vgrpo.rewards.geneval.GenEvalReward` names them: ``partial`` and ``exact``, and
-    ``strict`` (the official GenEval rule) when not ``only_strict``.
+    ``strict`` (the official GenEval rule) when not ``only_strict``. Prompt rows are checked against Mask2Former's
+    vocabulary (the server's detector); evaluation tables break ``strict`` and ``partial`` down by tag when the
+    server sends ``strict`` (:class:`vgrpo.rewards.geneval.GenEvalBase`).
     """
 
     name: ClassVar[str] = "geneval_server"
-    needs_metadata: ClassVar[bool] = True
+
+    @classmethod
+    def detector_name(cls, options: Mapping[str, Any]) -> Any:
+        return "mask2former"
+
+    @classmethod
+    def headline_columns(cls, key: str, options: Mapping[str, Any]) -> tuple[HeadlineColumn, ...]:
+        """GenEval's overall scores when the server sends the official rule (``only_strict=False``), else the mean."""
+        if options.get("only_strict", True):
+            return super(GenEvalBase, cls).headline_columns(key, options)  # Reward's: the mean
+        return super().headline_columns(key, options)
 
     def __init__(
         self,

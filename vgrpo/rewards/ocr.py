@@ -160,6 +160,7 @@ class OCRReward(Reward):
     """
 
     name = "ocr"
+    credit_sub_scores = ("exact",)
 
     def __init__(
         self,

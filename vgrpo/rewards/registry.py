@@ -1,6 +1,8 @@
 """Reward registry: short names (what ``params/`` files say) to classes, imported only when selected; and a
 user's own reward, without forking: a ``module:Class`` path to a :class:`Reward` subclass, a ``module:function``
 path to a plain function, or a name another package registers under the ``vgrpo.rewards`` entry-point group.
+:func:`reward_class` is the class that answers for a name before anything is built (the class methods of
+:class:`Reward`: prompt checks, headline columns, evaluation summaries); a function's is :class:`FunctionReward`.
 
 A reward's heavy dependencies (open_clip, mmdet, an HTTP client) are imported by its own module, so
 selecting ``ocr`` never imports a CLIP model.
@@ -15,7 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward, RewardOutput
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -24,6 +26,7 @@ __all__ = [
     "build_reward",
     "get_reward_class",
     "resolve_reward",
+    "reward_class",
     "reward_key",
 ]
 
@@ -53,6 +56,11 @@ class FunctionReward(Reward):
     def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None):
         self.fn, self.options = fn, dict(options or {})
         setattr(self, "name", name)  # noqa: B010 -- per instance: Reward declares the registry name a ClassVar
+
+    @classmethod
+    def headline_columns(cls, key: str, options: Mapping[str, Any]) -> tuple[HeadlineColumn, ...]:
+        """The mean ``eval/KEY``, named ``key`` (by default the function's name)."""
+        return (HeadlineColumn(key, f"eval/{key}"),)
 
     def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
         out = self.fn(images, list(prompts), metadata, **self.options)
@@ -114,6 +122,13 @@ def get_reward_class(name: str) -> type[Reward]:
     if not isinstance(target, type):
         raise TypeError(f"reward {name!r} is a function, not a Reward subclass")
     return target
+
+
+def reward_class(name: str) -> type[Reward]:
+    """The class whose class methods answer for reward ``name`` before it is built: the :class:`Reward` subclass it
+    names, or :class:`FunctionReward` (the defaults) for a function; a ``KeyError`` or ``TypeError`` otherwise."""
+    target = resolve_reward(name)
+    return target if isinstance(target, type) else FunctionReward
 
 
 def build_reward(name: str, options: Mapping[str, Any] | None = None) -> Reward:

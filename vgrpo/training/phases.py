@@ -2,7 +2,8 @@
 (:func:`vgrpo.training.stage.run_stage`
 runs them in a loop; an orchestrator may run each as a task):
 
-* :func:`prepare_prompts` -- read, check and filter the training and evaluation prompt rows;
+* :func:`prepare_prompts` -- read, check and filter the training and evaluation prompt rows (:func:`training_rows`,
+  :func:`evaluation_rows`);
 * :func:`setup_policy` -- the pipeline, its LoRA, the optimizer, the algorithm and the rewards (:class:`StagePolicy`);
 * :func:`rollout` -> :func:`score` -> :func:`update` -- one iteration (:mod:`vgrpo.training.iteration`);
 * :func:`evaluate` / :func:`evaluate_adapter` -- the stage's :class:`vgrpo.evaluation.evaluator.Evaluator`, of the
@@ -41,8 +42,9 @@ from vgrpo.models.precision import apply_precision
 from vgrpo.parallel.distributed import Distributed, is_sharded
 from vgrpo.parallel.fsdp import export_pipeline, shard_transformer
 from vgrpo.policy import ParameterSnapshot, trainable_parameters
-from vgrpo.prompts import check_geneval_metadata, load_prompts
+from vgrpo.prompts import PromptFileError, load_prompts
 from vgrpo.rewards.base import Metadata, NonFiniteRewardError
+from vgrpo.rewards.config import RewardConfig, prompt_problems
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.seeding import derive_seed
 from vgrpo.training.ema import PolicyEMA, maybe_swapped_in
@@ -64,6 +66,7 @@ __all__ = [
     "sample_prompt_rows",
     "score",
     "setup_policy",
+    "training_rows",
     "update",
 ]
 
@@ -104,16 +107,24 @@ class StagePrompts:
     evaluation: list[dict[str, Any]] | None
 
 
-def _uses_geneval(rewards: Sequence[Any]) -> bool:
-    return any(r.name in ("geneval", "geneval_server") for r in rewards)
+def _checked_prompts(path: Path, rewards: Sequence[RewardConfig]) -> list[dict[str, Any]]:
+    """The rows of prompt file ``path``, checked by every reward in ``rewards`` that reads them
+    (:meth:`vgrpo.rewards.base.Reward.check_prompts`: GenEval's clauses and its detector's vocabulary).
+
+    Raises:
+        PromptFileError: naming the file and what is wrong (one line per problem).
+    """
+    rows = load_prompts(path)
+    problems = prompt_problems(rewards, rows, path)
+    if problems:
+        raise PromptFileError("\n".join(problems))
+    return rows
 
 
-def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
-    """Read the training and evaluation prompt files (relative to ``root``), check GenEval clauses where a
-    GenEval reward reads them, and apply ``prompt_tags`` / ``prompt_tag_weights`` / ``evaluation.max_prompts``."""
-    rows = load_prompts(root / config.prompts)
-    if _uses_geneval(config.rewards):
-        check_geneval_metadata(rows, root / config.prompts)
+def training_rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
+    """The rows of the training prompt file (relative to ``root``) checked by the training rewards, with
+    ``prompt_tags`` / ``prompt_tag_weights`` applied."""
+    rows = _checked_prompts(root / config.prompts, config.rewards)
     if config.prompt_tags is not None:
         rows = [r for r in rows if r.get("tag") in config.prompt_tags]
         if not rows:
@@ -125,17 +136,21 @@ def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
                 f"{config.prompts}: prompt_tag_weights has no weight for the tags {unweighted} "
                 "(give them one, or leave them out with prompt_tags)"
             )
-    return StagePrompts(train=[dict(r) for r in rows], evaluation=evaluation_rows(config, root))
+    return [dict(r) for r in rows]
+
+
+def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
+    """Read the training and evaluation prompt files (relative to ``root``), each checked by the rewards that read
+    it (:func:`training_rows`, :func:`evaluation_rows`)."""
+    return StagePrompts(train=training_rows(config, root), evaluation=evaluation_rows(config, root))
 
 
 def evaluation_rows(config: StageConfig, root: Path) -> list[dict[str, Any]] | None:
-    """The first ``evaluation.max_prompts`` rows of the evaluation prompt file, their GenEval clauses checked
-    where an evaluation reward reads them; ``None`` without an evaluation prompt file."""
+    """The first ``evaluation.max_prompts`` rows of the evaluation prompt file, the file checked by the evaluation
+    rewards; ``None`` without an evaluation prompt file."""
     if not config.eval_prompts:
         return None
-    rows = load_prompts(root / config.eval_prompts)
-    if rows and _uses_geneval(config.evaluation.rewards):
-        check_geneval_metadata(rows, root / config.eval_prompts)
+    rows = _checked_prompts(root / config.eval_prompts, config.evaluation.rewards)
     return [dict(r) for r in rows[: config.evaluation.max_prompts]] or None
 
 
@@ -214,9 +229,7 @@ def setup_policy(
     from ``config.rewards``) and, with ``ema.enabled``, the policy's EMA (starting at the initial weights)."""
     pipe, adapter, policy = _load_policy(config, pipeline_dir, init_lora, dist)
     shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
-    rollout_config = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
-    algorithm = build_algorithm(config.model_copy(update={"rollout": rollout_config}), policy=policy,
-                                latent_shape=adapter.latent_shape, dist=dist)  # fmt: skip
+    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape, shift=shift, dist=dist)
     if rewards is None:
         rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
     ema = PolicyEMA(trainable_parameters(policy), config.ema) if config.ema.enabled else None

@@ -5,8 +5,9 @@ It checks what the inputs say, not only that they exist:
 * pipelines (a stage's ``pipeline``, the evaluation's ``base_pipeline``): ``model_index.json``, a folder for every
   component it names, and the header of every safetensors file in them, so a truncated or corrupt file is named
   with its path instead of surfacing as a library traceback mid-stage;
-* prompt files (``prompts``, ``eval_prompts``), read as the stage reads them, and every class and colour of their
-  GenEval clauses against the vocabulary of the detector that will score them;
+* prompt files (``prompts``, ``eval_prompts``), read as the stage reads them, and checked by each reward that reads
+  them (:meth:`vgrpo.rewards.base.Reward.check_prompts`: GenEval's clauses, and every class and colour they name
+  against the vocabulary of the detector that will score them);
 * reward models: every ``path`` / ``*_path`` / ``*_file`` option opened (safetensors headers; a torch ``.pth`` as a
   zip archive, never unpickled; an mmdet config compiled, never run), every ``*url`` option a well-formed http(s)
   URL (reached, with ``connect``), and each reward's options against its constructor;
@@ -26,6 +27,7 @@ import shutil
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,6 +35,8 @@ from urllib.parse import urlsplit
 from vgrpo.checkpoints.weight_files import adapter_problems, folder_problems, pipeline_problems, weights_problem
 from vgrpo.config import StageConfig, unset_variables
 from vgrpo.errors import UserError
+from vgrpo.prompts import load_prompts
+from vgrpo.rewards.config import prompt_problems
 
 __all__ = ["PreflightError", "Problem", "check_or_raise", "checkpoint_estimate", "preflight", "url_problem"]
 
@@ -75,51 +79,6 @@ def url_problem(url: str, *, connect: bool = False, timeout: float = 3.0) -> str
         except OSError as exc:
             return f"no server accepts a connection ({exc})"
     return None
-
-
-def _vocabulary(reward: Any) -> tuple[str, frozenset[str], frozenset[str]] | None:
-    """Who scores a GenEval reward's clauses, and the classes and colours it can see; None for no fixed vocabulary
-    (recorded detections, a reward that is not GenEval)."""
-    if reward.name not in ("geneval", "geneval_server"):
-        return None
-    detector = reward.options.get("detector", "world") if reward.name == "geneval" else "mask2former"
-    if detector == "world":
-        from vgrpo.world.scene import COLORS, SHAPES
-
-        what = f"the world detector (classes {list(SHAPES)}, colours {list(COLORS)})"
-        return what, frozenset(SHAPES), frozenset(COLORS)
-    if detector == "mask2former":
-        from vgrpo.rewards.detectors import GENEVAL_COLORS, geneval_classnames
-
-        what = "Mask2Former (GenEval's 80 COCO classes, vgrpo/rewards/data/geneval_object_names.txt, and its colours)"
-        return what, frozenset(geneval_classnames()), frozenset(GENEVAL_COLORS)
-    return None
-
-
-def vocabulary_problems(rows: Sequence[Mapping[str, Any]], rewards: Sequence[Any], path: str) -> list[str]:
-    """The classes and colours of ``rows``' GenEval clauses that the detector of a GenEval reward in ``rewards``
-    does not know: it would never find them, and the prompt could never score."""
-    from vgrpo.rewards.clauses import GENEVAL_TAGS
-
-    out = []
-    for reward in rewards:
-        vocabulary = _vocabulary(reward)
-        if vocabulary is None:
-            continue
-        who, classes, colors = vocabulary
-        unknown: dict[str, str] = {}  # word -> the first prompt naming it
-        for row in rows:
-            if row.get("tag") not in GENEVAL_TAGS:
-                continue
-            for clause in [*row.get("include", []), *row.get("exclude", [])]:
-                for word, known in ((clause.get("class"), classes), (clause.get("color"), colors)):
-                    if word is not None and word not in known:
-                        unknown.setdefault(str(word), str(row["prompt"]))
-        if unknown:
-            named = ", ".join(f"{w!r} (in {p!r})" for w, p in list(unknown.items())[:8])
-            more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
-            out.append(f"{path}: GenEval clauses name {named}{more}, unknown to {who}")
-    return out
 
 
 def _leaves(options: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, str, Any]]:
@@ -253,20 +212,19 @@ class _Findings:
                     self.check("url", value, f"{where}.{dotted}")
 
     def prompts(self, config: StageConfig) -> None:
-        """Both prompt files as the stage reads them (the training rows after ``prompt_tags``, the first
-        ``evaluation.max_prompts`` evaluation rows), and their GenEval vocabulary; read once for stages that
-        read them alike."""
-        from vgrpo.training.phases import evaluation_rows, prepare_prompts
-
-        def train() -> list[dict[str, Any]]:
-            return prepare_prompts(config.model_copy(update={"eval_prompts": None}), self.root).train
+        """Both prompt files, each checked by the rewards that read it (:meth:`vgrpo.rewards.base.Reward.check_prompts`)
+        and then read as the stage reads them (the training rows after ``prompt_tags``, the first
+        ``evaluation.max_prompts`` evaluation rows); read once for stages that read them alike."""
+        from vgrpo.training.phases import evaluation_rows, training_rows
 
         train_key = (config.prompt_tags, config.prompt_tag_weights, config.rewards)
-        readers: list[tuple[str, str, Any, Any, Any]] = [("prompts", config.prompts, config.rewards, train, train_key)]
+        readers: list[tuple[str, str, Any, Any, Any]] = [
+            ("prompts", config.prompts, config.rewards, partial(training_rows, config, self.root), train_key)
+        ]
         if config.eval_prompts:
-            readers.append(("eval_prompts", config.eval_prompts, config.evaluation.rewards,
-                            lambda: evaluation_rows(config, self.root) or [],
-                            (config.evaluation.max_prompts, config.evaluation.rewards)))  # fmt: skip
+            read_eval = partial(evaluation_rows, config, self.root)
+            eval_key = (config.evaluation.max_prompts, config.evaluation.rewards)
+            readers.append(("eval_prompts", config.eval_prompts, config.evaluation.rewards, read_eval, eval_key))
         for key, file, rewards, read, alike in readers:
             used_by = f"{config.name}: {key}"
             if self.unset(file, used_by):
@@ -274,7 +232,10 @@ class _Findings:
             done = (key, f"{file} {alike!r}")
             if done not in self._done:
                 try:
-                    self._done[done] = vocabulary_problems(read(), rewards, str(self.root / file))
+                    path = self.root / file
+                    self._done[done] = prompt_problems(rewards, load_prompts(path), path)
+                    if not self._done[done]:
+                        read()  # what else the stage refuses: a prompt_tags filter that keeps nothing, ...
                 except (UserError, ValueError) as exc:
                     self._done[done] = [str(exc)]
             self.add(self._done[done], used_by)

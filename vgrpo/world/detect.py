@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-from vgrpo.rewards.clauses import Detection
+from vgrpo.rewards.clauses import Detection, Vocabulary
 from vgrpo.world.render import shape_mask
 from vgrpo.world.scene import COLORS, PALETTE, SHAPES
 
@@ -119,6 +119,12 @@ class WorldDetector:
         self.min_iou = MIN_IOU if min_iou is None else float(min_iou)
         if not 0 < self.min_iou <= 1:
             raise ValueError(f"world detector: min_iou must be in (0, 1], got {min_iou!r}")
+
+    @classmethod
+    def vocabulary(cls) -> Vocabulary:
+        """The world's shapes and palette colours."""
+        what = f"the world detector (classes {list(SHAPES)}, colours {list(COLORS)})"
+        return Vocabulary(what, frozenset(SHAPES), frozenset(COLORS))
 
     def detect(self, images: np.ndarray, metadata: Sequence[Any]) -> list[list[Detection]]:
         return [detect(image, min_iou=self.min_iou) for image in images]
