@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from vgrpo.checkpoints.resume import ResumableRun
+from vgrpo.checkpoints.resume import ResumableRun, TrainingState
 from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
 from vgrpo.evaluation.evaluator import build_evaluator
@@ -183,11 +183,11 @@ def run_stage(
     run = ResumableRun.for_stage(config, work_dir, init)
     result = StageResult(out_dir=out_dir, iterations=config.iterations)
     resumed = run.restore(stage.checkpointed(), dist)
+    consecutive_skips = 0
     if resumed is not None:
-        result.history, result.evaluations = resumed["history"], resumed["evaluations"]
-        result.skipped = resumed.get("skipped", [])
-        result.resumed_from = int(resumed["iteration"])
-    consecutive_skips = int(resumed.get("consecutive_skips", 0)) if resumed is not None else 0
+        result.history, result.evaluations = list(resumed.history), list(resumed.evaluations)
+        result.skipped, result.resumed_from = list(resumed.skipped), resumed.iteration
+        consecutive_skips = resumed.consecutive_skips
     dist.broadcast_parameters(trainable_parameters(stage.policy))  # as DDP: every rank starts from rank 0's
 
     def run_evaluation(iteration: int) -> None:
@@ -236,10 +236,16 @@ def run_stage(
             run_evaluation(done)
         if done % config.checkpoint_every == 0 or done == config.iterations:
             if dist.is_main or run.sharded:  # every rank writes its shards of a sharded checkpoint
-                state = {"init_lora": str(init_lora), "history": result.history, "evaluations": result.evaluations,
-                         "skipped": result.skipped, "consecutive_skips": consecutive_skips,
-                         "run": dict(run_state or {})}  # fmt: skip
-                path = phases("checkpoint", done, _save, run, done, state, stage)
+                state = TrainingState(
+                    iteration=done,
+                    init_lora=str(init_lora),
+                    history=tuple(result.history),
+                    evaluations=tuple(result.evaluations),
+                    skipped=tuple(result.skipped),
+                    consecutive_skips=consecutive_skips,
+                    run=dict(run_state or {}),
+                )
+                path = phases("checkpoint", done, _save, run, state, stage)
                 if dist.is_main:
                     report.on_checkpoint(path, done)
             dist.barrier()  # the checkpoint is whole before any rank goes on
@@ -250,5 +256,5 @@ def run_stage(
     return result
 
 
-def _save(run: ResumableRun, iteration: int, state: dict[str, Any], stage: StagePolicy) -> Path:
-    return run.save(iteration, state, stage.checkpointed(), stage.dist)
+def _save(run: ResumableRun, state: TrainingState, stage: StagePolicy) -> Path:
+    return run.save(state, stage.checkpointed(), stage.dist)
