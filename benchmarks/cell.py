@@ -19,7 +19,7 @@ from vgrpo.evaluation.evaluator import Sampling, evaluate
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.training.guards import TrainingDiverged
-from vgrpo.training.stage import run_stage
+from vgrpo.training.stage import StageCallbacks, run_stage
 from vgrpo.world import read_jsonl
 
 
@@ -63,6 +63,36 @@ def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
     return {"spec": asdict(spec), "name": spec.name, "curve": [point], "wall_s": time.perf_counter() - t0}
 
 
+class CurveRecorder(StageCallbacks):
+    """The cell's history and held-out curve as the stage reports them: each evaluation point with the training
+    seconds, gradient steps and transformer rows (``counted``, less the evaluations' own) spent before it."""
+
+    def __init__(self, reward: str, steps_per_iteration: float, counted: dict[str, int]) -> None:
+        self.reward, self.steps_per_iteration, self.counted = reward, steps_per_iteration, counted
+        self.history: list[dict[str, float]] = []
+        self.curve: list[dict[str, Any]] = []
+        self.clock = {"train_s": 0.0, "eval_rows": 0, "rows_at_log": 0, "steps": 0.0}
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        self.history.append(metrics)
+        self.clock["train_s"] += metrics.get("time/iteration_s", 0.0)
+        self.clock["steps"] += self.steps_per_iteration if not metrics.get("guard/skipped") else 0.0
+        self.clock["rows_at_log"] = self.counted["rows"]
+
+    def on_evaluate(self, table: dict[str, Any], images: Any, iteration: int) -> None:
+        self.clock["eval_rows"] += self.counted["rows"] - self.clock["rows_at_log"]
+        self.clock["rows_at_log"] = self.counted["rows"]
+        self.curve.append(
+            {
+                "iteration": float(iteration),
+                "train_s": self.clock["train_s"],
+                "gradient_steps": self.clock["steps"],
+                "nfe": float(self.counted["rows"] - self.clock["eval_rows"]),
+                **scores_of(table, self.reward),
+            }
+        )
+
+
 def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, Any]:
     """Train one cell in this process and return its record (see the module docstring)."""
     torch.set_num_threads(threads)
@@ -78,29 +108,8 @@ def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, 
         return forward(self, hidden_states, *a, **kw)
 
     SD3Transformer2DModel.forward = counting_forward  # type: ignore[method-assign]
-    curve: list[dict[str, Any]] = []
-    history: list[dict[str, float]] = []
-    clock = {"train_s": 0.0, "eval_rows": 0, "rows_at_log": 0, "steps": 0.0}
     steps_per_iteration = float(config.optim.gradient_steps)
-
-    def log(metrics: dict[str, float], iteration: int) -> None:
-        history.append(metrics)
-        clock["train_s"] += metrics.get("time/iteration_s", 0.0)
-        clock["steps"] += steps_per_iteration if not metrics.get("guard/skipped") else 0.0
-        clock["rows_at_log"] = counted["rows"]
-
-    def on_eval(table: dict[str, Any], images: Any, iteration: int) -> None:
-        clock["eval_rows"] += counted["rows"] - clock["rows_at_log"]
-        clock["rows_at_log"] = counted["rows"]
-        curve.append(
-            {
-                "iteration": float(iteration),
-                "train_s": clock["train_s"],
-                "gradient_steps": clock["steps"],
-                "nfe": float(counted["rows"] - clock["eval_rows"]),
-                **scores_of(table, spec.reward),
-            }
-        )
+    recorder = CurveRecorder(spec.reward, steps_per_iteration, counted)
 
     work = out / "work" / spec.name
     started = time.perf_counter()
@@ -112,11 +121,11 @@ def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, 
             work_dir=work,
             out_dir=work / "adapter",
             root=ROOT,
-            log=log,
-            on_eval=on_eval,
+            callbacks=recorder,
         )
     except TrainingDiverged as exc:  # a collapse is a result of the grid, not a failure of it
         diverged = str(exc)
+    history, curve = recorder.history, recorder.curve
     ok = [h for h in history if not h.get("guard/skipped")]
 
     def mean(key: str) -> float | None:

@@ -129,7 +129,7 @@ def train_and_track(
     tracker = None
     if dist is None or dist.is_main:
         previous = ResumableRun.for_stage(cfg, work_dir, init).peek()
-        tracker = StageTracker.open(cfg, tracking, (previous or {}).get("run", {}).get("mlflow_run_id"))
+        tracker = StageTracker.open(cfg, tracking, previous.run.get("mlflow_run_id") if previous else None)
     started = time.perf_counter()
     try:
         trainer = Trainer(

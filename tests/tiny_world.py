@@ -1,11 +1,16 @@
-"""A tiny project on disk for stage and flow tests: world prompt files and a tiny embedded pipeline."""
+"""A tiny project on disk for stage and flow tests: world prompt files and a tiny embedded pipeline, and the stage
+callbacks the tests listen with."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from tests.models.test_embedded import TINY
 from vgrpo.config import StageConfig
+from vgrpo.training.stage import StageCallbacks
 
 WORLD_PICK = Path(__file__).parents[1] / "models" / "world-pickscore"
 """The shipped world PickScore: a dense reward, so that groups vary and adapters move."""
@@ -48,3 +53,41 @@ def tiny_stage_config(**overrides: object) -> StageConfig:
     }  # fmt: skip
     data.update(overrides)
     return StageConfig.model_validate(data)
+
+
+class Recorder(StageCallbacks):
+    """Keeps everything a stage reports, in order."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, float]]] = []
+        self.evaluated: list[tuple[int, dict[str, Any]]] = []
+        self.skips: list[dict[str, Any]] = []
+        self.checkpoints: list[tuple[int, Path]] = []
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        self.logged.append((iteration, metrics))
+
+    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
+        self.evaluated.append((iteration, table))
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        self.skips.append(event)
+
+    def on_checkpoint(self, path: Path, iteration: int) -> None:
+        self.checkpoints.append((iteration, path))
+
+
+class Killed(RuntimeError):
+    """Raised by :class:`KillAt`."""
+
+
+class KillAt(StageCallbacks):
+    """Kills the stage (raises :class:`Killed`) when it logs ``iteration``: after that iteration's update, before
+    its checkpoint, as a crash would leave it."""
+
+    def __init__(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        if iteration == self.iteration:
+            raise Killed(f"killed after iteration {iteration}'s update")

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from tests.algorithms.helpers import make_config, make_policy
 from tests.distributed_worker import CASES, run_case
+from tests.tiny_world import KillAt, Killed
 from vgrpo.pairs import draw_pairs
 from vgrpo.parallel.distributed import Distributed
 
@@ -199,10 +200,6 @@ def test_train_command_runs_a_stage_and_exits_2_on_params_that_do_not_shard(worl
     assert main(["train", "--params", str(params), "--set", "rollout.nope=1", *common]) == 2
 
 
-class Killed(RuntimeError):
-    pass
-
-
 def test_two_process_stage_resumes_a_one_process_checkpoint_and_matches_one_process(world):
     """``accelerate launch -m vgrpo.cli train`` on two gloo processes picks up the checkpoint a killed
     single-process run left after iteration 0, finishes on the ranks' halves of each batch (rank 0 writing the
@@ -215,13 +212,9 @@ def test_two_process_stage_resumes_a_one_process_checkpoint_and_matches_one_proc
     cfg = StageConfig.model_validate(yaml.safe_load(params.read_text()))
     run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "whole", out_dir=world / "whole_lora", root=world)
 
-    def die_after_first(metrics: dict, iteration: int) -> None:
-        if iteration == 1:
-            raise Killed
-
     with pytest.raises(Killed):
         run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world,
-                  log=die_after_first)  # fmt: skip
+                  callbacks=KillAt(1))  # fmt: skip
     metrics = world / "two.json"
     log = _launch_two_processes(["-m", "vgrpo.cli", "train", "--params", str(params), "--root", str(world),
                                  "--pipeline", "base", "--work-dir", str(world / "cut"), "--out",

@@ -17,7 +17,7 @@ from tests.algorithms.helpers import make_config, make_policy
 from tests.distributed_worker import FSDP_CASES, run_full_case
 from tests.parallel.test_distributed import PARAM_ATOL, _case, _launch_two_processes
 from tests.tiny_world import tiny_stage_config as _config
-from vgrpo.checkpoints.resume import ResumableRun
+from vgrpo.checkpoints.resume import ResumableRun, TrainingState
 from vgrpo.checkpoints.sharded import load_sharded_state, save_sharded_state
 from vgrpo.checkpoints.state import Checkpointed, CheckpointError
 from vgrpo.errors import ConfigError
@@ -159,9 +159,13 @@ def _trained_state(seed: int) -> Checkpointed:
     return Checkpointed(policy, optimizer, snapshots)
 
 
+def _state(iteration: int) -> TrainingState:
+    return TrainingState(iteration=iteration, init_lora="None", history=(), evaluations=())
+
+
 def _save(path: Path, seed: int = 0) -> torch.nn.Module:
     live = _trained_state(seed)
-    save_sharded_state(path, live, {"iteration": seed}, Distributed())
+    save_sharded_state(path, live, _state(seed).to_json(), Distributed())
     return live.module
 
 
@@ -177,7 +181,7 @@ def test_a_sharded_checkpoint_round_trips_and_loads_no_pickle(tmp_path, monkeypa
 
     for owner, name in ((pickle, "load"), (pickle, "loads"), (torch, "load")):  # what DCP's pickled paths call
         monkeypatch.setattr(owner, name, refuse)
-    assert load_sharded_state(tmp_path / "iter-1", live, Distributed()) == {"iteration": 1}
+    assert load_sharded_state(tmp_path / "iter-1", live, Distributed()) == _state(1).to_json()
     for (name, p), q in zip(live.module.named_parameters(), saved.parameters(), strict=True):
         assert torch.equal(p, q), name
     expected = _trained_state(1).snapshots["old"].values
@@ -201,5 +205,5 @@ def test_a_corrupt_sharded_checkpoint_is_set_aside_and_an_older_one_resumed(tmp_
     run.owns = lambda checkpoint: True
     with pytest.warns(UserWarning, match="resuming from an older checkpoint"):
         state = run.restore(live, Distributed())
-    assert state == {"iteration": 1}
+    assert state == _state(1)
     assert (tmp_path / ".corrupt-iter-2").is_dir()

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from tests.tiny_world import KillAt, Killed, write_tiny_world
 from tests.tiny_world import tiny_stage_config as _config
-from tests.tiny_world import write_tiny_world
 from vgrpo.config import StageConfig
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import trainable_parameters
@@ -130,16 +130,9 @@ def test_in_stage_evaluation_reads_the_ema(world: Path) -> None:
 def test_killed_stage_resumes_its_ema_bit_for_bit(world: Path) -> None:
     cfg = _config(eval_prompts=None, ema={"enabled": True, "decay": 0.7})
 
-    class Killed(RuntimeError):
-        pass
-
-    def die_after_second(metrics: dict, iteration: int) -> None:
-        if iteration == 1:
-            raise Killed
-
     _run(cfg, world, "whole")
     with pytest.raises(Killed):
-        _run(cfg, world, "cut", log=die_after_second)
+        _run(cfg, world, "cut", callbacks=KillAt(1))
     assert _run(cfg, world, "cut").resumed_from == 1
     whole = (world / "whole-out" / "pytorch_lora_weights.safetensors").read_bytes()
     assert whole == (world / "cut-out" / "pytorch_lora_weights.safetensors").read_bytes()

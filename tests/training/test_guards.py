@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.algorithms.helpers import make_config, make_policy
+from tests.tiny_world import Recorder, write_tiny_world
 from tests.tiny_world import tiny_stage_config as _config
-from tests.tiny_world import write_tiny_world
 from vgrpo.algorithms import build_algorithm
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged, check_finite, nonfinite_summary
@@ -98,10 +98,11 @@ def test_a_stage_skips_the_iteration_with_a_nan_reward_and_finishes(
     from safetensors.torch import load_file
 
     _nan_pickscore_on_calls(monkeypatch, {1})  # training iteration 1 (eval_prompts None: no evaluation calls)
-    events: list[dict[str, Any]] = []
+    recorder = Recorder()
     cfg = _config(eval_prompts=None, keep_checkpoints=3)
     result = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "nan1", out_dir=world / "nan1-lora",
-                       root=world, on_skip=events.append)  # fmt: skip
+                       root=world, callbacks=recorder)  # fmt: skip
+    events = recorder.skips
     assert [e["iteration"] for e in events] == [1] and events[0]["quantity"] == "reward/pickscore"
     assert "pickscore" in events[0]["reward_errors"][0] and events[0]["consecutive"] == 1
     assert [h["guard/skipped"] for h in result.history] == [0.0, 1.0, 0.0]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.tiny_world import KillAt, Killed, Recorder, write_tiny_world
 from tests.tiny_world import tiny_stage_config as _config
-from tests.tiny_world import write_tiny_world
 from vgrpo.training.phases import iteration_generator, sample_prompt_rows
 from vgrpo.training.stage import run_stage
 
@@ -51,10 +51,10 @@ def test_stage_exports_lora_that_diffusers_loads(world: Path) -> None:
     from vgrpo.checkpoints.state import load_lora_into
     from vgrpo.models import add_lora
 
-    logged: list[int] = []
+    recorder = Recorder()
     result = run_stage(_config(), pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora",
-                       root=world, log=lambda m, i: logged.append(i))  # fmt: skip
-    assert logged == [0, 1, 2] and len(result.history) == 3
+                       root=world, callbacks=recorder)  # fmt: skip
+    assert [i for i, _ in recorder.logged] == [0, 1, 2] and len(result.history) == 3
     assert {"reward/geneval_mean", "reward/geneval/strict_mean", "train/grad_norm", "surrogate/cv"} <= set(
         result.history[0]
     )
@@ -78,23 +78,15 @@ def test_stage_exports_lora_that_diffusers_loads(world: Path) -> None:
     assert not torch.allclose(base_out, ours(**kw).sample)  # training changed the adapter
 
 
-class Killed(RuntimeError):
-    pass
-
-
 def test_killed_stage_resumes_to_the_same_weights(world: Path) -> None:
     from safetensors.torch import load_file
 
     cfg = _config(eval_prompts=None)
     run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "whole", out_dir=world / "whole_lora", root=world)
 
-    def die_after_second(metrics: dict, iteration: int) -> None:
-        if iteration == 1:
-            raise Killed
-
     with pytest.raises(Killed):
         run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world,
-                  log=die_after_second)  # fmt: skip
+                  callbacks=KillAt(1))  # fmt: skip
     resumed = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world)
     assert resumed.resumed_from == 1  # iteration 1 died before its checkpoint
     a = load_file(world / "whole_lora" / "pytorch_lora_weights.safetensors")
@@ -104,6 +96,51 @@ def test_killed_stage_resumes_to_the_same_weights(world: Path) -> None:
     fresh = run_stage(other, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "o", root=world)
     assert fresh.resumed_from == 0  # a checkpoint written with other params is not resumed
     assert np.isfinite([h["reward/pickscore_mean"] for h in resumed.history]).all()
+
+
+def test_a_stage_takes_the_same_steps_with_and_without_callbacks(world: Path) -> None:
+    """Callbacks only listen: the recorder hears every log, evaluation and checkpoint, and the weights, history and
+    evaluations are those of a stage run without one."""
+    cfg = _config(eval_every=2)
+    plain = run_stage(
+        cfg, pipeline_dir=Path("base"), work_dir=world / "plain", out_dir=world / "plain_lora", root=world
+    )
+    recorder = Recorder()
+    heard = run_stage(
+        cfg,
+        pipeline_dir=Path("base"),
+        work_dir=world / "heard",
+        out_dir=world / "heard_lora",
+        root=world,
+        callbacks=recorder,
+    )
+    lora = "pytorch_lora_weights.safetensors"
+    assert (world / "plain_lora" / lora).read_bytes() == (world / "heard_lora" / lora).read_bytes()
+
+    def untimed(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in row.items() if not k.startswith("time/") and k != "seconds"} for row in rows]
+
+    assert untimed(heard.history) == untimed(plain.history) and len(plain.history) == 3
+    assert untimed(heard.evaluations) == untimed(plain.evaluations)
+    assert [e["iteration"] for e in plain.evaluations] == [0, 2, 3]
+    assert [m for _, m in recorder.logged] == heard.history and [i for i, _ in recorder.logged] == [0, 1, 2]
+    assert [t for _, t in recorder.evaluated] == heard.evaluations and [i for i, _ in recorder.evaluated] == [0, 2, 3]
+    assert [(i, p.name) for i, p in recorder.checkpoints] == [(1, "iter-1"), (2, "iter-2"), (3, "iter-3")]
+    assert recorder.skips == heard.skipped == []
+
+
+@pytest.mark.parametrize("shorthand", ["log", "on_eval", "on_skip"])
+def test_run_stage_takes_callbacks_only_as_a_stage_callbacks_object(world: Path, shorthand: str) -> None:
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{shorthand}'"):
+        run_stage(
+            _config(),
+            pipeline_dir=Path("base"),
+            work_dir=world / "none",
+            out_dir=world / "none_lora",
+            root=world,
+            **{shorthand: print},
+        )
+    assert not (world / "none").exists()
 
 
 def test_a_stage_does_not_resume_across_a_changed_starting_adapter(world: Path) -> None:

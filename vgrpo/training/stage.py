@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from vgrpo.checkpoints.resume import ResumableRun
+from vgrpo.checkpoints.resume import ResumableRun, TrainingState
 from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
 from vgrpo.evaluation.evaluator import build_evaluator
@@ -96,25 +96,6 @@ class PrintProgress(StageCallbacks):
 
 
 @dataclass
-class _FunctionCallbacks(StageCallbacks):
-    log: Callable[[dict[str, float], int], None] | None = None
-    eval: Callable[[dict[str, Any], np.ndarray, int], None] | None = None
-    skip: Callable[[dict[str, Any]], None] | None = None
-
-    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
-        if self.log is not None:
-            self.log(metrics, iteration)
-
-    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
-        if self.eval is not None:
-            self.eval(table, images, iteration)
-
-    def on_skip(self, event: dict[str, Any]) -> None:
-        if self.skip is not None:
-            self.skip(event)
-
-
-@dataclass
 class StageResult:
     """What a finished stage leaves: the exported weights and what was measured on the way."""
 
@@ -145,9 +126,6 @@ def run_stage(
     prompts: StagePrompts | None = None,
     rewards: MultiReward | None = None,
     dist: Distributed | None = None,
-    log: Callable[[dict[str, float], int], None] | None = None,
-    on_eval: Callable[[dict[str, Any], np.ndarray, int], None] | None = None,
-    on_skip: Callable[[dict[str, Any]], None] | None = None,
 ) -> StageResult:
     """Train one stage from ``pipeline_dir`` (+ ``init_lora``, the previous stage's adapter) and export its
     weights to ``out_dir``. Checkpoints go to ``work_dir/checkpoints``; a run finds the newest one written with the
@@ -155,8 +133,8 @@ def run_stage(
 
     Args:
         root: folder that relative prompt and model paths in ``config`` are resolved against.
-        callbacks: what the stage reports (rank 0); ``log``, ``on_eval`` and ``on_skip`` are shorthands for one.
-            After ``max_consecutive_skips`` skipped iterations in a row the stage raises
+        callbacks: what the stage reports (rank 0): a :class:`StageCallbacks` subclass overriding the events it
+            needs (default: none). After ``max_consecutive_skips`` skipped iterations in a row the stage raises
             :class:`vgrpo.training.guards.TrainingDiverged` and leaves its last checkpoint as it was.
         phases: how each phase runs (:data:`PhaseRunner`).
         final_evaluation: evaluate the exported weights at the end (off when the caller evaluates them itself).
@@ -168,9 +146,7 @@ def run_stage(
             sets, else one process, on the GPU when there is one).
     """
     dist = dist if dist is not None else Distributed.from_environment()
-    report = callbacks if callbacks is not None else _FunctionCallbacks(log, on_eval, on_skip)
-    if callbacks is not None and (log or on_eval or on_skip):
-        raise ValueError("pass callbacks or log/on_eval/on_skip, not both")
+    report = callbacks if callbacks is not None else StageCallbacks()
     check_batch(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
                 dist.world_size)  # fmt: skip
     if prompts is None:
@@ -183,11 +159,11 @@ def run_stage(
     run = ResumableRun.for_stage(config, work_dir, init)
     result = StageResult(out_dir=out_dir, iterations=config.iterations)
     resumed = run.restore(stage.checkpointed(), dist)
+    consecutive_skips = 0
     if resumed is not None:
-        result.history, result.evaluations = resumed["history"], resumed["evaluations"]
-        result.skipped = resumed.get("skipped", [])
-        result.resumed_from = int(resumed["iteration"])
-    consecutive_skips = int(resumed.get("consecutive_skips", 0)) if resumed is not None else 0
+        result.history, result.evaluations = list(resumed.history), list(resumed.evaluations)
+        result.skipped, result.resumed_from = list(resumed.skipped), resumed.iteration
+        consecutive_skips = resumed.consecutive_skips
     dist.broadcast_parameters(trainable_parameters(stage.policy))  # as DDP: every rank starts from rank 0's
 
     def run_evaluation(iteration: int) -> None:
@@ -236,10 +212,16 @@ def run_stage(
             run_evaluation(done)
         if done % config.checkpoint_every == 0 or done == config.iterations:
             if dist.is_main or run.sharded:  # every rank writes its shards of a sharded checkpoint
-                state = {"init_lora": str(init_lora), "history": result.history, "evaluations": result.evaluations,
-                         "skipped": result.skipped, "consecutive_skips": consecutive_skips,
-                         "run": dict(run_state or {})}  # fmt: skip
-                path = phases("checkpoint", done, _save, run, done, state, stage)
+                state = TrainingState(
+                    iteration=done,
+                    init_lora=str(init_lora),
+                    history=tuple(result.history),
+                    evaluations=tuple(result.evaluations),
+                    skipped=tuple(result.skipped),
+                    consecutive_skips=consecutive_skips,
+                    run=dict(run_state or {}),
+                )
+                path = phases("checkpoint", done, _save, run, state, stage)
                 if dist.is_main:
                     report.on_checkpoint(path, done)
             dist.barrier()  # the checkpoint is whole before any rank goes on
@@ -250,5 +232,5 @@ def run_stage(
     return result
 
 
-def _save(run: ResumableRun, iteration: int, state: dict[str, Any], stage: StagePolicy) -> Path:
-    return run.save(iteration, state, stage.checkpointed(), stage.dist)
+def _save(run: ResumableRun, state: TrainingState, stage: StagePolicy) -> Path:
+    return run.save(state, stage.checkpointed(), stage.dist)
