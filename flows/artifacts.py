@@ -69,10 +69,15 @@ def summary_table(stages: Sequence[StageConfig], results: Sequence[StageOutcome]
 
 def _rows(final_eval: dict[str, float]) -> list[dict[str, Any]]:
     names = sorted(k for k in final_eval if not k.endswith(("_ci_low", "_ci_high")))
-    return [{"metric": k.removeprefix("eval/"), "value": round(final_eval[k], 4),
-             "ci_low": round(final_eval[f"{k}_ci_low"], 4) if f"{k}_ci_low" in final_eval else None,
-             "ci_high": round(final_eval[f"{k}_ci_high"], 4) if f"{k}_ci_high" in final_eval else None}
-            for k in names]  # fmt: skip
+    return [
+        {
+            "metric": k.removeprefix("eval/"),
+            "value": round(final_eval[k], 4),
+            "ci_low": round(final_eval[f"{k}_ci_low"], 4) if f"{k}_ci_low" in final_eval else None,
+            "ci_high": round(final_eval[f"{k}_ci_high"], 4) if f"{k}_ci_high" in final_eval else None,
+        }
+        for k in names
+    ]
 
 
 def publish_stage(

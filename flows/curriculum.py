@@ -36,8 +36,8 @@ from tasks.stage_tasks import evaluate_task, prepare_prompts_task, train_task
 from tasks.tracking import Tracking, end_run, log_json, log_metrics, log_params, start_run
 from vgrpo.config import CurriculumConfig, StageConfig, load_curriculum
 from vgrpo.errors import ConfigError
-from vgrpo.training.phases import StagePrompts
 from vgrpo.training.preflight import check_or_raise
+from vgrpo.training.prompt_rows import StagePrompts
 
 __all__ = ["Cell", "curriculum_flow", "load_cells", "run_curriculum", "run_tags"]
 

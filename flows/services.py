@@ -76,15 +76,24 @@ def local_services(root: Path, timeout: float = START_TIMEOUT_S) -> Iterator[Loc
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)]
     log = home / "server.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=server_env, cwd=home, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command,
+            env=server_env,
+            cwd=home,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + timeout
         while not _healthy(url + "/health"):
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-                raise ServiceError(f"the Prefect server did not answer {url}/health within {timeout:.0f} s "
-                                   f"(exit code {proc.returncode}); log {log}:\n{tail}")  # fmt: skip
+                raise ServiceError(
+                    f"the Prefect server did not answer {url}/health within {timeout:.0f} s "
+                    f"(exit code {proc.returncode}); log {log}:\n{tail}"
+                )
             time.sleep(0.25)
         yield LocalServices(service_env(url, f"sqlite:///{store / 'mlflow.db'}", home), proc.pid, log)
     finally:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.tiny_world import tiny_stage_config, write_tiny_world  # noqa: E402
-from vgrpo.checkpoints.state import LORA_FILE  # noqa: E402
-from vgrpo.training.stage import run_stage  # noqa: E402
+from tests.tiny_world import tiny_stage_config, write_tiny_world
+from vgrpo.checkpoints.state import LORA_FILE
+from vgrpo.training.stage import run_stage
 
 ALGORITHMS = {"vgrpo": {"name": "vgrpo", "n_mc": 2}, "diffusion_nft": {"name": "diffusion_nft"}}
 
@@ -28,8 +28,13 @@ def main() -> None:
         root = write_tiny_world(Path(tmp))
         for name, algorithm in ALGORITHMS.items():
             out = root / f"out-{name}"
-            run_stage(tiny_stage_config(algorithm=algorithm), pipeline_dir=Path("base"), work_dir=root / name,
-                      out_dir=out, root=root)  # fmt: skip
+            run_stage(
+                tiny_stage_config(algorithm=algorithm),
+                pipeline_dir=Path("base"),
+                work_dir=root / name,
+                out_dir=out,
+                root=root,
+            )
             hashes[name] = hashlib.sha256((out / LORA_FILE).read_bytes()).hexdigest()[:16]
     print(json.dumps(hashes))
 

@@ -44,8 +44,15 @@ class StageTracker(StageCallbacks):
     """Progress bar and, with a run, MLflow logging of one stage (rank 0); each evaluation's grid shows its first
     ``grid_prompts`` prompts (``evaluation.grid_prompts``; none with 0)."""
 
-    def __init__(self, name: str, iterations: int, client: MlflowClient | None = None, run_id: str | None = None,
-                 registered_name: str | None = None, grid_prompts: int = 8) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        iterations: int,
+        client: MlflowClient | None = None,
+        run_id: str | None = None,
+        registered_name: str | None = None,
+        grid_prompts: int = 8,
+    ) -> None:
         self.name, self.iterations, self.grid_prompts = name, iterations, grid_prompts
         self.client, self.run_id, self.registered_name = client, run_id, registered_name
         self.model_uri: str | None = None
@@ -76,14 +83,21 @@ class StageTracker(StageCallbacks):
             tags = {"vgrpo.training.stage": cfg.name, **tracking.tags}
             run_id = start_run(client, tracking.experiment, tracking.run_name, tracking.parent_run_id, tags=tags)
             log_params(client, run_id, cfg.model_dump(mode="json"))
-        tracker = cls(cfg.name, cfg.iterations, client, run_id, registered_name=tracking.experiment,
-                      grid_prompts=cfg.evaluation.grid_prompts)  # fmt: skip
+        tracker = cls(
+            cfg.name,
+            cfg.iterations,
+            client,
+            run_id,
+            registered_name=tracking.experiment,
+            grid_prompts=cfg.evaluation.grid_prompts,
+        )
         tracker._start_system_metrics(tracking.uri, resumed=previous_run_id == run_id)
         return tracker
 
     def _start_system_metrics(self, uri: str, resumed: bool) -> None:
-        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=system_metrics_interval(),
-                                             resume_logging=resumed, tracking_uri=uri)  # fmt: skip
+        self._monitor = SystemMetricsMonitor(
+            self.run_id, sampling_interval=system_metrics_interval(), resume_logging=resumed, tracking_uri=uri
+        )
         self._monitor.start()
 
     def on_log(self, metrics: dict[str, float], iteration: int) -> None:
@@ -99,14 +113,19 @@ class StageTracker(StageCallbacks):
             _log_table(self.client, self.run_id, table, flat_metrics(table), iteration)
             if not self.grid_prompts:  # evaluation.grid_prompts = 0: no grid, as the final evaluation's
                 return
-            log_image(self.client, self.run_id, grid_image(**grid_of(table, images, self.grid_prompts)),
-                      f"eval/iter-{iteration:05d}.png")  # fmt: skip
+            log_image(
+                self.client,
+                self.run_id,
+                grid_image(**grid_of(table, images, self.grid_prompts)),
+                f"eval/iter-{iteration:05d}.png",
+            )
 
     def on_skip(self, event: dict[str, Any]) -> None:
         if self.client is not None and self.run_id is not None:
             log_json(self.client, self.run_id, event, f"guard/iter-{event['iteration']:05d}.json")
-            self.client.set_tag(self.run_id, "vgrpo.guard.last_skip",
-                                f"iteration {event['iteration']}: {event['quantity']}")  # fmt: skip
+            self.client.set_tag(
+                self.run_id, "vgrpo.guard.last_skip", f"iteration {event['iteration']}: {event['quantity']}"
+            )
 
     def on_checkpoint(self, path: Path, iteration: int) -> None:
         if self.client is not None and self.run_id is not None:
@@ -115,9 +134,12 @@ class StageTracker(StageCallbacks):
     def finish_training(self, out_dir: Path, out_hash: str, resumed_from: int, skipped: int, base: Path) -> None:
         """Tag the output, log the adapter as a model (registered under the curriculum's name) and end the run."""
         if self.client is not None and self.run_id is not None:
-            for key, value in {"vgrpo.output": str(out_dir.resolve()), "vgrpo.output_hash": out_hash,
-                               "vgrpo.resumed_from": str(resumed_from),
-                               "vgrpo.skipped_iterations": str(skipped)}.items():  # fmt: skip
+            for key, value in {
+                "vgrpo.output": str(out_dir.resolve()),
+                "vgrpo.output_hash": out_hash,
+                "vgrpo.resumed_from": str(resumed_from),
+                "vgrpo.skipped_iterations": str(skipped),
+            }.items():
                 self.client.set_tag(self.run_id, key, value)
             self.model_uri = log_adapter_model(self.client, self.run_id, out_dir, base, self.registered_name)
         self.close("FINISHED")
@@ -162,7 +184,12 @@ def log_adapter_model(
     mlflow.set_tracking_uri(client.tracking_uri)
     requirements = [f"{p}=={version(p)}" for p in ("torch", "diffusers", "peft", "transformers")]
     with mlflow.start_run(run_id=run_id):  # the flavour logs to the active run; the caller ends it
-        info = mlflow.diffusers.log_model(adapter_path=str(out_dir), base_model=str(base.resolve()), name="adapter",
-                                          registered_model_name=registered_name, pip_requirements=requirements,
-                                          await_registration_for=0)  # fmt: skip
+        info = mlflow.diffusers.log_model(
+            adapter_path=str(out_dir),
+            base_model=str(base.resolve()),
+            name="adapter",
+            registered_model_name=registered_name,
+            pip_requirements=requirements,
+            await_registration_for=0,
+        )
     return str(info.model_uri)

@@ -77,8 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--curriculum", required=True, help="curriculum params file")
     parser.add_argument("--stage", type=int, required=True, help="1-based stage number in the curriculum")
     parser.add_argument("--run-root", required=True, help="adapters: RUN_ROOT/stages, checkpoints: RUN_ROOT/work")
-    parser.add_argument("--init", default=None, help="adapter to start from ('none': the base pipeline); "
-                        "default: the previous stage's under --run-root")  # fmt: skip
+    parser.add_argument(
+        "--init",
+        default=None,
+        help="adapter to start from ('none': the base pipeline); default: the previous stage's under --run-root",
+    )
     parser.add_argument("--params", nargs="*", default=[], help="extra params files merged after the stage's")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a params entry")
     parser.add_argument("--metrics", required=True, help="metrics JSON to write (headline numbers)")
@@ -101,8 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         init = None if args.init == "none" else args.init
     if init is not None and not Path(init).is_dir():
-        print(f"error: stage {args.stage} starts from {init}, which does not exist (run the previous stage)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: stage {args.stage} starts from {init}, which does not exist (run the previous stage)",
+            file=sys.stderr,
+        )
         return 2
     try:  # every input the stage reads, listed in one message before any compute
         check_or_raise([cfg], init_lora=init, checkpoint_dir=run_root / "work")

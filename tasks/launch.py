@@ -67,9 +67,19 @@ def accelerate_command(launch: LaunchConfig, spec: Path, root: Path, port: int |
     on ``spec``. Without ``launch.accelerate_config`` the processes are accelerate's multi-GPU kind (torchrun);
     without CUDA they join with gloo on CPU (:meth:`vgrpo.parallel.distributed.Distributed.from_environment`). ``port``
     (one machine only) overrides the config file's rendezvous port."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(launch.processes),
-           "--num_machines", str(launch.machines), "--mixed_precision", launch.mixed_precision,
-           "--dynamo_backend", "no"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(launch.processes),
+        "--num_machines",
+        str(launch.machines),
+        "--mixed_precision",
+        launch.mixed_precision,
+        "--dynamo_backend",
+        "no",
+    ]
     if launch.accelerate_config is not None:
         cmd += ["--config_file", str(root / launch.accelerate_config)]
     else:
@@ -85,8 +95,15 @@ def run_streaming(cmd: Sequence[str], log: Callable[[str], None], env: dict[str,
     """Run ``cmd`` in its own process group, passing each line of its output (stdout and stderr; a progress bar's
     carriage returns end lines too) to ``log``; returns the exit code. On any exception in here (an interrupt,
     a failing ``log``) the group is stopped (SIGTERM, SIGKILL after :data:`STOP_GRACE_S`) before it propagates."""
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            env=env, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=env,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
@@ -171,5 +188,6 @@ def launch_stage(
     raise LaunchFailed(
         f"stage {name}: accelerate launch exited with {code}"
         f"{'' if returned is None else ' after rank 0 wrote its result'}; the end of its output:\n"
-        + "\n".join(output) + ranks
-    )  # fmt: skip
+        + "\n".join(output)
+        + ranks
+    )

@@ -31,7 +31,7 @@ from vgrpo.evaluation.grids import grid_of, write_grid
 from vgrpo.evaluation.tables import flat_metrics
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.trainer import Trainer
-from vgrpo.training.phases import StagePrompts
+from vgrpo.training.prompt_rows import StagePrompts
 from vgrpo.training.stage import PhaseRunner, call_directly
 
 __all__ = [

@@ -29,7 +29,7 @@ from tasks.stage import code_version, evaluate, grid_path, train
 from tasks.tracking import Tracking
 from vgrpo.checkpoints.resume import training_hash
 from vgrpo.config import StageConfig
-from vgrpo.training.phases import StagePrompts, prepare_prompts
+from vgrpo.training.prompt_rows import StagePrompts, prepare_prompts
 
 __all__ = ["evaluate_task", "prepare_prompts_task", "train_task"]
 
@@ -59,7 +59,7 @@ def _prompts_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     task_run_name="{stage.name}/prepare-prompts",
 )
 def prepare_prompts_task(stage: StageConfig, root: str) -> StagePrompts:
-    """The stage's training and evaluation prompt rows (:func:`vgrpo.training.phases.prepare_prompts`)."""
+    """The stage's training and evaluation prompt rows (:func:`vgrpo.training.prompt_rows.prepare_prompts`)."""
     return prepare_prompts(stage, Path(root))
 
 

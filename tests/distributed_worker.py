@@ -124,18 +124,31 @@ def run_full_case(name: str, dist: Distributed) -> dict[str, Tensor]:
     live weights, with each snapshot swapped in, and with the live weights again after the swaps."""
     case = FSDP_CASES[name]
     strategy = "fsdp" if dist.world_size > 1 else "ddp"
-    config = make_config(case["algorithm"], rollout=SECTIONS["rollout"], optim=SECTIONS["optim"], lora=None,
-                         distributed={"strategy": strategy})  # fmt: skip
+    config = make_config(
+        case["algorithm"],
+        rollout=SECTIONS["rollout"],
+        optim=SECTIONS["optim"],
+        lora=None,
+        distributed={"strategy": strategy},
+    )
     policy = make_policy(config)
     if strategy == "fsdp":
         shard_transformer(policy.get_submodule("transformer"), dist)
     algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE, dist=dist)
     optimizer = build_optimizer(policy, config.optim)
     for iteration in range(1, 1 + case["iterations"]):
-        train_iteration(policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=toy_reward,
-                        prompts=PROMPT_TEXTS, cond=tiny_conditioning(len(PROMPT_TEXTS)), config=config,
-                        latent_shape=TINY_LATENT_SHAPE, generator=torch.Generator().manual_seed(iteration),
-                        iteration=iteration)  # fmt: skip
+        train_iteration(
+            policy=policy,
+            algorithm=algorithm,
+            optimizer=optimizer,
+            reward_fn=toy_reward,
+            prompts=PROMPT_TEXTS,
+            cond=tiny_conditioning(len(PROMPT_TEXTS)),
+            config=config,
+            latent_shape=TINY_LATENT_SHAPE,
+            generator=torch.Generator().manual_seed(iteration),
+            iteration=iteration,
+        )
     out = {f"param.{n}": _whole(p) for n, p in policy.named_parameters()}
     # What this rank holds: its shards under FSDP, everything in one process.
     held = [p for p in policy.parameters()]

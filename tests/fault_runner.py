@@ -60,8 +60,9 @@ def main() -> None:
     result = run_stage(config, pipeline_dir=Path("base"), work_dir=args.work, out_dir=args.out, root=args.world)
     if args.history:
         untimed = [{k: v for k, v in h.items() if not k.startswith("time/")} for h in result.history]
-        args.history.write_text(json.dumps({"history": untimed, "evaluations": result.evaluations,
-                                            "resumed_from": result.resumed_from}))  # fmt: skip
+        args.history.write_text(
+            json.dumps({"history": untimed, "evaluations": result.evaluations, "resumed_from": result.resumed_from})
+        )
 
 
 if __name__ == "__main__":

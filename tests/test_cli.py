@@ -32,17 +32,45 @@ def test_world_splits_are_seeded_and_hold_out_pairs(tmp_path: Path) -> None:
 
 
 def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert world_main(["world-splits", "--params", str(PARAMS), "--set", "test_prompts=14",
-                 "train_prompts=1", "--out", str(tmp_path / "world")]) == 0  # fmt: skip
+    assert (
+        world_main(
+            [
+                "world-splits",
+                "--params",
+                str(PARAMS),
+                "--set",
+                "test_prompts=14",
+                "train_prompts=1",
+                "--out",
+                str(tmp_path / "world"),
+            ]
+        )
+        == 0
+    )
     prompts = [r["prompt"] for r in read_jsonl(tmp_path / "world" / "test.jsonl")]
     pipe = build_pipeline(TINY, train_clip_tokenizer(prompts, TINY))
     pipe.save_pretrained(tmp_path / "pipe")
     out = tmp_path / "eval.json"
     prompts_file = str(tmp_path / "world" / "test.jsonl")
     grid = str(tmp_path / "grid.png")
-    code = main(["evaluate", str(tmp_path / "pipe"), "--prompts", prompts_file, "--out", str(out), "--grid", grid,
-                 "--params", str(EVAL_PARAMS), "--set", "group_size=2", "num_steps=2", "rewards=[{name: geneval},"
-                 "{name: ocr}, {name: clipscore, options: {path: " + str(WORLD_CLIP) + "}}]"])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            str(tmp_path / "pipe"),
+            "--prompts",
+            prompts_file,
+            "--out",
+            str(out),
+            "--grid",
+            grid,
+            "--params",
+            str(EVAL_PARAMS),
+            "--set",
+            "group_size=2",
+            "num_steps=2",
+            "rewards=[{name: geneval},{name: ocr}, {name: clipscore, options: {path: " + str(WORLD_CLIP) + "}}]",
+        ]
+    )
     assert code == 0
     result = json.loads(out.read_text())
     geneval, ocr = result["rewards"]["geneval"], result["rewards"]["ocr"]
@@ -64,9 +92,24 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
             if "lora_B" in name:
                 param.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
     save_lora(pipe.transformer, tmp_path / "lora")
-    code = main(["evaluate", str(tmp_path / "pipe"), "--lora", str(tmp_path / "lora"), "--prompts", prompts_file,
-                 "--out", str(tmp_path / "lora.json"), "--params", str(EVAL_PARAMS), "--set", "group_size=2",
-                 "num_steps=2", "rewards=[{name: clipscore, options: {path: " + str(WORLD_CLIP) + "}}]"])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            str(tmp_path / "pipe"),
+            "--lora",
+            str(tmp_path / "lora"),
+            "--prompts",
+            prompts_file,
+            "--out",
+            str(tmp_path / "lora.json"),
+            "--params",
+            str(EVAL_PARAMS),
+            "--set",
+            "group_size=2",
+            "num_steps=2",
+            "rewards=[{name: clipscore, options: {path: " + str(WORLD_CLIP) + "}}]",
+        ]
+    )
     adapted = json.loads((tmp_path / "lora.json").read_text())
     assert code == 0 and adapted["lora"] == str(tmp_path / "lora")
     assert adapted["rewards"]["clipscore"]["mean"] != pytest.approx(result["rewards"]["clipscore"]["mean"], abs=1e-6)
@@ -131,8 +174,12 @@ def test_only_user_errors_exit_2_and_bugs_propagate(tmp_path: Path, capsys: pyte
     from vgrpo.models.pipeline import PipelineError
     from vgrpo.prompts import PromptFileError
 
-    for error, builtin in [(ConfigError, ValueError), (PipelineError, ValueError), (PromptFileError, ValueError),
-                           (CheckpointError, RuntimeError)]:  # fmt: skip
+    for error, builtin in [
+        (ConfigError, ValueError),
+        (PipelineError, ValueError),
+        (PromptFileError, ValueError),
+        (CheckpointError, RuntimeError),
+    ]:
         assert issubclass(error, UserError) and issubclass(error, builtin)
 
     def fail(exc: Exception):
@@ -152,8 +199,21 @@ def test_detector_check_needs_a_split_with_scenes(tmp_path: Path, capsys: pytest
     rows.write_text('{"tag": "single_object", "include": [{"class": "ring", "count": 1}], "prompt": "a ring"}\n')
     assert world_main(["detector-check", "--prompts", str(rows), "--out", str(tmp_path / "q.json")]) == 2
     assert f"{rows}:1: a record needs its ground-truth 'scene'" in capsys.readouterr().err
-    assert world_main(["world-splits", "--params", str(PARAMS), "--set", "train_prompts=1", "test_prompts=28",
-                       "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        world_main(
+            [
+                "world-splits",
+                "--params",
+                str(PARAMS),
+                "--set",
+                "train_prompts=1",
+                "test_prompts=28",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert (
         world_main(["detector-check", "--prompts", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "q.json")])
         == 0

@@ -136,7 +136,10 @@ def test_world_params_load_with_every_value_they_spell(file, section, schema):
 def test_world_optimiser_keys_reject_bad_values_and_unknown_keys(tmp_path):
     from vgrpo.world.config import PretrainConfig
 
-    for text, key in [("pretrain:\n  lr: 0\n", "lr"), ("pretrain:\n  vae:\n    weight_decay: -1\n", "vae.weight_decay"),
-                      ("pretrain:\n  vae:\n    momentum: 0.9\n", "vae.momentum")]:  # fmt: skip
+    for text, key in [
+        ("pretrain:\n  lr: 0\n", "lr"),
+        ("pretrain:\n  vae:\n    weight_decay: -1\n", "vae.weight_decay"),
+        ("pretrain:\n  vae:\n    momentum: 0.9\n", "vae.momentum"),
+    ]:
         with pytest.raises(ConfigError, match=key):
             load_config([_write(tmp_path, text)], section="pretrain", schema=PretrainConfig)

@@ -17,12 +17,17 @@ from vgrpo.parallel.distributed import Distributed
 
 CASES = [
     # (prompts_per_iteration, group_size, minibatches, processes), the message
-    ((4, 3, 5, 1), "optim.minibatches=5 must divide the batch "
-                   "(rollout.prompts_per_iteration x rollout.group_size = 12)"),
+    (
+        (4, 3, 5, 1),
+        "optim.minibatches=5 must divide the batch (rollout.prompts_per_iteration x rollout.group_size = 12)",
+    ),
     ((6, 4, 1, 4), "rollout.prompts_per_iteration=6 must be divisible by the 4 processes"),
-    ((4, 3, 4, 2), "optim.minibatches=4 must divide each of the 2 processes' 6 samples "
-                   "(rollout.prompts_per_iteration x rollout.group_size / processes)"),
-]  # fmt: skip
+    (
+        (4, 3, 4, 2),
+        "optim.minibatches=4 must divide each of the 2 processes' 6 samples "
+        "(rollout.prompts_per_iteration x rollout.group_size / processes)",
+    ),
+]
 
 
 @pytest.mark.parametrize(("split", "message"), CASES)

@@ -77,8 +77,11 @@ def test_surrogate_coefficients_equal_autograd_of_vgrpo_loss(clip):
         assert m["clip_frac"] > 0  # the test must exercise the clipped branch
     coef = vgrpo_surrogate_coefficients(
         ratio=vgrpo_ratio(surrogates=s.detach(), old_surrogates=s_old),
-        advantages=adv, clip_range=clip, n_mc=4, num_samples=8,
-    )  # fmt: skip
+        advantages=adv,
+        clip_range=clip,
+        n_mc=4,
+        num_samples=8,
+    )
     torch.testing.assert_close(grad, coef[:, None].expand(8, 4), rtol=1e-6, atol=1e-7)
 
 

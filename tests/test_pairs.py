@@ -7,10 +7,15 @@ from vgrpo.pairs import draw_pairs, stratified_timesteps
 
 def _draw(share, sampling="stratified", n_mc=4, seed=0):
     return draw_pairs(
-        num_prompts=3, group_size=4, n_mc=n_mc, latent_shape=(2, 3, 3), share=share,
-        timestep_sampling=sampling, sigmas=timestep_grid(12, shift=3.0),
+        num_prompts=3,
+        group_size=4,
+        n_mc=n_mc,
+        latent_shape=(2, 3, 3),
+        share=share,
+        timestep_sampling=sampling,
+        sigmas=timestep_grid(12, shift=3.0),
         generator=torch.Generator().manual_seed(seed),
-    )  # fmt: skip
+    )
 
 
 def test_stratified_draws_land_one_per_chunk():
@@ -51,9 +56,16 @@ def test_uniform_and_logit_normal_draws_are_in_range_and_seeded():
         a, b = _draw("none", sampling, seed=1), _draw("none", sampling, seed=1)
         assert torch.equal(a.t, b.t) and torch.equal(a.eps, b.eps)
         assert (a.t > 0).all() and (a.t <= 1).all()
-    ln = draw_pairs(num_prompts=1, group_size=2, n_mc=4000, latent_shape=(1,), share="batch",
-                    timestep_sampling="logit_normal", sigmas=timestep_grid(4),
-                    generator=torch.Generator().manual_seed(0))  # fmt: skip
+    ln = draw_pairs(
+        num_prompts=1,
+        group_size=2,
+        n_mc=4000,
+        latent_shape=(1,),
+        share="batch",
+        timestep_sampling="logit_normal",
+        sigmas=timestep_grid(4),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert ln.t.mean().item() == pytest.approx(0.5, abs=0.02)  # sigmoid(N(0, 1)) is symmetric about 1/2
 
 

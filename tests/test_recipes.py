@@ -57,8 +57,13 @@ def test_flux_multi_reward_advantage_is_the_mean_of_the_four_rewards_advantages(
     assert weights == {"hpsv2": 0.25, "pickscore": 0.25, "imagereward": 0.25, "unifiedreward": 0.25}
     g = torch.Generator().manual_seed(0)
     rewards = {key: torch.randn(12, generator=g) * (i + 1) for i, key in enumerate(weights)}  # 1 prompt x group 12
-    adv = compute_advantages(rewards, group_size=12, weights=weights, aggregation=stage.advantage.aggregation,
-                             std_ddof=stage.advantage.std_ddof).advantages  # fmt: skip
+    adv = compute_advantages(
+        rewards,
+        group_size=12,
+        weights=weights,
+        aggregation=stage.advantage.aggregation,
+        std_ddof=stage.advantage.std_ddof,
+    ).advantages
     per_reward = [group_normalize(r, 12, ddof=1) for r in rewards.values()]
     torch.testing.assert_close(adv, torch.stack(per_reward).mean(dim=0))
     # One z-score's scale: the std of the mean of 4 advantages is at most 1, where their sum's could reach 4.
@@ -79,15 +84,24 @@ def test_embedded_preference_stages_sum_their_normalised_rewards() -> None:
 
 
 def _one_iteration(kl_coef: float, gradient_steps: int, minibatches: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
-    config = make_config({"name": "vgrpo", "n_mc": 2, "kl_coef": kl_coef},
-                         optim={"gradient_steps": gradient_steps, "minibatches": minibatches, "lr": 1e-2})  # fmt: skip
+    config = make_config(
+        {"name": "vgrpo", "n_mc": 2, "kl_coef": kl_coef},
+        optim={"gradient_steps": gradient_steps, "minibatches": minibatches, "lr": 1e-2},
+    )
     policy = make_policy(config)
     algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
     record = train_iteration(
-        policy=policy, algorithm=algorithm, optimizer=build_optimizer(policy, config.optim),
-        reward_fn=lambda s, p: {"bright": s.mean(dim=(1, 2, 3))}, prompts=["a", "b"], cond=tiny_conditioning(2),
-        config=config, latent_shape=TINY_LATENT_SHAPE, generator=torch.Generator().manual_seed(0), iteration=0,
-    )  # fmt: skip
+        policy=policy,
+        algorithm=algorithm,
+        optimizer=build_optimizer(policy, config.optim),
+        reward_fn=lambda s, p: {"bright": s.mean(dim=(1, 2, 3))},
+        prompts=["a", "b"],
+        cond=tiny_conditioning(2),
+        config=config,
+        latent_shape=TINY_LATENT_SHAPE,
+        generator=torch.Generator().manual_seed(0),
+        iteration=0,
+    )
     return [p.detach().clone() for p in policy.parameters() if p.requires_grad], record.metrics
 
 

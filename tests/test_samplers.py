@@ -103,8 +103,15 @@ def test_sde_sample_is_ode_outside_the_window_and_deterministic():
     again = sde_sample(model, noise, cond, sigmas, noise_level=0.7, sde_steps=mask, step_noise=step_noise)
     assert torch.equal(again.latents, traj.latents)
     # Splitting the batch does not change a sample: randomness is passed in, not drawn inside.
-    half = sde_sample(model, noise[:1], cond.index(torch.tensor([0])), sigmas, noise_level=0.7,
-                      sde_steps=mask, step_noise=step_noise[:1])  # fmt: skip
+    half = sde_sample(
+        model,
+        noise[:1],
+        cond.index(torch.tensor([0])),
+        sigmas,
+        noise_level=0.7,
+        sde_steps=mask,
+        step_noise=step_noise[:1],
+    )
     torch.testing.assert_close(half.latents[0], traj.latents[0])
 
 

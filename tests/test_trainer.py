@@ -37,8 +37,14 @@ def params(world: Path) -> Path:
 def test_a_trainer_from_params_trains_what_run_stage_trains(world: Path, params: Path) -> None:
     trainer = Trainer.from_params(params, pipeline="base", work_dir=world / "api", root=world)
     result = trainer.train(final_evaluation=False)
-    run_stage(_config(iterations=2), pipeline_dir=Path("base"), work_dir=world / "plain", out_dir=world / "plain-out",
-              root=world, final_evaluation=False)  # fmt: skip
+    run_stage(
+        _config(iterations=2),
+        pipeline_dir=Path("base"),
+        work_dir=world / "plain",
+        out_dir=world / "plain-out",
+        root=world,
+        final_evaluation=False,
+    )
     assert result.iterations == 2 and trainer.out_dir == world / "api" / "export"
     assert (world / "api" / "export" / LORA).read_bytes() == (world / "plain-out" / LORA).read_bytes()
     table = trainer.evaluate()
@@ -47,9 +53,13 @@ def test_a_trainer_from_params_trains_what_run_stage_trains(world: Path, params:
 
 def test_a_users_reward_function_and_reward_object_train_and_name_themselves(world: Path, params: Path) -> None:
     trainer = Trainer.from_params(
-        params, overrides={"eval_prompts": None}, pipeline="base", work_dir=world / "mine", root=world,
+        params,
+        overrides={"eval_prompts": None},
+        pipeline="base",
+        work_dir=world / "mine",
+        root=world,
         rewards={"red": redness, "bright": RewardTerm(Brightness(gain=2.0), weight=0.5)},
-    )  # fmt: skip
+    )
     assert [(r.name, r.key, r.weight) for r in trainer.config.rewards] == [
         ("tests.rewards.custom:redness", "red", 1.0),
         ("tests.rewards.custom:Brightness", "bright", 0.5),

@@ -67,12 +67,28 @@ CASES = [
 
 @pytest.mark.parametrize(("case", "key", "value", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_exits_2_naming_the_culprit(
-    world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, key: str, value: Any,
+    world: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    case: str,
+    key: str,
+    value: Any,
     expected: list[str],
-) -> None:  # fmt: skip
+) -> None:
     (tmp_path / "stage.yaml").write_text(yaml.safe_dump(_set(_valid(), key, value)))
-    code = main(["train", "--params", str(tmp_path / "stage.yaml"), "--root", str(world),
-                 "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--params",
+            str(tmp_path / "stage.yaml"),
+            "--root",
+            str(world),
+            "--out",
+            str(tmp_path / "out"),
+            "--work-dir",
+            str(tmp_path / "work"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("\n") <= 3, err  # one message, not a traceback
@@ -84,6 +100,20 @@ def test_bad_input_exits_2_naming_the_culprit(
 def test_the_valid_stage_file_passes_validation(world: Path, tmp_path: Path) -> None:
     """The cases above differ from this file in one entry each, so each failure is that entry's."""
     (tmp_path / "stage.yaml").write_text(yaml.safe_dump(_set(_valid(), "iterations", 1) | {"eval_prompts": None}))
-    assert main(["train", "--params", str(tmp_path / "stage.yaml"), "--root", str(world),
-                 "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--params",
+                str(tmp_path / "stage.yaml"),
+                "--root",
+                str(world),
+                "--out",
+                str(tmp_path / "out"),
+                "--work-dir",
+                str(tmp_path / "work"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()

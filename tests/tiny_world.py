@@ -16,11 +16,12 @@ WORLD_PICK = Path(__file__).parents[1] / "models" / "world-pickscore"
 """The shipped world PickScore: a dense reward, so that groups vary and adapters move."""
 
 TINY_MODEL_PARAMS = {
-    "pipeline": "base", "eval_prompts": "test.jsonl",
+    "pipeline": "base",
+    "eval_prompts": "test.jsonl",
     "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
     "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
     "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
-}  # fmt: skip
+}
 """A model params file for :func:`write_tiny_world`'s pipeline: stages of seconds."""
 
 
@@ -40,7 +41,10 @@ def write_tiny_world(root: Path, n_train: int = 40, n_test: int = 8) -> Path:
 def tiny_stage_config(**overrides: object) -> StageConfig:
     """A three-iteration V-GRPO stage on :func:`write_tiny_world`'s files; ``overrides`` replace top-level keys."""
     data: dict = {
-        "name": "tiny", "prompts": "train.jsonl", "iterations": 3, "checkpoint_every": 1,
+        "name": "tiny",
+        "prompts": "train.jsonl",
+        "iterations": 3,
+        "checkpoint_every": 1,
         "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None, "micro_batch_size": 8},
         "optim": {"lr": 1e-2, "micro_batch_size": 8},
         "algorithm": {"name": "vgrpo", "n_mc": 2},
@@ -50,7 +54,7 @@ def tiny_stage_config(**overrides: object) -> StageConfig:
         "rewards": [{"name": "geneval", "weight": 0.5}, {"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
         "eval_prompts": "test.jsonl",
         "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
-    }  # fmt: skip
+    }
     data.update(overrides)
     return StageConfig.model_validate(data)
 

@@ -76,9 +76,16 @@ def cmd_train(args: argparse.Namespace) -> None:
     check_or_raise([checked], args.root, init_lora=args.init_lora, world_size=world_size, checkpoint_dir=args.work_dir)
     use_threads(args.threads)
     dist = Distributed.from_environment()
-    trainer = Trainer(cfg, work_dir=Path(args.work_dir), pipeline=args.pipeline, out_dir=Path(args.out),
-                      init_lora=args.init_lora, root=Path(args.root), callbacks=PrintProgress(cfg.name),
-                      dist=dist)  # fmt: skip
+    trainer = Trainer(
+        cfg,
+        work_dir=Path(args.work_dir),
+        pipeline=args.pipeline,
+        out_dir=Path(args.out),
+        init_lora=args.init_lora,
+        root=Path(args.root),
+        callbacks=PrintProgress(cfg.name),
+        dist=dist,
+    )
     result = trainer.train()
     if dist.is_main:
         if args.metrics:

@@ -84,8 +84,10 @@ class TrainConfig(FrozenConfig):
         if isinstance(algo, MixGRPOConfig) and algo.window_size > rollout.num_steps:
             raise ValueError(f"algorithm.window_size={algo.window_size} > rollout.num_steps={rollout.num_steps}")
         if self.lora is None and self.precision.text_encoders == "drop_after_encoding":
-            raise ValueError("precision.text_encoders: drop_after_encoding needs lora: a full fine-tune exports the "
-                             "whole pipeline, text encoders included (use text_encoders: cpu)")  # fmt: skip
+            raise ValueError(
+                "precision.text_encoders: drop_after_encoding needs lora: a full fine-tune exports the "
+                "whole pipeline, text encoders included (use text_encoders: cpu)"
+            )
         return self
 
 
@@ -260,8 +262,12 @@ class StageConfig(TrainConfig):
     def _check_stage(self) -> StageConfig:
         check_unique_keys(self.rewards)
         rollout = self.rollout
-        self.launch.check_fits(autocast=self.precision.autocast, prompts_per_iteration=rollout.prompts_per_iteration,
-                               group_size=rollout.group_size, minibatches=self.optim.minibatches)  # fmt: skip
+        self.launch.check_fits(
+            autocast=self.precision.autocast,
+            prompts_per_iteration=rollout.prompts_per_iteration,
+            group_size=rollout.group_size,
+            minibatches=self.optim.minibatches,
+        )
         if self.prompt_tag_weights is not None and any(w <= 0 for w in self.prompt_tag_weights.values()):
             raise ValueError(f"prompt_tag_weights must all be > 0, got {self.prompt_tag_weights}")
         if self.advantage.weights:

@@ -21,10 +21,18 @@ from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_tra
 from vgrpo.training.iteration import build_optimizer, train_iteration
 
 SHOWN = (
-    "reward/total_mean", "advantage/zero_variance_frac", "surrogate/cv", "surrogate/cv_within_group",
-    "train/ratio_mean", "train/clip_frac", "train/kl", "train/grad_norm",
-    "time/rollout_s", "time/reward_s", "time/update_s",
-)  # fmt: skip
+    "reward/total_mean",
+    "advantage/zero_variance_frac",
+    "surrogate/cv",
+    "surrogate/cv_within_group",
+    "train/ratio_mean",
+    "train/clip_frac",
+    "train/kl",
+    "train/grad_norm",
+    "time/rollout_s",
+    "time/reward_s",
+    "time/update_s",
+)
 
 
 def toy_reward(samples: Tensor, prompts: Sequence[str]) -> dict[str, Tensor]:
@@ -63,9 +71,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         generator = torch.Generator().manual_seed(config.seed)
         for it in range(args.iterations):
             record = train_iteration(
-                policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=toy_reward, prompts=prompts,
-                cond=cond, config=config, latent_shape=TINY_LATENT_SHAPE, generator=generator, iteration=it,
-            )  # fmt: skip
+                policy=policy,
+                algorithm=algorithm,
+                optimizer=optimizer,
+                reward_fn=toy_reward,
+                prompts=prompts,
+                cond=cond,
+                config=config,
+                latent_shape=TINY_LATENT_SHAPE,
+                generator=generator,
+                iteration=it,
+            )
             shown = ", ".join(f"{k}={record.metrics[k]:.4g}" for k in SHOWN if k in record.metrics)
             print(f"{name:>14} it {it}: {shown}")
 

@@ -24,13 +24,17 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from vgrpo.atomic import atomic_dir
+from vgrpo.checkpoints.state import export_merged_pipeline
 from vgrpo.config import StageConfig, load_config, load_curriculum
 from vgrpo.errors import ConfigError
+from vgrpo.models.pipeline import load_pipeline
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.rewards.base import Reward
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward, RewardTerm
 from vgrpo.rewards.registry import FunctionReward
+from vgrpo.training.phases import evaluate_adapter
 from vgrpo.training.stage import PhaseRunner, StageCallbacks, StageResult, call_directly, run_stage
 
 __all__ = ["RewardLike", "Trainer"]
@@ -54,13 +58,18 @@ def _reward_set(config: StageConfig, rewards: Mapping[str, RewardLike]) -> tuple
     terms: dict[str, RewardTerm] = {}
     specs: list[RewardConfig] = []
     for key, given in rewards.items():
-        term = given if isinstance(given, RewardTerm) else RewardTerm(given if isinstance(given, Reward)
-                                                                     else FunctionReward(given, key))  # fmt: skip
+        term = (
+            given
+            if isinstance(given, RewardTerm)
+            else RewardTerm(given if isinstance(given, Reward) else FunctionReward(given, key))
+        )
         inner = term.reward.fn if isinstance(term.reward, FunctionReward) else term.reward
         name = _import_path(inner)
         if "<" in name:  # <locals>, <lambda>: no import path reaches it
-            raise ConfigError(f"rewards[{key!r}]: {name} is defined inside a function; define the reward at module "
-                              "level, so the stage's params and checkpoints can name it")  # fmt: skip
+            raise ConfigError(
+                f"rewards[{key!r}]: {name} is defined inside a function; define the reward at module "
+                "level, so the stage's params and checkpoints can name it"
+            )
         try:
             spec = RewardConfig(name=name, key=key, weight=term.weight, offset=term.offset, scale=term.scale)
         except ValidationError as exc:
@@ -138,10 +147,21 @@ class Trainer:
         """Train the stage (resuming its newest checkpoint) and export the weights to ``out_dir``; see
         :func:`vgrpo.training.stage.run_stage` for ``final_evaluation``, ``run_state`` and ``prompts``."""
         assert self.pipeline is not None and self.out_dir is not None
-        return run_stage(self.config, pipeline_dir=self.pipeline, work_dir=self.work_dir, out_dir=self.out_dir,
-                         init_lora=self.init_lora, root=self.root, callbacks=self.callbacks, phases=self.phases,
-                         final_evaluation=final_evaluation, run_state=run_state, prompts=prompts,
-                         rewards=self.reward_set, dist=self.dist)  # fmt: skip
+        return run_stage(
+            self.config,
+            pipeline_dir=self.pipeline,
+            work_dir=self.work_dir,
+            out_dir=self.out_dir,
+            init_lora=self.init_lora,
+            root=self.root,
+            callbacks=self.callbacks,
+            phases=self.phases,
+            final_evaluation=final_evaluation,
+            run_state=run_state,
+            prompts=prompts,
+            rewards=self.reward_set,
+            dist=self.dist,
+        )
 
     def evaluate(
         self, weights: str | Path | None = None, iteration: int | None = None
@@ -149,8 +169,6 @@ class Trainer:
         """The stage's evaluation (its ``evaluation`` settings and ``eval_prompts``) of exported weights: ``weights``
         (a LoRA directory, or a whole pipeline after full fine-tuning), by default ``out_dir``; returns the table
         and the images, or ``None`` without evaluation prompts."""
-        from vgrpo.training.phases import evaluate_adapter
-
         assert self.pipeline is not None
         target = Path(weights) if weights is not None else self.out_dir
         if target is None or not target.is_dir():
@@ -161,16 +179,11 @@ class Trainer:
     def export(self, out_dir: str | Path, *, merged: bool = False) -> Path:
         """Write the trained weights to ``out_dir``: the LoRA in diffusers' format (or the whole pipeline after
         full fine-tuning), or with ``merged`` a plain diffusers pipeline with the LoRA fused in."""
-        from vgrpo.atomic import atomic_dir
-        from vgrpo.checkpoints.state import export_merged_pipeline
-
         assert self.pipeline is not None and self.out_dir is not None
         source, target = self.out_dir, Path(out_dir)
         if not source.is_dir():
             raise ConfigError(f"{source}: no exported weights (train first)")
         if merged and self.config.lora is not None:
-            from vgrpo.models.pipeline import load_pipeline
-
             export_merged_pipeline(load_pipeline(self.root / self.pipeline), source, target)
         else:
 

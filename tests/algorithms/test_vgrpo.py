@@ -62,9 +62,13 @@ def test_memory_bounded_update_equals_full_graph_with_clip_and_kl_active():
     g_bounded = grads(policy)
     full_graph = VGRPO(
         make_config({**algo_cfg, "memory_bounded": False}).algorithm,  # type: ignore[arg-type]
-        policy=policy, sigmas=algorithm.sigmas, group_size=3, latent_shape=algorithm.latent_shape,
-        rollout_micro_batch=4, train_micro_batch=4,
-    )  # fmt: skip
+        policy=policy,
+        sigmas=algorithm.sigmas,
+        group_size=3,
+        latent_shape=algorithm.latent_shape,
+        rollout_micro_batch=4,
+        train_micro_batch=4,
+    )
     policy.zero_grad(set_to_none=True)
     full = full_graph.accumulate_gradients(policy, batch, torch.arange(N), step=1)
     g_full = grads(policy)

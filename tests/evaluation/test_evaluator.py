@@ -54,8 +54,13 @@ def test_sample_noise_depends_only_on_seed_and_index() -> None:
 
 def test_generate_does_not_depend_on_micro_batch(policy: SD3Velocity) -> None:
     prompts = [f"prompt {i}" for i in range(5)]
-    kw = {"encode": encode, "decode": decode, "policy": policy, "latent_shape": TINY_LATENT_SHAPE,
-          "sampling": Sampling(num_steps=3, seed=0)}  # fmt: skip
+    kw = {
+        "encode": encode,
+        "decode": decode,
+        "policy": policy,
+        "latent_shape": TINY_LATENT_SHAPE,
+        "sampling": Sampling(num_steps=3, seed=0),
+    }
     one, _ = generate(prompts=prompts, micro_batch=1, **kw)  # type: ignore[arg-type]
     all_, _ = generate(prompts=prompts, micro_batch=8, **kw)  # type: ignore[arg-type]
     np.testing.assert_array_equal(one, all_)
@@ -136,8 +141,14 @@ def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
     pipe = build_pipeline(TINY, train_clip_tokenizer([m["prompt"] for m in metadata] + [""], TINY), seed=0)
     adapter, velocity = SD3Adapter(pipe), SD3Velocity(pipe.transformer.eval())
     with MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr"}]) as rewards:
-        kw = {"adapter": adapter, "policy": velocity, "metadata": metadata, "rewards": rewards, "group_size": 2,
-              "micro_batch": 4}  # fmt: skip
+        kw = {
+            "adapter": adapter,
+            "policy": velocity,
+            "metadata": metadata,
+            "rewards": rewards,
+            "group_size": 2,
+            "micro_batch": 4,
+        }
         plain = Sampling(num_steps=2, seed=0)
         table, images = evaluate(overlap=True, sampling=plain, **kw)  # type: ignore[arg-type]
         again, images2 = evaluate(overlap=False, sampling=plain, **kw)  # type: ignore[arg-type]
@@ -147,8 +158,14 @@ def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
     assert images.shape == (14, 16, 16, 3)
     assert table["rewards"] == again["rewards"]
     assert table["rewards"]["geneval"]["images"] == 12 and table["rewards"]["ocr"]["images"] == 2
-    assert set(table["rewards"]["geneval"]["per_tag"]) == {"single_object", "two_object", "counting", "colors",
-                                                            "position", "color_attr"}  # fmt: skip
+    assert set(table["rewards"]["geneval"]["per_tag"]) == {
+        "single_object",
+        "two_object",
+        "counting",
+        "colors",
+        "position",
+        "color_attr",
+    }
     assert cfg["sampling"]["guidance_scale"] == 3.0 and cfg["sampling"]["p_mix"] == 0.5
     json.dumps(table)  # the table is JSON as it is
     write_grid(tmp_path / "grid.png", images, cols=2)
@@ -188,8 +205,9 @@ def _two_evaluations(gain: float) -> tuple[dict, dict]:
     tables = []
     for shift in (0.0, gain):
         strict = (rng.random(240) < 0.3 + shift).astype(float)
-        scored = MultiRewardOutput(scores={}, raw={"geneval": strict},
-                                   sub_scores={"geneval/strict": strict, "geneval/partial": strict})  # fmt: skip
+        scored = MultiRewardOutput(
+            scores={}, raw={"geneval": strict}, sub_scores={"geneval/strict": strict, "geneval/partial": strict}
+        )
         tables.append(summarise(scored, [m["prompt"] for m in metadata], metadata, rewards, group_size=4))
     return tables[0], tables[1]
 
@@ -224,8 +242,13 @@ def test_grid_captions_rows_and_frames_credited_images() -> None:
     images = np.full((4, 8, 8, 3), 128, np.uint8)
     plain = grid_image(images, cols=2, scale=2)
     assert plain.shape == (2 * 10 * 2, 2 * 10 * 2, 3) and (plain[0, 0] == FRAME_COLORS[None]).all()
-    table = {"group_size": 2, "per_prompt": {"prompt": ["a photo of a circle", 'a sign that says "hi"'],
-                                             "credited": [[True, False], [None, True]]}}  # fmt: skip
+    table = {
+        "group_size": 2,
+        "per_prompt": {
+            "prompt": ["a photo of a circle", 'a sign that says "hi"'],
+            "credited": [[True, False], [None, True]],
+        },
+    }
     marked = grid_image(**grid_of(table, images, prompts=2), scale=2)
     assert marked.shape == (2 * (10 * 2 + 14), 2 * 10 * 2, 3)
     assert (marked[0, 0] == FRAME_COLORS[True]).all() and (marked[0, 20] == FRAME_COLORS[False]).all()

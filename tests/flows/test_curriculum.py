@@ -25,11 +25,22 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = write_tiny_world(tmp_path_factory.mktemp("project"), n_test=6)
     pick = {"name": "pickscore", "options": {"path": str(WORLD_PICK)}}
     stages = {
-        "a.yaml": {"name": "s1-pick", "prompts": "train.jsonl", "iterations": 2, "rewards": [pick],
-                   "algorithm": {"name": "vgrpo", "n_mc": 2}},
-        "b.yaml": {"name": "s2-geneval", "prompts": "train.jsonl", "iterations": 1, "rewards": [{"name": "geneval"}],
-                   "prompt_tags": ["counting", "colors"], "algorithm": {"name": "vgrpo", "n_mc": 2, "kl_coef": 0.3}},
-    }  # fmt: skip
+        "a.yaml": {
+            "name": "s1-pick",
+            "prompts": "train.jsonl",
+            "iterations": 2,
+            "rewards": [pick],
+            "algorithm": {"name": "vgrpo", "n_mc": 2},
+        },
+        "b.yaml": {
+            "name": "s2-geneval",
+            "prompts": "train.jsonl",
+            "iterations": 1,
+            "rewards": [{"name": "geneval"}],
+            "prompt_tags": ["counting", "colors"],
+            "algorithm": {"name": "vgrpo", "n_mc": 2, "kl_coef": 0.3},
+        },
+    }
     (root / "base.yaml").write_text("seed: 0\n")
     (root / "model.yaml").write_text(yaml.safe_dump(TINY_MODEL_PARAMS))
     for name, data in stages.items():
@@ -88,9 +99,18 @@ def test_curriculum_flow_runs_each_phase_as_a_task_caches_stages_and_tracks_them
     assert (Path(first["out_dir"]) / "pytorch_lora_weights.safetensors").is_file()
     assert "eval/geneval_geneval_strict" in second["final_eval"]
     # Every phase of every iteration is a task run of the flow, named after its stage and iteration.
-    for name in ("s1-pick/prepare-prompts", "s1-pick/setup-policy", "s1-pick/rollout-0000", "s1-pick/score-0001",
-                 "s1-pick/update-0001", "s1-pick/checkpoint-0002", "s1-pick/export", "s1-pick/evaluate",
-                 "s2-geneval/rollout-0000", "s2-geneval/evaluate"):  # fmt: skip
+    for name in (
+        "s1-pick/prepare-prompts",
+        "s1-pick/setup-policy",
+        "s1-pick/rollout-0000",
+        "s1-pick/score-0001",
+        "s1-pick/update-0001",
+        "s1-pick/checkpoint-0002",
+        "s1-pick/export",
+        "s1-pick/evaluate",
+        "s2-geneval/rollout-0000",
+        "s2-geneval/evaluate",
+    ):
         assert name in tasks, (name, tasks)
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tiny-stages"])))
@@ -114,7 +134,8 @@ def test_curriculum_flow_runs_each_phase_as_a_task_caches_stages_and_tracks_them
     assert sorted(v.run_id for v in versions) == sorted(r.info.run_id for r in children)
     loaded = mlflow.diffusers.load_model(first["model_uri"])
     assert (Path(loaded.adapter_path) / "pytorch_lora_weights.safetensors").read_bytes() == (
-        Path(first["out_dir"]) / "pytorch_lora_weights.safetensors").read_bytes()  # fmt: skip
+        Path(first["out_dir"]) / "pytorch_lora_weights.safetensors"
+    ).read_bytes()
     pipe = loaded.load_pipeline(device="cpu", text_encoder_3=None, tokenizer_3=None)  # the base has no T5
     assert type(pipe).__name__ == "StableDiffusion3Pipeline"
 
@@ -145,8 +166,9 @@ def test_a_resumed_stage_continues_its_mlflow_run(project: Path, tmp_path: Path)
     from tasks.tracking import Tracking, tracking_uri
     from vgrpo.config import load_curriculum
 
-    _, stages = load_curriculum(project / "curriculum.yaml", {"iterations": 3, "checkpoint_every": 1},
-                                root=str(project))  # fmt: skip
+    _, stages = load_curriculum(
+        project / "curriculum.yaml", {"iterations": 3, "checkpoint_every": 1}, root=str(project)
+    )
     stage = stages[0]
     uri = tracking_uri(tmp_path / "mlflow")
     tracking = Tracking(uri, "resume", "s1-pick")
@@ -175,8 +197,11 @@ def test_ablation_sweep_runs_the_curriculum_once_per_file_nested_under_one_sweep
     from tasks.tracking import tracking_uri
     from vgrpo.errors import ConfigError
 
-    (project / "one.yaml").write_text(yaml.safe_dump({"curriculum": {
-        "name": "one", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml"]}}))  # fmt: skip
+    (project / "one.yaml").write_text(
+        yaml.safe_dump(
+            {"curriculum": {"name": "one", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml"]}}
+        )
+    )
     (project / "ablations").mkdir(exist_ok=True)
     (project / "ablations/no_shared_pairs.yaml").write_text("algorithm: {share: none}\n")
     (project / "ablations/v_prediction.yaml").write_text("algorithm: {prediction: v}\n")
@@ -184,11 +209,16 @@ def test_ablation_sweep_runs_the_curriculum_once_per_file_nested_under_one_sweep
     uri = tracking_uri(project / "mlflow-sweep")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with pytest.raises(ConfigError, match="sharing"):  # every ablation is validated before the first stage
-        ablation_sweep(curriculum="one.yaml", root=str(project), run_root="runs",
-                       ablations=["ablations/no_shared_pairs.yaml", "ablations/typo.yaml"])  # fmt: skip
+        ablation_sweep(
+            curriculum="one.yaml",
+            root=str(project),
+            run_root="runs",
+            ablations=["ablations/no_shared_pairs.yaml", "ablations/typo.yaml"],
+        )
     ablations = ["ablations/no_shared_pairs.yaml", "ablations/v_prediction.yaml"]
-    out = ablation_sweep(curriculum="one.yaml", root=str(project), run_root="runs", ablations=ablations,
-                         overrides={"iterations": 1})  # fmt: skip
+    out = ablation_sweep(
+        curriculum="one.yaml", root=str(project), run_root="runs", ablations=ablations, overrides={"iterations": 1}
+    )
     assert set(out["ablations"]) == {"no_shared_pairs", "v_prediction"}
     adapters = {name: Path(stages[0]["out_dir"]) for name, stages in out["ablations"].items()}
     assert adapters["v_prediction"] == project / "runs/one/ablations/v_prediction/stages/s1-pick"
@@ -203,7 +233,9 @@ def test_ablation_sweep_runs_the_curriculum_once_per_file_nested_under_one_sweep
     assert len({r.data.tags["mlflow.parentRunId"] for r in variants}) == 1
     stages = [r for r in runs if "vgrpo.training.stage" in r.data.tags]
     assert {by_id[r.data.tags["mlflow.parentRunId"]].data.tags["vgrpo.ablation"] for r in stages} == {
-        "no_shared_pairs", "v_prediction"}  # fmt: skip
+        "no_shared_pairs",
+        "v_prediction",
+    }
     assert sorted(r.info.run_name for r in stages) == ["no_shared_pairs/s1-pick", "v_prediction/s1-pick"]
     params = {r.data.tags["vgrpo.ablation"]: r for r in variants}
     assert params["v_prediction"].info.status == "FINISHED"

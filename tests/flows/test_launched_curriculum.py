@@ -26,8 +26,9 @@ TWO = {"launch": {"processes": 2}}
 def _flow(root: Path, run_root: str, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
     from flows.curriculum import curriculum_flow
 
-    state = curriculum_flow(curriculum="curriculum.yaml", root=str(root), run_root=run_root, overrides=overrides,
-                            return_state=True)  # fmt: skip
+    state = curriculum_flow(
+        curriculum="curriculum.yaml", root=str(root), run_root=run_root, overrides=overrides, return_state=True
+    )
     return state.result(), state.state_details.flow_run_id
 
 
@@ -110,8 +111,19 @@ def test_dvc_stage_command_launches_the_stage_it_is_asked_to(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(project)  # the curriculum's paths are relative to the project
     metrics = tmp_path / "1.json"
-    args = ["--curriculum", "curriculum.yaml", "--stage", "1", "--run-root", str(tmp_path / "dvc"),
-            "--metrics", str(metrics), "--set", "launch.processes=2", "iterations=1"]  # fmt: skip
+    args = [
+        "--curriculum",
+        "curriculum.yaml",
+        "--stage",
+        "1",
+        "--run-root",
+        str(tmp_path / "dvc"),
+        "--metrics",
+        str(metrics),
+        "--set",
+        "launch.processes=2",
+        "iterations=1",
+    ]
     assert main(args) == 0
     assert json.loads(metrics.read_text())["iterations"] == 1
     (run,) = _stage_runs(uri, "tiny")

@@ -40,11 +40,16 @@ TINY_MODEL = {  # params/models/embedded.yaml, shrunk so that a stage takes seco
     "lora": {"rank": 4, "alpha": 8},
     "eval_prompts": "data/world/test.jsonl",
     "evaluation": {
-        "group_size": 2, "num_steps": 4, "seed": 0, "max_prompts": 4,
-        "rewards": [{"name": "geneval"},
-                    {"name": "pickscore", "key": "world_pickscore", "options": {"path": "models/world-pickscore"}}],
+        "group_size": 2,
+        "num_steps": 4,
+        "seed": 0,
+        "max_prompts": 4,
+        "rewards": [
+            {"name": "geneval"},
+            {"name": "pickscore", "key": "world_pickscore", "options": {"path": "models/world-pickscore"}},
+        ],
     },
-}  # fmt: skip
+}
 STAGE_LENGTHS = {"1-preference.yaml": 2, "2-geneval.yaml": 4}
 
 
@@ -56,8 +61,16 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -
 
 
 def _copy_project(dst: Path) -> None:
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         src = REPO / rel
         if src.is_file():
@@ -89,12 +102,17 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
 
 def _serve(root: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = open(root / "serve.log", "ab")  # noqa: SIM115 -- the child writes it until killed
-    proc = subprocess.Popen([sys.executable, "-m", "flows.deploy"], cwd=root, env=env, stdout=log, stderr=log,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.deploy"], cwd=root, env=env, stdout=log, stderr=log, start_new_session=True
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        check = subprocess.run([sys.executable, "-m", "prefect", "deployment", "inspect", "vgrpo/embedded-curriculum"],
-                               cwd=root, env=env, capture_output=True)  # fmt: skip
+        check = subprocess.run(
+            [sys.executable, "-m", "prefect", "deployment", "inspect", "vgrpo/embedded-curriculum"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+        )
         if check.returncode == 0:
             return proc
         assert proc.poll() is None, (root / "serve.log").read_text()[-3000:]
@@ -125,8 +143,13 @@ def test_dvc_and_prefect_runs_agree_after_a_kill_and_resume(project: tuple[Path,
     shown = json.loads(_run([*dvc, "metrics", "show", "--json"], root, env))
     files = next(iter(shown.values()))["data"]
     assert files["metrics/stages/s1-preference.json"]["data"]["iterations"] == 2
-    assert files["metrics/stages/s2-geneval.json"]["data"].keys() == {"iterations", "wall_s", "strict", "partial",
-                                                                      "pickscore"}  # fmt: skip
+    assert files["metrics/stages/s2-geneval.json"]["data"].keys() == {
+        "iterations",
+        "wall_s",
+        "strict",
+        "partial",
+        "pickscore",
+    }
     s2 = json.loads((root / "metrics/stages/s2-geneval.eval.json").read_text())  # the whole final evaluation
     assert s2["iterations"] == 4 and s2["resumed_from"] == 0 and "eval/geneval_geneval_strict" in s2
     assert json.loads((root / "plots/stages/s2-geneval.json").read_text())[3]["iteration"] == 3.0
@@ -184,12 +207,22 @@ def test_dvc_and_prefect_runs_agree_after_a_kill_and_resume(project: tuple[Path,
     # The Prefect API holds every step as a task run of the restarted flow run, and the stage table artifact.
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}), get_client(sync_client=True) as prefect:
         flow_run_id = resumed.data.tags["prefect.flow_run_id"]
-        tasks = {t.name for t in prefect.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])))}  # fmt: skip
-        table = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
-            any_=["tiny-curriculum-stages"])))  # fmt: skip
-    assert {"s2-geneval/rollout-0003", "s2-geneval/score-0003", "s2-geneval/update-0003", "s2-geneval/export",
-            "s2-geneval/evaluate", "s2-geneval/train", "s1-preference/train"} <= tasks, sorted(tasks)  # fmt: skip
+        tasks = {
+            t.name
+            for t in prefect.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])))
+        }
+        table = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tiny-curriculum-stages"]))
+        )
+    assert {
+        "s2-geneval/rollout-0003",
+        "s2-geneval/score-0003",
+        "s2-geneval/update-0003",
+        "s2-geneval/export",
+        "s2-geneval/evaluate",
+        "s2-geneval/train",
+        "s1-preference/train",
+    } <= tasks, sorted(tasks)
     assert table, "no stage table artifact"
 
     # 4. The DVC stages are MLflow runs too, with metrics and evaluation images.

@@ -40,8 +40,13 @@ def test_local_services_prefect_status_available_on_loopback(services: LocalServ
     assert env["MLFLOW_TRACKING_URI"] == f"sqlite:///{services.log.parents[1] / 'mlflow' / 'mlflow.db'}"
     assert (Path(env["PREFECT_HOME"]) / "prefect.db").exists()  # the server's database lives in its own home
     assert os.getpgid(services.pgid) == services.pgid
-    status = subprocess.run([sys.executable, "-m", "prefect", "server", "status", "-o", "json"],
-                            env={**os.environ, **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    status = subprocess.run(
+        [sys.executable, "-m", "prefect", "server", "status", "-o", "json"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert status.returncode == 0, status.stdout + status.stderr
     reply = json.loads(status.stdout)
     assert reply["status"] == "available" and reply["api_url"] == env["PREFECT_API_URL"]

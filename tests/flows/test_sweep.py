@@ -31,9 +31,14 @@ SERVE = (  # the sweep's own run and its two cells at once, from the project's s
 
 def _project(root: Path) -> Path:
     write_tiny_world(root, n_test=4)
-    stage = {"name": "s1-pick", "prompts": "train.jsonl", "iterations": 6, "checkpoint_every": 3,
-             "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
-             "algorithm": {"name": "vgrpo", "n_mc": 2}}  # fmt: skip
+    stage = {
+        "name": "s1-pick",
+        "prompts": "train.jsonl",
+        "iterations": 6,
+        "checkpoint_every": 3,
+        "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
+        "algorithm": {"name": "vgrpo", "n_mc": 2},
+    }
     (root / "base.yaml").write_text("seed: 0\n")
     (root / "model.yaml").write_text(yaml.safe_dump(TINY_MODEL_PARAMS))
     (root / "a.yaml").write_text(yaml.safe_dump(stage))
@@ -55,25 +60,52 @@ def test_two_ablation_cells_train_at_once_under_a_device_limit_of_two(tmp_path: 
     with local_services(tmp_path / "services") as services:
         env = {**os.environ, **services.env, "PYTHONPATH": str(REPO), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
         log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 -- the serve process writes it until stopped
-        serve = subprocess.Popen([sys.executable, "-c", SERVE], cwd=REPO, env=env, stdout=log, stderr=log,
-                                 start_new_session=True)  # fmt: skip
+        serve = subprocess.Popen(
+            [sys.executable, "-c", SERVE], cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
+        )
         try:
             prefect = [sys.executable, "-m", "prefect"]
             deadline = time.monotonic() + 120
-            while subprocess.run([*prefect, "deployment", "inspect", "vgrpo/ablation-sweep"], env=env,
-                                 capture_output=True).returncode != 0:  # fmt: skip
+            while (
+                subprocess.run(
+                    [*prefect, "deployment", "inspect", "vgrpo/ablation-sweep"], env=env, capture_output=True
+                ).returncode
+                != 0
+            ):
                 assert serve.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
                 time.sleep(2)
-            params = {"curriculum": "one.yaml", "root": str(project), "run_root": "runs", "devices": 2,
-                      "ablations": ["ablations/no_shared_pairs.yaml", "ablations/v_prediction.yaml"]}  # fmt: skip
-            run = subprocess.run([*prefect, "deployment", "run", "vgrpo/ablation-sweep", "--params", json.dumps(params),
-                                  "--watch", "--watch-timeout", "600"], env=env, capture_output=True, text=True,
-                                 timeout=660)  # fmt: skip
+            params = {
+                "curriculum": "one.yaml",
+                "root": str(project),
+                "run_root": "runs",
+                "devices": 2,
+                "ablations": ["ablations/no_shared_pairs.yaml", "ablations/v_prediction.yaml"],
+            }
+            run = subprocess.run(
+                [
+                    *prefect,
+                    "deployment",
+                    "run",
+                    "vgrpo/ablation-sweep",
+                    "--params",
+                    json.dumps(params),
+                    "--watch",
+                    "--watch-timeout",
+                    "600",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=660,
+            )
             assert run.returncode == 0, run.stdout[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
             api = {PREFECT_API_URL: services.env["PREFECT_API_URL"]}
             with temporary_settings(api), get_client(sync_client=True) as client:
-                cells = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                    name=FlowRunFilterName(any_=["cell-no_shared_pairs", "cell-v_prediction"])))  # fmt: skip
+                cells = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        name=FlowRunFilterName(any_=["cell-no_shared_pairs", "cell-v_prediction"])
+                    )
+                )
                 limit = client.read_global_concurrency_limit_by_name("vgrpo-devices")
         finally:
             stop_group(serve)

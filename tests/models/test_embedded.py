@@ -18,10 +18,19 @@ from vgrpo.models.sd3 import SD3Adapter
 from vgrpo.world import make_splits
 
 TINY = EmbeddedModelConfig(
-    resolution=16, text_hidden_size=16, text_layers=2, text_heads=2, text_projection_dim=8,
-    vae_channels=(8, 16), vae_norm_groups=4, latent_channels=4, patch_size=2, num_layers=1,
-    attention_head_dim=8, num_attention_heads=2,
-)  # fmt: skip
+    resolution=16,
+    text_hidden_size=16,
+    text_layers=2,
+    text_heads=2,
+    text_projection_dim=8,
+    vae_channels=(8, 16),
+    vae_norm_groups=4,
+    latent_channels=4,
+    patch_size=2,
+    num_layers=1,
+    attention_head_dim=8,
+    num_attention_heads=2,
+)
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr", "ocr", "preference")
 
 
@@ -114,8 +123,9 @@ def test_adapter_caches_prompts_and_matches_encode_prompt(saved_pipeline: Path) 
     assert cond.prompt_embeds.shape == (3, TINY.max_text_tokens, 2 * TINY.text_hidden_size)
     assert cond.pooled_prompt_embeds is not None and cond.pooled_prompt_embeds.shape == (3, 16)
     assert torch.equal(cond.prompt_embeds[0], cond.prompt_embeds[2])
-    direct, _, pooled, _ = pipe.encode_prompt("a photo of a circle", None, None, do_classifier_free_guidance=False,
-                                              max_sequence_length=0)  # fmt: skip
+    direct, _, pooled, _ = pipe.encode_prompt(
+        "a photo of a circle", None, None, do_classifier_free_guidance=False, max_sequence_length=0
+    )
     torch.testing.assert_close(cond.prompt_embeds[1], direct[0], rtol=0, atol=1e-6)  # batched vs single
     torch.testing.assert_close(cond.pooled_prompt_embeds[1], pooled[0], rtol=0, atol=1e-6)
     images = torch.rand(2, 3, 16, 16) * 2 - 1

@@ -68,8 +68,16 @@ def test_euler_with_flux_velocity_reproduces_flux_pipeline(flux: Any, steps: int
     adapter, policy = build_adapter(flux, resolution=16)
     assert isinstance(policy, FluxVelocity) and policy.guidance_scale == 3.5
     noise = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
-    reference = flux(prompt=PROMPTS, height=16, width=16, num_inference_steps=steps, guidance_scale=3.5,
-                     latents=pack_latents(noise), output_type="latent", max_sequence_length=16).images  # fmt: skip
+    reference = flux(
+        prompt=PROMPTS,
+        height=16,
+        width=16,
+        num_inference_steps=steps,
+        guidance_scale=3.5,
+        latents=pack_latents(noise),
+        output_type="latent",
+        max_sequence_length=16,
+    ).images
     reference = unpack_latents(reference, 8, 8)
     sigmas = timestep_grid(steps, shift=adapter.scheduler_shift)
     torch.testing.assert_close(sigmas, flux.scheduler.sigmas, rtol=0, atol=1e-6)  # the pipeline's dynamic shift
@@ -87,19 +95,32 @@ def _train_tiny_flux(pipe: Any, *, lora: bool) -> tuple[Any, dict[str, torch.Ten
     from vgrpo.models import add_lora
     from vgrpo.training.iteration import build_optimizer, train_iteration
 
-    config = load_config(overrides={
-        "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3, "shift": None, "dynamic_shift": True,
-                    "resolution": 16, "micro_batch_size": 6},
-        "optim": {"lr": 1e-2, "micro_batch_size": 6},
-        "algorithm": {"name": "vgrpo", "n_mc": 2},
-        "lora": LORA if lora else None,
-    })  # fmt: skip
+    config = load_config(
+        overrides={
+            "rollout": {
+                "prompts_per_iteration": 2,
+                "group_size": 3,
+                "num_steps": 3,
+                "shift": None,
+                "dynamic_shift": True,
+                "resolution": 16,
+                "micro_batch_size": 6,
+            },
+            "optim": {"lr": 1e-2, "micro_batch_size": 6},
+            "algorithm": {"name": "vgrpo", "n_mc": 2},
+            "lora": LORA if lora else None,
+        }
+    )
     adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
     if config.lora is not None:
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            add_lora(pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha,
-                     target_modules=config.lora.target_modules)  # fmt: skip
+            add_lora(
+                pipe.transformer,
+                rank=config.lora.rank,
+                alpha=config.lora.alpha,
+                target_modules=config.lora.target_modules,
+            )
     else:
         pipe.transformer.requires_grad_(True)
     before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
@@ -110,11 +131,20 @@ def _train_tiny_flux(pipe: Any, *, lora: bool) -> tuple[Any, dict[str, torch.Ten
     optimizer = build_optimizer(policy, config.optim)
     cond, records = adapter.encode_prompts(PROMPTS), []
     for it in range(2):
-        records.append(train_iteration(
-            policy=policy, algorithm=algorithm, optimizer=optimizer, prompts=PROMPTS, cond=cond, config=config,
-            reward_fn=lambda s, p: {"bright": s.mean(dim=(1, 2, 3))}, latent_shape=adapter.latent_shape,
-            generator=torch.Generator().manual_seed(it), iteration=it,
-        ))  # fmt: skip
+        records.append(
+            train_iteration(
+                policy=policy,
+                algorithm=algorithm,
+                optimizer=optimizer,
+                prompts=PROMPTS,
+                cond=cond,
+                config=config,
+                reward_fn=lambda s, p: {"bright": s.mean(dim=(1, 2, 3))},
+                latent_shape=adapter.latent_shape,
+                generator=torch.Generator().manual_seed(it),
+                iteration=it,
+            )
+        )
     return policy, before, records
 
 

@@ -28,8 +28,9 @@ def test_flux_params_validate() -> None:
     config = load_config([ROOT / "params" / f for f in files], schema=StageConfig)
     assert not config.rollout.dynamic_shift and config.rollout.shift == 3.0 and config.rollout.resolution == 720
     assert config.evaluation.resolution == 1024 and config.evaluation.shift == "dynamic"
-    dynamic = load_config([ROOT / "params" / f for f in files], {"rollout": {"shift": None, "dynamic_shift": True}},
-                          schema=StageConfig)  # fmt: skip
+    dynamic = load_config(
+        [ROOT / "params" / f for f in files], {"rollout": {"shift": None, "dynamic_shift": True}}, schema=StageConfig
+    )
     assert dynamic.rollout.dynamic_shift  # FluxPipeline's own shift is one override away
     assert config.lora is None and config.evaluation.p_mix == 0.8
     from vgrpo.algorithms.config import RolloutConfig
@@ -56,16 +57,26 @@ def _stage_config(**overrides: Any) -> Any:
     from vgrpo.config import StageConfig
 
     data: dict[str, Any] = {
-        "name": "flux-tiny", "prompts": "train.jsonl", "iterations": 2, "checkpoint_every": 1,
-        "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3, "shift": None,
-                    "dynamic_shift": True, "resolution": 16, "micro_batch_size": 6},
+        "name": "flux-tiny",
+        "prompts": "train.jsonl",
+        "iterations": 2,
+        "checkpoint_every": 1,
+        "rollout": {
+            "prompts_per_iteration": 2,
+            "group_size": 3,
+            "num_steps": 3,
+            "shift": None,
+            "dynamic_shift": True,
+            "resolution": 16,
+            "micro_batch_size": 6,
+        },
         "optim": {"lr": 1e-2, "micro_batch_size": 6},
         "algorithm": {"name": "vgrpo", "n_mc": 2},
         "lora": LORA,
         "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
         "eval_prompts": "test.jsonl",
         "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
-    }  # fmt: skip
+    }
     return StageConfig.model_validate(data | overrides)
 
 
@@ -78,8 +89,9 @@ def test_run_stage_trains_a_saved_flux_pipeline(flux_world: Path, lora: bool) ->
 
     out = flux_world / f"out-{lora}"
     config = _stage_config(**({} if lora else {"lora": None, "optim": {"lr": 1e-3, "micro_batch_size": 6}}))
-    result = run_stage(config, pipeline_dir=Path("base"), work_dir=flux_world / f"run-{lora}", out_dir=out,
-                       root=flux_world)  # fmt: skip
+    result = run_stage(
+        config, pipeline_dir=Path("base"), work_dir=flux_world / f"run-{lora}", out_dir=out, root=flux_world
+    )
     assert len(result.history) == 2 and all(math.isfinite(h["train/loss"]) for h in result.history)
     final = result.evaluations[-1]
     assert final["iteration"] == 2 and final["sampling"]["shift"] == pytest.approx(math.exp(0.459375))
@@ -101,9 +113,15 @@ def test_hybrid_sampling_runs_through_the_flux_adapter(flux: Any) -> None:
     base = FluxVelocity(tiny_flux_pipeline(seed=1).transformer)  # other weights, same shapes
 
     def sample(base: Any = None, p_mix: float | None = None) -> torch.Tensor:
-        images, _ = generate(encode=adapter.encode_prompts, decode=lambda z: z.numpy(), policy=policy.eval(),
-                             prompts=PROMPTS, latent_shape=adapter.latent_shape, base=base,
-                             sampling=Sampling(4, 0, adapter.scheduler_shift, p_mix=p_mix))  # fmt: skip
+        images, _ = generate(
+            encode=adapter.encode_prompts,
+            decode=lambda z: z.numpy(),
+            policy=policy.eval(),
+            prompts=PROMPTS,
+            latent_shape=adapter.latent_shape,
+            base=base,
+            sampling=Sampling(4, 0, adapter.scheduler_shift, p_mix=p_mix),
+        )
         return torch.from_numpy(images)
 
     alone, base_alone = sample(), sample(base=base.eval(), p_mix=0.0)
@@ -122,9 +140,21 @@ def test_evaluate_refuses_a_base_pipeline_of_another_family(
 
     build_pipeline(TINY, train_clip_tokenizer(PROMPTS, TINY)).save_pretrained(tmp_path / "sd3")
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
-    code = main(["evaluate", str(saved_flux), "--prompts", str(tmp_path / "prompts.jsonl"),
-                 "--out", str(tmp_path / "eval.json"), "--params", str(ROOT / "params/embedded/evaluate.yaml"),
-                 "--set", "p_mix=0.5", f"base_pipeline={tmp_path / 'sd3'}"])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            str(saved_flux),
+            "--prompts",
+            str(tmp_path / "prompts.jsonl"),
+            "--out",
+            str(tmp_path / "eval.json"),
+            "--params",
+            str(ROOT / "params/embedded/evaluate.yaml"),
+            "--set",
+            "p_mix=0.5",
+            f"base_pipeline={tmp_path / 'sd3'}",
+        ]
+    )
     assert code == 2 and not (tmp_path / "eval.json").exists()
     assert "is a StableDiffusion3Pipeline, the evaluated pipeline a FluxPipeline" in capsys.readouterr().err
 
@@ -185,8 +215,9 @@ def test_stage_evaluation_samples_at_the_evaluation_resolution_and_its_shift(flu
 
     evaluation = {"group_size": 1, "num_steps": 2, "max_prompts": 2, "rewards": [{"name": "geneval"}]}
     at_rollout = evaluate_adapter(_stage_config(evaluation=evaluation), flux_world / "base", None, flux_world, 0)
-    at_32 = evaluate_adapter(_stage_config(evaluation=evaluation | {"resolution": 32}), flux_world / "base", None,
-                             flux_world, 0)  # fmt: skip
+    at_32 = evaluate_adapter(
+        _stage_config(evaluation=evaluation | {"resolution": 32}), flux_world / "base", None, flux_world, 0
+    )
     assert at_rollout is not None and at_32 is not None
     (table_16, images_16), (table_32, images_32) = at_rollout, at_32
     assert images_16.shape == (2, 16, 16, 3) and images_32.shape == (2, 32, 32, 3)
@@ -195,7 +226,12 @@ def test_stage_evaluation_samples_at_the_evaluation_resolution_and_its_shift(flu
     # The same images as sampling a 32 px adapter directly with FluxPipeline's own shift at 32 px.
     adapter, policy = build_adapter(load_pipeline(flux_world / "base"), resolution=32)
     prompts = table_32["per_prompt"]["prompt"]
-    direct, _ = generate(encode=adapter.encode_prompts, decode=lambda z: tensor_to_images(adapter.decode(z)),
-                         policy=policy.eval(), prompts=prompts, latent_shape=adapter.latent_shape,
-                         sampling=Sampling(2, 0, adapter.scheduler_shift))  # fmt: skip
+    direct, _ = generate(
+        encode=adapter.encode_prompts,
+        decode=lambda z: tensor_to_images(adapter.decode(z)),
+        policy=policy.eval(),
+        prompts=prompts,
+        latent_shape=adapter.latent_shape,
+        sampling=Sampling(2, 0, adapter.scheduler_shift),
+    )
     assert np.array_equal(direct, images_32)

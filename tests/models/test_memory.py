@@ -110,8 +110,7 @@ def test_drop_after_encoding_serves_the_encoded_set_and_names_a_prompt_outside_i
     keep.encode_ahead(PROMPTS)  # text_encoders: device -> nothing is encoded ahead or dropped
     assert len(keep.prompt_cache) == 0 and pipe.text_encoder is not None
     expected = keep.encode_prompts(PROMPTS)
-    small, _ = build_adapter(pipe, precision=PrecisionConfig(text_encoders="drop_after_encoding",
-                                                             prompt_cache_mb=1e-3))  # fmt: skip
+    small, _ = build_adapter(pipe, precision=PrecisionConfig(text_encoders="drop_after_encoding", prompt_cache_mb=1e-3))
     with pytest.raises(ConfigError, match=r"holds \d+ of the stage's 10 prompts"):
         small.encode_ahead(PROMPTS)
     assert pipe.text_encoder is not None  # nothing dropped when the set does not fit
@@ -125,16 +124,29 @@ def test_drop_after_encoding_serves_the_encoded_set_and_names_a_prompt_outside_i
 
 
 def _stage(**overrides: Any) -> StageConfig:
-    return StageConfig.model_validate({
-        "name": "memory", "prompts": "train.jsonl", "eval_prompts": "test.jsonl", "iterations": 2,
-        "checkpoint_every": 2,
-        "rollout": {"prompts_per_iteration": 2, "group_size": 2, "num_steps": 2, "shift": None, "micro_batch_size": 4},
-        "optim": {"lr": 1e-2, "micro_batch_size": 4}, "algorithm": {"name": "vgrpo", "n_mc": 2},
-        "lora": {"rank": 2, "alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]},
-        "rewards": [{"name": "geneval"}], "eval_every": 0,
-        "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
-        **overrides,
-    })  # fmt: skip
+    return StageConfig.model_validate(
+        {
+            "name": "memory",
+            "prompts": "train.jsonl",
+            "eval_prompts": "test.jsonl",
+            "iterations": 2,
+            "checkpoint_every": 2,
+            "rollout": {
+                "prompts_per_iteration": 2,
+                "group_size": 2,
+                "num_steps": 2,
+                "shift": None,
+                "micro_batch_size": 4,
+            },
+            "optim": {"lr": 1e-2, "micro_batch_size": 4},
+            "algorithm": {"name": "vgrpo", "n_mc": 2},
+            "lora": {"rank": 2, "alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]},
+            "rewards": [{"name": "geneval"}],
+            "eval_every": 0,
+            "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
+            **overrides,
+        }
+    )
 
 
 def test_a_stage_that_drops_its_text_encoders_trains_the_same_adapter(world: Path) -> None:
@@ -142,8 +154,13 @@ def test_a_stage_that_drops_its_text_encoders_trains_the_same_adapter(world: Pat
 
     weights = {}
     for mode in ("device", "drop_after_encoding"):
-        result = run_stage(_stage(precision={"text_encoders": mode}), pipeline_dir=Path("base"),
-                           work_dir=world / mode, out_dir=world / f"lora-{mode}", root=world)  # fmt: skip
+        result = run_stage(
+            _stage(precision={"text_encoders": mode}),
+            pipeline_dir=Path("base"),
+            work_dir=world / mode,
+            out_dir=world / f"lora-{mode}",
+            root=world,
+        )
         weights[mode] = load_file(next(result.out_dir.glob("*.safetensors")))
     assert weights["device"].keys() == weights["drop_after_encoding"].keys()
     assert all(torch.equal(weights["device"][k], weights["drop_after_encoding"][k]) for k in weights["device"])
@@ -170,6 +187,11 @@ def test_on_cuda_frozen_components_are_bf16_and_the_cache_stays_on_the_cpu(world
 
 @pytest.mark.gpu
 def test_a_stage_drops_its_text_encoders_on_cuda(world: Path) -> None:
-    result = run_stage(_stage(precision={"text_encoders": "drop_after_encoding"}), pipeline_dir=Path("base"),
-                       work_dir=world / "cuda", out_dir=world / "lora-cuda", root=world)  # fmt: skip
+    result = run_stage(
+        _stage(precision={"text_encoders": "drop_after_encoding"}),
+        pipeline_dir=Path("base"),
+        work_dir=world / "cuda",
+        out_dir=world / "lora-cuda",
+        root=world,
+    )
     assert len(result.history) == 2 and all(torch.isfinite(torch.tensor(h["train/grad_norm"])) for h in result.history)

@@ -65,8 +65,16 @@ def test_local_generator_keeps_the_shared_stream_aligned_and_differs_between_ran
 @pytest.mark.parametrize("share", ["batch", "group", "none"])
 def test_shared_pairs_select_gives_a_block_the_rows_of_the_global_batch(share):
     g = torch.Generator().manual_seed(0)
-    pairs = draw_pairs(num_prompts=4, group_size=3, n_mc=2, latent_shape=(2,), share=share,
-                       timestep_sampling="uniform", sigmas=torch.linspace(1, 0, 7), generator=g)  # fmt: skip
+    pairs = draw_pairs(
+        num_prompts=4,
+        group_size=3,
+        n_mc=2,
+        latent_shape=(2,),
+        share=share,
+        timestep_sampling="uniform",
+        sigmas=torch.linspace(1, 0, 7),
+        generator=g,
+    )
     block = pairs.select(6, 6)  # samples 6..11 = prompts 2 and 3
     local = torch.arange(6)
     for j in range(2):
@@ -90,11 +98,19 @@ def _launch_two_processes(module_args: list[str]) -> str:
     """``accelerate launch`` with two gloo processes (configs/accelerate/cpu_2proc.yaml) in its own process group,
     killed whole on timeout; returns the combined log after asserting a zero exit."""
     config = ROOT / "configs/accelerate/cpu_2proc.yaml"
-    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file", str(config),
-           "--main_process_port", str(_free_port()), *module_args]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).with_name("accelerate")),
+        "launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        str(_free_port()),
+        *module_args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         log, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -226,12 +242,36 @@ def test_two_process_stage_resumes_a_one_process_checkpoint_and_matches_one_proc
     run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "whole", out_dir=world / "whole_lora", root=world)
 
     with pytest.raises(Killed):
-        run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world,
-                  callbacks=KillAt(1))  # fmt: skip
+        run_stage(
+            cfg,
+            pipeline_dir=Path("base"),
+            work_dir=world / "cut",
+            out_dir=world / "cut_lora",
+            root=world,
+            callbacks=KillAt(1),
+        )
     metrics = world / "two.json"
-    log = _launch_two_processes(["-m", "vgrpo.cli", "train", "--params", str(params), "--root", str(world),
-                                 "--pipeline", "base", "--work-dir", str(world / "cut"), "--out",
-                                 str(world / "cut_lora"), "--metrics", str(metrics), "--threads", "1"])  # fmt: skip
+    log = _launch_two_processes(
+        [
+            "-m",
+            "vgrpo.cli",
+            "train",
+            "--params",
+            str(params),
+            "--root",
+            str(world),
+            "--pipeline",
+            "base",
+            "--work-dir",
+            str(world / "cut"),
+            "--out",
+            str(world / "cut_lora"),
+            "--metrics",
+            str(metrics),
+            "--threads",
+            "1",
+        ]
+    )
     summary = json.loads(metrics.read_text())
     assert summary["world_size"] == 2 and summary["resumed_from"] == 1
     assert log.count("tiny iteration 1: reward") == 1  # rank 0 alone logs

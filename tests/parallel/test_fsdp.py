@@ -89,11 +89,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = write_tiny_world(tmp_path_factory.mktemp("world"))
     stage = _config(
-        lora=None, distributed={"strategy": "fsdp"}, iterations=2, checkpoint_every=1,
+        lora=None,
+        distributed={"strategy": "fsdp"},
+        iterations=2,
+        checkpoint_every=1,
         rollout={"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None, "micro_batch_size": 4},
         optim={"lr": 1e-3, "micro_batch_size": 4},
         rewards=[{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],  # continuous: no flips at 1e-6
-    )  # fmt: skip
+    )
     (root / "fsdp.yaml").write_text(yaml.safe_dump(stage.model_dump(mode="json")))
     return root
 
@@ -111,8 +114,16 @@ def test_fsdp_stage_killed_after_writing_a_checkpoint_resumes_to_the_uninterrupt
     from vgrpo.training.stage import run_stage
 
     def launch(name: str, *kill: str) -> list[str]:
-        return ["-m", "tests.distributed_worker", "--stage", str(world / "fsdp.yaml"), str(world),
-                str(world / name), str(world / f"{name}_out"), *kill]  # fmt: skip
+        return [
+            "-m",
+            "tests.distributed_worker",
+            "--stage",
+            str(world / "fsdp.yaml"),
+            str(world),
+            str(world / name),
+            str(world / f"{name}_out"),
+            *kill,
+        ]
 
     with pytest.raises(AssertionError):  # the kill makes the launch exit non-zero
         _launch_two_processes(launch("cut", "2"))
@@ -172,8 +183,13 @@ def _save(path: Path, seed: int = 0) -> torch.nn.Module:
 def test_a_sharded_checkpoint_round_trips_and_loads_no_pickle(tmp_path, monkeypatch):
     saved = _save(tmp_path / "iter-1", seed=1)
     files = sorted(p.relative_to(tmp_path / "iter-1").as_posix() for p in (tmp_path / "iter-1").rglob("*"))
-    assert files == ["manifest.json", "optimizer.json", "shards", "shards/shard-00001-model-00001-of-00001.safetensors",
-                     "state.json"]  # fmt: skip
+    assert files == [
+        "manifest.json",
+        "optimizer.json",
+        "shards",
+        "shards/shard-00001-model-00001-of-00001.safetensors",
+        "state.json",
+    ]
     live = _trained_state(seed=2)  # other weights, moments and snapshot
 
     def refuse(*args: object, **kwargs: object) -> None:

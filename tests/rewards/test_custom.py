@@ -20,10 +20,12 @@ IMAGES[1, ..., 0] = 255  # white, then red
 
 
 def test_a_reward_class_and_a_reward_function_from_the_users_module() -> None:
-    rewards = MultiReward.from_specs([
-        {"name": "tests.rewards.custom:Brightness", "options": {"gain": 2.0}},
-        {"name": "tests.rewards.custom:redness", "weight": 0.5},
-    ])  # fmt: skip
+    rewards = MultiReward.from_specs(
+        [
+            {"name": "tests.rewards.custom:Brightness", "options": {"gain": 2.0}},
+            {"name": "tests.rewards.custom:redness", "weight": 0.5},
+        ]
+    )
     out = rewards(IMAGES, ["a", "b"])
     assert rewards.weights == {"Brightness": 1.0, "redness": 0.5}  # the attribute names the reward in logs
     np.testing.assert_allclose(out.scores["Brightness"], [2.0, 2 / 3])
@@ -62,13 +64,18 @@ def test_a_stage_trains_on_a_users_reward(tmp_path: Path) -> None:
     from vgrpo.training.stage import run_stage
 
     world = write_tiny_world(tmp_path)
-    config = StageConfig.model_validate({
-        "name": "custom", "prompts": "train.jsonl", "iterations": 2, "checkpoint_every": 2,
-        "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
-        "algorithm": {"name": "vgrpo", "n_mc": 2},
-        "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
-        "rewards": [{"name": "tests.rewards.custom:Brightness"}, {"name": "tests.rewards.custom:redness"}],
-    })  # fmt: skip
+    config = StageConfig.model_validate(
+        {
+            "name": "custom",
+            "prompts": "train.jsonl",
+            "iterations": 2,
+            "checkpoint_every": 2,
+            "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
+            "algorithm": {"name": "vgrpo", "n_mc": 2},
+            "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
+            "rewards": [{"name": "tests.rewards.custom:Brightness"}, {"name": "tests.rewards.custom:redness"}],
+        }
+    )
     result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora", root=world)
     assert [h["guard/skipped"] for h in result.history] == [0.0, 0.0]
     assert {"reward/Brightness_mean", "reward/redness_mean"} <= set(result.history[-1])

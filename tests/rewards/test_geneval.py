@@ -22,7 +22,8 @@ from vgrpo.rewards.detectors import (
     geneval_classnames,
     parse_mmdet_result,
 )
-from vgrpo.rewards.geneval import GenEvalReward, GenEvalThresholds, score_detections, select_objects
+from vgrpo.rewards.geneval import GenEvalReward
+from vgrpo.rewards.geneval_rules import GenEvalThresholds, score_detections, select_objects
 
 
 def det(label: str, x: float, y: float = 0.0, score: float = 0.9, color: str | None = None, side: float = 20):
@@ -203,19 +204,36 @@ def _tiny_clip_dir(tmp_path: Path) -> Path:
     from vgrpo.models.config import EmbeddedModelConfig
     from vgrpo.models.embedded import train_clip_tokenizer
 
-    corpus = [t.format(c=c, cls=cls) for t in ("a photo of a {c} {cls}", "a photo of a {c}-colored {cls}",
-              "a photo of a {c} object") for c in GENEVAL_COLORS for cls in ("car", "dog")]  # fmt: skip
+    corpus = [
+        t.format(c=c, cls=cls)
+        for t in ("a photo of a {c} {cls}", "a photo of a {c}-colored {cls}", "a photo of a {c} object")
+        for c in GENEVAL_COLORS
+        for cls in ("car", "dog")
+    ]
     tok: CLIPTokenizer = train_clip_tokenizer(corpus, EmbeddedModelConfig())
     torch.manual_seed(0)
     cfg = CLIPConfig(
-        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                     "vocab_size": tok.vocab_size + 8, "max_position_embeddings": 20,
-                     "eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id,
-                     "pad_token_id": tok.pad_token_id},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                       "image_size": 32, "patch_size": 8},
+        text_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "vocab_size": tok.vocab_size + 8,
+            "max_position_embeddings": 20,
+            "eos_token_id": tok.eos_token_id,
+            "bos_token_id": tok.bos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        },
+        vision_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 32,
+            "patch_size": 8,
+        },
         projection_dim=16,
-    )  # fmt: skip
+    )
     out = tmp_path / "clip"
     CLIPModel(cfg).save_pretrained(out)
     tok.save_pretrained(out)

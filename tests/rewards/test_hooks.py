@@ -28,8 +28,8 @@ from vgrpo.rewards.geneval import GenEvalReward
 from vgrpo.rewards.geneval_server import GenEvalServerReward
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.rewards.registry import FunctionReward, reward_class
-from vgrpo.training.phases import prepare_prompts
 from vgrpo.training.preflight import PreflightError, check_or_raise
+from vgrpo.training.prompt_rows import prepare_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 EXPOSURE = "tests.rewards.custom:Exposure"

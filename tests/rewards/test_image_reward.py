@@ -29,18 +29,33 @@ def _original_state() -> dict[str, torch.Tensor]:
         return torch.randn(*shape, generator=g) * 0.2
 
     v, t = "blip.visual_encoder", "blip.text_encoder"
-    sd = {f"{v}.patch_embed.proj.weight": r(D, 3, 8, 8), f"{v}.patch_embed.proj.bias": r(D),
-          f"{v}.cls_token": r(1, 1, D), f"{v}.pos_embed": r(1, 17, D),
-          f"{v}.norm.weight": 1 + r(D), f"{v}.norm.bias": r(D),
-          f"{t}.embeddings.word_embeddings.weight": r(len(VOCAB) + 2, D),  # + [DEC], [ENC]
-          f"{t}.embeddings.position_embeddings.weight": r(40, D), f"{t}.embeddings.LayerNorm.weight": 1 + r(D),
-          f"{t}.embeddings.LayerNorm.bias": r(D), f"{t}.embeddings.position_ids": torch.arange(40)[None],
-          "blip.vision_proj.weight": r(16, D), "blip.vision_proj.bias": r(16)}  # fmt: skip
+    sd = {
+        f"{v}.patch_embed.proj.weight": r(D, 3, 8, 8),
+        f"{v}.patch_embed.proj.bias": r(D),
+        f"{v}.cls_token": r(1, 1, D),
+        f"{v}.pos_embed": r(1, 17, D),
+        f"{v}.norm.weight": 1 + r(D),
+        f"{v}.norm.bias": r(D),
+        f"{t}.embeddings.word_embeddings.weight": r(len(VOCAB) + 2, D),  # + [DEC], [ENC]
+        f"{t}.embeddings.position_embeddings.weight": r(40, D),
+        f"{t}.embeddings.LayerNorm.weight": 1 + r(D),
+        f"{t}.embeddings.LayerNorm.bias": r(D),
+        f"{t}.embeddings.position_ids": torch.arange(40)[None],
+        "blip.vision_proj.weight": r(16, D),
+        "blip.vision_proj.bias": r(16),
+    }
     for i in range(LAYERS):
         b = f"{v}.blocks.{i}"
-        sd |= {f"{b}.attn.qkv.weight": r(3 * D, D), f"{b}.attn.qkv.bias": r(3 * D), f"{b}.attn.proj.weight": r(D, D),
-               f"{b}.attn.proj.bias": r(D), f"{b}.mlp.fc1.weight": r(4 * D, D), f"{b}.mlp.fc1.bias": r(4 * D),
-               f"{b}.mlp.fc2.weight": r(D, 4 * D), f"{b}.mlp.fc2.bias": r(D)}  # fmt: skip
+        sd |= {
+            f"{b}.attn.qkv.weight": r(3 * D, D),
+            f"{b}.attn.qkv.bias": r(3 * D),
+            f"{b}.attn.proj.weight": r(D, D),
+            f"{b}.attn.proj.bias": r(D),
+            f"{b}.mlp.fc1.weight": r(4 * D, D),
+            f"{b}.mlp.fc1.bias": r(4 * D),
+            f"{b}.mlp.fc2.weight": r(D, 4 * D),
+            f"{b}.mlp.fc2.bias": r(D),
+        }
         for n in ("norm1", "norm2"):
             sd[f"{b}.{n}.weight"], sd[f"{b}.{n}.bias"] = 1 + r(D), r(D)
         b = f"{t}.encoder.layer.{i}"
@@ -48,9 +63,14 @@ def _original_state() -> dict[str, torch.Tensor]:
             for n in ("self.query", "self.key", "self.value", "output.dense"):
                 sd[f"{b}.{att}.{n}.weight"], sd[f"{b}.{att}.{n}.bias"] = r(D, D), r(D)
             sd[f"{b}.{att}.output.LayerNorm.weight"], sd[f"{b}.{att}.output.LayerNorm.bias"] = 1 + r(D), r(D)
-        sd |= {f"{b}.intermediate.dense.weight": r(48, D), f"{b}.intermediate.dense.bias": r(48),
-               f"{b}.output.dense.weight": r(D, 48), f"{b}.output.dense.bias": r(D),
-               f"{b}.output.LayerNorm.weight": 1 + r(D), f"{b}.output.LayerNorm.bias": r(D)}  # fmt: skip
+        sd |= {
+            f"{b}.intermediate.dense.weight": r(48, D),
+            f"{b}.intermediate.dense.bias": r(48),
+            f"{b}.output.dense.weight": r(D, 48),
+            f"{b}.output.dense.bias": r(D),
+            f"{b}.output.LayerNorm.weight": 1 + r(D),
+            f"{b}.output.LayerNorm.bias": r(D),
+        }
     dims = [D, 16, 8, 8, 4, 1]
     for (k, a), out in zip(enumerate((0, 2, 4, 6, 7)), dims[1:], strict=True):
         sd[f"mlp.layers.{a}.weight"], sd[f"mlp.layers.{a}.bias"] = r(out, dims[k]), r(out)
@@ -87,8 +107,12 @@ def _reference(sd: dict, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Te
         b = f"{t}.encoder.layer.{i}"
         for att, kv, ab in (("attention", None, bias), ("crossattention", image, None)):
             src = h if kv is None else kv
-            a = _attend(F.linear(h, *p(f"{b}.{att}.self.query")), F.linear(src, *p(f"{b}.{att}.self.key")),
-                        F.linear(src, *p(f"{b}.{att}.self.value")), ab)  # fmt: skip
+            a = _attend(
+                F.linear(h, *p(f"{b}.{att}.self.query")),
+                F.linear(src, *p(f"{b}.{att}.self.key")),
+                F.linear(src, *p(f"{b}.{att}.self.value")),
+                ab,
+            )
             h = F.layer_norm(
                 F.linear(a, *p(f"{b}.{att}.output.dense")) + h, (D,), *p(f"{b}.{att}.output.LayerNorm"), eps=1e-12
             )

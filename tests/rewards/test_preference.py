@@ -34,10 +34,17 @@ def clip_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:  # ty
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
     torch.manual_seed(0)
-    text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                vocab_size=len(tokenizer), max_position_embeddings=MAX_POS,
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    text = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=MAX_POS,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     vision = dict(
         hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
     )
@@ -135,21 +142,36 @@ def _open_clip_state(width: int = 32, text_width: int = 32, vocab: int = 64, ctx
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * 0.2
 
-    sd = {"visual.conv1.weight": r(width, 3, 8, 8), "visual.class_embedding": r(width),
-          "visual.positional_embedding": r(17, width), "visual.proj": r(width, 24),
-          "token_embedding.weight": r(vocab, text_width), "positional_embedding": r(ctx, text_width),
-          "text_projection": r(text_width, 24), "logit_scale": torch.tensor(math.log(50.0))}  # fmt: skip
+    sd = {
+        "visual.conv1.weight": r(width, 3, 8, 8),
+        "visual.class_embedding": r(width),
+        "visual.positional_embedding": r(17, width),
+        "visual.proj": r(width, 24),
+        "token_embedding.weight": r(vocab, text_width),
+        "positional_embedding": r(ctx, text_width),
+        "text_projection": r(text_width, 24),
+        "logit_scale": torch.tensor(math.log(50.0)),
+    }
     for ln in ("visual.ln_pre", "visual.ln_post", "ln_final"):
         d = width if ln.startswith("visual") else text_width
         sd[f"{ln}.weight"], sd[f"{ln}.bias"] = 1 + r(d), r(d)
     for prefix, d in (("visual.transformer", width), ("transformer", text_width)):
         for i in range(2):
             p = f"{prefix}.resblocks.{i}"
-            sd |= {f"{p}.attn.in_proj_weight": r(3 * d, d), f"{p}.attn.in_proj_bias": r(3 * d),
-                   f"{p}.attn.out_proj.weight": r(d, d), f"{p}.attn.out_proj.bias": r(d),
-                   f"{p}.ln_1.weight": 1 + r(d), f"{p}.ln_1.bias": r(d), f"{p}.ln_2.weight": 1 + r(d),
-                   f"{p}.ln_2.bias": r(d), f"{p}.mlp.c_fc.weight": r(4 * d, d), f"{p}.mlp.c_fc.bias": r(4 * d),
-                   f"{p}.mlp.c_proj.weight": r(d, 4 * d), f"{p}.mlp.c_proj.bias": r(d)}  # fmt: skip
+            sd |= {
+                f"{p}.attn.in_proj_weight": r(3 * d, d),
+                f"{p}.attn.in_proj_bias": r(3 * d),
+                f"{p}.attn.out_proj.weight": r(d, d),
+                f"{p}.attn.out_proj.bias": r(d),
+                f"{p}.ln_1.weight": 1 + r(d),
+                f"{p}.ln_1.bias": r(d),
+                f"{p}.ln_2.weight": 1 + r(d),
+                f"{p}.ln_2.bias": r(d),
+                f"{p}.mlp.c_fc.weight": r(4 * d, d),
+                f"{p}.mlp.c_fc.bias": r(4 * d),
+                f"{p}.mlp.c_proj.weight": r(d, 4 * d),
+                f"{p}.mlp.c_proj.bias": r(d),
+            }
     return sd
 
 
@@ -159,14 +181,30 @@ def _open_clip_blocks(sd: dict, prefix: str, x: torch.Tensor, heads: int, mask: 
         p = f"{prefix}.resblocks.{i}"
         h = F.layer_norm(x, x.shape[-1:], sd[f"{p}.ln_1.weight"], sd[f"{p}.ln_1.bias"])
         a = F.multi_head_attention_forward(
-            h, h, h, x.shape[-1], heads, sd[f"{p}.attn.in_proj_weight"], sd[f"{p}.attn.in_proj_bias"], None, None,
-            False, 0.0, sd[f"{p}.attn.out_proj.weight"], sd[f"{p}.attn.out_proj.bias"], training=False,
-            need_weights=False, attn_mask=mask,
-        )[0]  # fmt: skip
+            h,
+            h,
+            h,
+            x.shape[-1],
+            heads,
+            sd[f"{p}.attn.in_proj_weight"],
+            sd[f"{p}.attn.in_proj_bias"],
+            None,
+            None,
+            False,
+            0.0,
+            sd[f"{p}.attn.out_proj.weight"],
+            sd[f"{p}.attn.out_proj.bias"],
+            training=False,
+            need_weights=False,
+            attn_mask=mask,
+        )[0]
         x = x + a
         h = F.layer_norm(x, x.shape[-1:], sd[f"{p}.ln_2.weight"], sd[f"{p}.ln_2.bias"])
-        x = x + F.linear(F.gelu(F.linear(h, sd[f"{p}.mlp.c_fc.weight"], sd[f"{p}.mlp.c_fc.bias"])),
-                         sd[f"{p}.mlp.c_proj.weight"], sd[f"{p}.mlp.c_proj.bias"])  # fmt: skip
+        x = x + F.linear(
+            F.gelu(F.linear(h, sd[f"{p}.mlp.c_fc.weight"], sd[f"{p}.mlp.c_fc.bias"])),
+            sd[f"{p}.mlp.c_proj.weight"],
+            sd[f"{p}.mlp.c_proj.bias"],
+        )
     return x
 
 

@@ -47,9 +47,16 @@ def test_push_then_pull_into_a_git_clone_restores_the_bytes(tmp_path: Path) -> N
     home, project, clone = tmp_path / "home", tmp_path / "project", tmp_path / "clone"
     home.mkdir()
     project.mkdir()
-    env = {**os.environ, "HOME": str(home), "DVC_NO_ANALYTICS": "1", "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@localhost"}  # fmt: skip
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "DVC_NO_ANALYTICS": "1",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@localhost",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@localhost",
+    }
     dvc = [sys.executable, "-m", "dvc"]
     name, url = _project_remote()
     _run(["git", "init", "-q"], project, env)

@@ -45,21 +45,48 @@ def test_bad_stage_number_missing_files_and_missing_predecessor_exit_2(
 
 
 def test_metrics_details_and_plot_rows() -> None:
-    history = [{"iteration": float(i), "reward/total_mean": 0.1 * i, "reward/total_std": 1.0, "time/rollout_s": 2.0,
-                "train/kl": 0.0, "surrogate/cv": 0.2} for i in range(3)]  # fmt: skip
+    history = [
+        {
+            "iteration": float(i),
+            "reward/total_mean": 0.1 * i,
+            "reward/total_std": 1.0,
+            "time/rollout_s": 2.0,
+            "train/kl": 0.0,
+            "surrogate/cv": 0.2,
+        }
+        for i in range(3)
+    ]
     rows = plot_rows(history)
     assert rows[2] == {"iteration": 2.0, "reward/total_mean": pytest.approx(0.2), "train/kl": 0.0, "surrogate/cv": 0.2}
     evaluations = [{"iteration": 0, "eval/geneval": 0.1}, {"iteration": 3, "eval/geneval": 0.12}]
-    final = {"eval/geneval": 0.123456789, "eval/geneval_geneval_strict": 0.5, "eval/geneval_geneval_strict_ci_low": 0.4,
-             "eval/world_pickscore": 12.0, "eval/pickscore": 3.0, "eval/ocr_exact": 0.3}  # fmt: skip
-    outcome = StageOutcome("s1", "out", "abc", resumed_from=1, wall_s=12.34, history=tuple(history),
-                           evaluations=tuple(evaluations), final_eval=final)  # fmt: skip
+    final = {
+        "eval/geneval": 0.123456789,
+        "eval/geneval_geneval_strict": 0.5,
+        "eval/geneval_geneval_strict_ci_low": 0.4,
+        "eval/world_pickscore": 12.0,
+        "eval/pickscore": 3.0,
+        "eval/ocr_exact": 0.3,
+    }
+    outcome = StageOutcome(
+        "s1",
+        "out",
+        "abc",
+        resumed_from=1,
+        wall_s=12.34,
+        history=tuple(history),
+        evaluations=tuple(evaluations),
+        final_eval=final,
+    )
     details = stage_details(outcome, 1)
     assert details["iterations"] == 3 and details["wall_s"] == 12.3 and details["eval/geneval"] == 0.12346
     assert details["start/eval/geneval"] == 0.1 and details["resumed_from"] == 1 and details["adapter_hash"] == "abc"
     # The metrics file: short names only, the world reward ahead of a generic one of the same kind.
-    assert stage_metrics(details, EVALUATION.rewards) == {"iterations": 3, "wall_s": 12.3, "strict": 0.5,
-                                                          "pickscore": 12.0}  # fmt: skip
+    assert stage_metrics(details, EVALUATION.rewards) == {
+        "iterations": 3,
+        "wall_s": 12.3,
+        "strict": 0.5,
+        "pickscore": 12.0,
+    }
 
 
 def test_summary_headlines_of_the_committed_metrics_files(tmp_path: Path) -> None:
@@ -90,8 +117,9 @@ def test_summary_headlines_of_the_committed_metrics_files(tmp_path: Path) -> Non
 
 def test_plots_are_pngs_drawn_from_the_rows(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    rows = [{"iteration": float(i), "reward/total_mean": 0.1 * i, "train/kl": 0.0, "train/grad_norm": 1.0}
-            for i in range(5)]  # fmt: skip
+    rows = [
+        {"iteration": float(i), "reward/total_mean": 0.1 * i, "train/kl": 0.0, "train/grad_norm": 1.0} for i in range(5)
+    ]
     (tmp_path / "s1.json").write_text(json.dumps(rows))
     assert report_main(["plots", str(tmp_path)]) == 0
     png = (tmp_path / "s1.png").read_bytes()
@@ -105,8 +133,11 @@ def _dvc_outputs() -> list[tuple[str, str]]:
     from dvc.repo import Repo
 
     with Repo(str(REPO)) as repo:
-        return [("metric" if o.metric else "plot" if o.plot else "out", o.def_path) for s in repo.index.stages
-                for o in s.outs]  # fmt: skip
+        return [
+            ("metric" if o.metric else "plot" if o.plot else "out", o.def_path)
+            for s in repo.index.stages
+            for o in s.outs
+        ]
 
 
 def _flat(data: dict, prefix: str = "") -> dict:
@@ -135,8 +166,9 @@ def test_dvc_yaml_metrics_exist_and_are_short_and_plots_are_images() -> None:
 def test_dvc_metrics_show_is_clean_and_narrow() -> None:
     pytest.importorskip("dvc")
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
-    out = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "dvc", "metrics", "show"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and out.stderr == "", out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].split()[0] == "Path" and any("metrics/stages/s1-preference.json" in line for line in lines)
@@ -149,8 +181,10 @@ def test_the_flow_prints_one_row_per_stage() -> None:
 
     _, stages = load_curriculum(CURRICULUM, root=REPO)
     final = {"eval/ocr": 0.5, "eval/ocr_ci_low": 0.4, "eval/ocr_ci_high": 0.6}
-    results = [StageOutcome(c.name, "out", "abc", final_eval={"eval/geneval_geneval_strict": 0.1 * i, **final})
-               for i, c in enumerate(stages[:2])]  # fmt: skip
+    results = [
+        StageOutcome(c.name, "out", "abc", final_eval={"eval/geneval_geneval_strict": 0.1 * i, **final})
+        for i, c in enumerate(stages[:2])
+    ]
     table = summary_table(stages[:2], results).splitlines()
     header = ["geneval_geneval_strict", "geneval_geneval_partial", "ocr", "world_clipscore", "world_pickscore"]
     assert table[0].split() == ["stage", *(w for h in header for w in (h, "[95%", "CI]"))]

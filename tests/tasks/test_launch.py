@@ -24,9 +24,12 @@ from vgrpo.parallel.launch import LaunchConfig
 from vgrpo.training.guards import TrainingDiverged
 
 STAGE = {
-    "name": "tiny", "prompts": "train.jsonl", "iterations": 1, "rewards": [{"name": "geneval"}],
+    "name": "tiny",
+    "prompts": "train.jsonl",
+    "iterations": 1,
+    "rewards": [{"name": "geneval"}],
     "rollout": {"prompts_per_iteration": 4, "group_size": 2, "num_steps": 4},
-}  # fmt: skip
+}
 
 
 def _stage(**launch: Any) -> StageConfig:
@@ -96,8 +99,9 @@ def test_accelerate_command_is_accelerates_own_launch_of_the_stage_entry_point(t
 
 def test_run_streaming_passes_each_line_and_returns_the_exit_code() -> None:
     lines: list[str] = []
-    code = run_streaming([sys.executable, "-c", "import sys; print('a\\rb'); print('c', file=sys.stderr); sys.exit(3)"],
-                         lines.append)  # fmt: skip
+    code = run_streaming(
+        [sys.executable, "-c", "import sys; print('a\\rb'); print('c', file=sys.stderr); sys.exit(3)"], lines.append
+    )
     assert code == 3 and lines == ["a", "b", "c"]  # a progress bar's carriage return ends a line
 
 
@@ -112,10 +116,12 @@ def _alive(pid: int) -> bool:
 def test_an_interrupted_launcher_stops_its_whole_process_group() -> None:
     """What a cancelled flow run (Prefect raises in the task) or Ctrl-C does: the launcher's child and the child's
     own child (a rank under torchrun) are both stopped before the interrupt propagates."""
-    script = ("import subprocess, sys, time\n"
-              "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-              "print(worker.pid, flush=True)\n"
-              "time.sleep(120)\n")  # fmt: skip
+    script = (
+        "import subprocess, sys, time\n"
+        "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(worker.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
     seen: list[int] = []
 
     def interrupt(line: str) -> None:
@@ -133,24 +139,30 @@ def test_an_interrupted_launcher_stops_its_whole_process_group() -> None:
 
 def _fake_launch(monkeypatch: pytest.MonkeyPatch, script: str) -> None:
     """Replace accelerate by ``script`` (run with the spec's path as its argument)."""
-    monkeypatch.setattr("tasks.launch.accelerate_command",
-                        lambda launch, spec, root, port=None: [sys.executable, "-c", script, str(spec)])  # fmt: skip
+    monkeypatch.setattr(
+        "tasks.launch.accelerate_command",
+        lambda launch, spec, root, port=None: [sys.executable, "-c", script, str(spec)],
+    )
 
 
 def test_a_ranks_error_comes_back_as_its_class_and_any_other_failure_with_the_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stage = _stage(processes=2)
-    writes_error = ("import json, sys; spec = json.load(open(sys.argv[1])); "
-                    "open(spec['result'], 'w').write(json.dumps({'error': {'kind': 'TrainingDiverged', "
-                    "'message': 'stage tiny: 3 consecutive iterations skipped'}})); sys.exit(3)")  # fmt: skip
+    writes_error = (
+        "import json, sys; spec = json.load(open(sys.argv[1])); "
+        "open(spec['result'], 'w').write(json.dumps({'error': {'kind': 'TrainingDiverged', "
+        "'message': 'stage tiny: 3 consecutive iterations skipped'}})); sys.exit(3)"
+    )
     _fake_launch(monkeypatch, writes_error)
     with pytest.raises(TrainingDiverged, match="3 consecutive iterations skipped"):
         launch_stage(stage, None, str(tmp_path / "run"), str(tmp_path), None, log=lambda line: None)
 
-    crashes = ("import json, pathlib, sys; spec = json.load(open(sys.argv[1])); "
-               "pathlib.Path(spec['logs'], 'rank-1.log').write_text('rank one went wrong'); "
-               "print('rank zero says bye'); sys.exit(1)")  # fmt: skip
+    crashes = (
+        "import json, pathlib, sys; spec = json.load(open(sys.argv[1])); "
+        "pathlib.Path(spec['logs'], 'rank-1.log').write_text('rank one went wrong'); "
+        "print('rank zero says bye'); sys.exit(1)"
+    )
     _fake_launch(monkeypatch, crashes)
     lines: list[str] = []
     with pytest.raises(LaunchFailed, match=r"(?s)exited with 1.*rank zero says bye.*rank-1.log:\nrank one went wrong"):
@@ -170,8 +182,11 @@ def test_the_entry_point_writes_a_user_error_for_the_caller(tmp_path: Path, monk
     monkeypatch.setenv("RANK", "0")
     spec = tmp_path / "spec.json"
     folders = {"run_root": str(tmp_path), "root": str(tmp_path), "logs": str(tmp_path)}
-    spec.write_text(json.dumps({"stage": STAGE, "init_lora": None, "tracking": None,
-                                "result": str(tmp_path / "result.json"), **folders}))  # fmt: skip
+    spec.write_text(
+        json.dumps(
+            {"stage": STAGE, "init_lora": None, "tracking": None, "result": str(tmp_path / "result.json"), **folders}
+        )
+    )
     assert launched_stage.main([str(spec)]) == 2
     with pytest.raises(ConfigError, match="prompt file not found"):
         read_result(tmp_path / "result.json")

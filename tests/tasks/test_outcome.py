@@ -15,8 +15,18 @@ START = {"iteration": 0, "eval/ocr": 0.5}
 
 
 def _outcome() -> StageOutcome:
-    return StageOutcome("s1", "runs/stages/s1", "0123456789abcdef", run_id="r", model_uri="models:/m/1",
-                        resumed_from=1, wall_s=12.5, history=HISTORY, skipped=1, evaluations=(START,))  # fmt: skip
+    return StageOutcome(
+        "s1",
+        "runs/stages/s1",
+        "0123456789abcdef",
+        run_id="r",
+        model_uri="models:/m/1",
+        resumed_from=1,
+        wall_s=12.5,
+        history=HISTORY,
+        skipped=1,
+        evaluations=(START,),
+    )
 
 
 def test_an_outcome_round_trips_through_its_json() -> None:

@@ -73,8 +73,9 @@ def _initial(config: StageConfig, world: Path) -> tuple[list[str], list[torch.Te
 
 
 def _run(config: StageConfig, world: Path, name: str, **kwargs: Any) -> Any:
-    return run_stage(config, pipeline_dir=Path("base"), work_dir=world / name, out_dir=world / f"{name}-out",
-                     root=world, **kwargs)  # fmt: skip
+    return run_stage(
+        config, pipeline_dir=Path("base"), work_dir=world / name, out_dir=world / f"{name}-out", root=world, **kwargs
+    )
 
 
 def test_lora_ema_is_the_average_of_the_trained_weights_and_is_what_is_exported(world: Path) -> None:

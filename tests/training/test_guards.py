@@ -59,9 +59,18 @@ def test_a_non_finite_quantity_stops_the_update_before_it_is_applied(
     algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
     optimizer = build_optimizer(policy, config.optim)
     with pytest.raises(NonFiniteError) as err:
-        train_iteration(policy=policy, algorithm=algorithm, optimizer=optimizer, reward_fn=reward_fn, prompts=PROMPTS,
-                        cond=tiny_conditioning(2), config=config, latent_shape=TINY_LATENT_SHAPE,
-                        generator=torch.Generator().manual_seed(0), iteration=0)  # fmt: skip
+        train_iteration(
+            policy=policy,
+            algorithm=algorithm,
+            optimizer=optimizer,
+            reward_fn=reward_fn,
+            prompts=PROMPTS,
+            cond=tiny_conditioning(2),
+            config=config,
+            latent_shape=TINY_LATENT_SHAPE,
+            generator=torch.Generator().manual_seed(0),
+            iteration=0,
+        )
     assert err.value.quantity == quantity
     expected_prompts = {_nan_at_4: [PROMPTS[1]], _inf: [PROMPTS[0]] * 3 + [PROMPTS[1]]}  # group size 3
     if reward_fn in expected_prompts:
@@ -100,8 +109,14 @@ def test_a_stage_skips_the_iteration_with_a_nan_reward_and_finishes(
     _nan_pickscore_on_calls(monkeypatch, {1})  # training iteration 1 (eval_prompts None: no evaluation calls)
     recorder = Recorder()
     cfg = _config(eval_prompts=None, keep_checkpoints=3)
-    result = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "nan1", out_dir=world / "nan1-lora",
-                       root=world, callbacks=recorder)  # fmt: skip
+    result = run_stage(
+        cfg,
+        pipeline_dir=Path("base"),
+        work_dir=world / "nan1",
+        out_dir=world / "nan1-lora",
+        root=world,
+        callbacks=recorder,
+    )
     events = recorder.skips
     assert [e["iteration"] for e in events] == [1] and events[0]["quantity"] == "reward/pickscore"
     assert "pickscore" in events[0]["reward_errors"][0] and events[0]["consecutive"] == 1

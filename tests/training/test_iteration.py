@@ -61,8 +61,15 @@ def test_training_step_with_lora_changes_only_the_adapter(name):
     for record in records:
         assert record.samples.shape == (PROMPTS * GROUP, *TINY_LATENT_SHAPE)
         assert all(math.isfinite(v) for v in record.metrics.values())
-        for key in ("reward/total_mean", "advantage/zero_variance_frac", "train/grad_norm", "time/rollout_s",
-                    "time/reward_s", "time/update_s", "nfe/rollout_per_sample"):  # fmt: skip
+        for key in (
+            "reward/total_mean",
+            "advantage/zero_variance_frac",
+            "train/grad_norm",
+            "time/rollout_s",
+            "time/reward_s",
+            "time/update_s",
+            "nfe/rollout_per_sample",
+        ):
             assert key in record.metrics, key
 
 
@@ -78,9 +85,19 @@ def test_full_fine_tuning_updates_the_transformer_weights(name):
 def test_vgrpo_record_reports_the_papers_diagnostics():
     _, _, records, _ = _run("vgrpo")
     m = records[0].metrics
-    for key in ("surrogate/cv", "surrogate/cv_within_group", "train/ratio_mean", "train/ratio_min",
-                "train/ratio_max", "train/clip_frac", "train/kl", "train/approx_kl", "reward/bright_mean",
-                "reward/contrast_std", "advantage/std"):  # fmt: skip
+    for key in (
+        "surrogate/cv",
+        "surrogate/cv_within_group",
+        "train/ratio_mean",
+        "train/ratio_min",
+        "train/ratio_max",
+        "train/clip_frac",
+        "train/kl",
+        "train/approx_kl",
+        "reward/bright_mean",
+        "reward/contrast_std",
+        "advantage/std",
+    ):
         assert key in m, key
     assert m["train/ratio_mean_first"] == 1.0 and m["train/ratio_min_first"] == 1.0
     assert m["train/ratio_max_last"] != 1.0  # the second gradient step sees the first one's update
@@ -183,8 +200,14 @@ def test_reward_with_wrong_shape_is_reported_by_name():
     policy = make_policy(config)
     with pytest.raises(ValueError, match="reward 'bad' returned shape"):
         train_iteration(
-            policy=policy, algorithm=build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE),
-            optimizer=build_optimizer(policy, config.optim), reward_fn=lambda s, p: {"bad": torch.zeros(3)},
-            prompts=PROMPT_TEXTS, cond=tiny_conditioning(PROMPTS), config=config, latent_shape=TINY_LATENT_SHAPE,
-            generator=torch.Generator(), iteration=0,
-        )  # fmt: skip
+            policy=policy,
+            algorithm=build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE),
+            optimizer=build_optimizer(policy, config.optim),
+            reward_fn=lambda s, p: {"bad": torch.zeros(3)},
+            prompts=PROMPT_TEXTS,
+            cond=tiny_conditioning(PROMPTS),
+            config=config,
+            latent_shape=TINY_LATENT_SHAPE,
+            generator=torch.Generator(),
+            iteration=0,
+        )

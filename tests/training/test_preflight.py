@@ -45,16 +45,25 @@ def test_one_error_lists_every_planted_problem(world: Path, tmp_path: Path) -> N
     shutil.copytree(WORLD_PICK, corrupt_pick)
     _truncate(corrupt_pick / "model.safetensors")
     cats = tmp_path / "cats.jsonl"  # GenEval clauses the world detector (circles, squares, triangles) cannot see
-    rows = [{"prompt": "a photo of a cat", "tag": "single_object", "include": [{"class": "cat", "count": 1}]},
-            {"prompt": "a purple square", "tag": "colors", "include": [{"class": "square", "count": 1,
-                                                                        "color": "purple"}]}]  # fmt: skip
+    rows = [
+        {"prompt": "a photo of a cat", "tag": "single_object", "include": [{"class": "cat", "count": 1}]},
+        {"prompt": "a purple square", "tag": "colors", "include": [{"class": "square", "count": 1, "color": "purple"}]},
+    ]
     cats.write_text("".join(json.dumps(r) + "\n" for r in rows))
     missing_dir = tmp_path / "no-such-reward-model"
-    first = _stage(pipeline=str(no_vae), prompts=str(cats), rewards=[
-        {"name": "geneval"}, {"name": "pickscore", "options": {"path": str(corrupt_pick)}}])  # fmt: skip
-    second = _stage(name="second", prompts=str(tmp_path / "stage-2-prompts.jsonl"), rewards=[
-        {"name": "pickscore", "options": {"path": str(missing_dir)}},
-        {"name": "unifiedreward", "options": {"base_url": "http://localhost:port"}}])  # fmt: skip
+    first = _stage(
+        pipeline=str(no_vae),
+        prompts=str(cats),
+        rewards=[{"name": "geneval"}, {"name": "pickscore", "options": {"path": str(corrupt_pick)}}],
+    )
+    second = _stage(
+        name="second",
+        prompts=str(tmp_path / "stage-2-prompts.jsonl"),
+        rewards=[
+            {"name": "pickscore", "options": {"path": str(missing_dir)}},
+            {"name": "unifiedreward", "options": {"base_url": "http://localhost:port"}},
+        ],
+    )
 
     with pytest.raises(PreflightError) as raised:
         check_or_raise([first, second], world, checkpoint_dir=tmp_path / "work")
@@ -198,8 +207,11 @@ def test_the_flow_stops_at_preflight_before_any_mlflow_run(tmp_path: Path, monke
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with pytest.raises(PreflightError) as raised:
         curriculum_flow.fn(curriculum="curriculum.yaml", root=str(tmp_path), run_root="runs")  # the flow's body
-    for part in ("base: pipeline directory not found", "train.jsonl: prompt file not found",
-                 "later.jsonl: prompt file not found (s2: prompts)"):  # fmt: skip
+    for part in (
+        "base: pipeline directory not found",
+        "train.jsonl: prompt file not found",
+        "later.jsonl: prompt file not found (s2: prompts)",
+    ):
         assert part in str(raised.value)
     assert MlflowClient(uri).get_experiment_by_name("tiny") is None
     assert not (tmp_path / "runs").exists()

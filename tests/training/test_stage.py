@@ -11,7 +11,8 @@ import torch
 
 from tests.tiny_world import KillAt, Killed, Recorder, write_tiny_world
 from tests.tiny_world import tiny_stage_config as _config
-from vgrpo.training.phases import iteration_generator, sample_prompt_rows
+from vgrpo.training.phases import iteration_generator
+from vgrpo.training.prompt_rows import sample_prompt_rows
 from vgrpo.training.stage import run_stage
 
 
@@ -52,8 +53,14 @@ def test_stage_exports_lora_that_diffusers_loads(world: Path) -> None:
     from vgrpo.models import add_lora
 
     recorder = Recorder()
-    result = run_stage(_config(), pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora",
-                       root=world, callbacks=recorder)  # fmt: skip
+    result = run_stage(
+        _config(),
+        pipeline_dir=Path("base"),
+        work_dir=world / "run",
+        out_dir=world / "lora",
+        root=world,
+        callbacks=recorder,
+    )
     assert [i for i, _ in recorder.logged] == [0, 1, 2] and len(result.history) == 3
     assert {"reward/geneval_mean", "reward/geneval/strict_mean", "train/grad_norm", "surrogate/cv"} <= set(
         result.history[0]
@@ -85,8 +92,14 @@ def test_killed_stage_resumes_to_the_same_weights(world: Path) -> None:
     run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "whole", out_dir=world / "whole_lora", root=world)
 
     with pytest.raises(Killed):
-        run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world,
-                  callbacks=KillAt(1))  # fmt: skip
+        run_stage(
+            cfg,
+            pipeline_dir=Path("base"),
+            work_dir=world / "cut",
+            out_dir=world / "cut_lora",
+            root=world,
+            callbacks=KillAt(1),
+        )
     resumed = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world)
     assert resumed.resumed_from == 1  # iteration 1 died before its checkpoint
     a = load_file(world / "whole_lora" / "pytorch_lora_weights.safetensors")
@@ -148,15 +161,33 @@ def test_a_stage_does_not_resume_across_a_changed_starting_adapter(world: Path) 
     stage must then start over, not resume (or re-export) what it trained from the old adapter."""
     cfg, short = _config(eval_prompts=None, iterations=2), _config(eval_prompts=None, iterations=1)
     run_stage(short, pipeline_dir=Path("base"), work_dir=world / "p1", out_dir=world / "prev", root=world)
-    first = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
-                      init_lora=Path("prev"), root=world)  # fmt: skip
-    again = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
-                      init_lora=Path("prev"), root=world)  # fmt: skip
+    first = run_stage(
+        cfg,
+        pipeline_dir=Path("base"),
+        work_dir=world / "next",
+        out_dir=world / "next_lora",
+        init_lora=Path("prev"),
+        root=world,
+    )
+    again = run_stage(
+        cfg,
+        pipeline_dir=Path("base"),
+        work_dir=world / "next",
+        out_dir=world / "next_lora",
+        init_lora=Path("prev"),
+        root=world,
+    )
     assert first.resumed_from == 0 and again.resumed_from == 2  # same start: the finished run is reused
     other = _config(eval_prompts=None, iterations=1, seed=1)
     run_stage(other, pipeline_dir=Path("base"), work_dir=world / "p2", out_dir=world / "prev", root=world)
-    changed = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "next", out_dir=world / "next_lora",
-                        init_lora=Path("prev"), root=world)  # fmt: skip
+    changed = run_stage(
+        cfg,
+        pipeline_dir=Path("base"),
+        work_dir=world / "next",
+        out_dir=world / "next_lora",
+        init_lora=Path("prev"),
+        root=world,
+    )
     assert changed.resumed_from == 0
 
 
@@ -197,8 +228,9 @@ def test_safetensors_header_is_canonical_whatever_order_it_was_written_in(tmp_pa
 
 def test_stage_trains_with_bf16_autocast_and_gradient_checkpointing(world: Path) -> None:
     config = _config(iterations=1, eval_prompts=None, precision={"autocast": "bf16", "gradient_checkpointing": True})
-    result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / "bf16", out_dir=world / "bf16-lora",
-                       root=world)  # fmt: skip
+    result = run_stage(
+        config, pipeline_dir=Path("base"), work_dir=world / "bf16", out_dir=world / "bf16-lora", root=world
+    )
     metrics = result.history[0]
     assert all(np.isfinite(v) for v in metrics.values())
     assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy, one precision for both
@@ -206,18 +238,33 @@ def test_stage_trains_with_bf16_autocast_and_gradient_checkpointing(world: Path)
 
 
 def test_stage_evaluation_uses_hybrid_sampling_when_configured(world: Path) -> None:
-    evaluation = {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}], "p_mix": 0.5,
-                  "base_pipeline": "base"}  # fmt: skip
-    result = run_stage(_config(iterations=1, evaluation=evaluation), pipeline_dir=Path("base"),
-                       work_dir=world / "hybrid", out_dir=world / "hybrid-lora", root=world)  # fmt: skip
+    evaluation = {
+        "group_size": 1,
+        "num_steps": 2,
+        "rewards": [{"name": "geneval"}],
+        "p_mix": 0.5,
+        "base_pipeline": "base",
+    }
+    result = run_stage(
+        _config(iterations=1, evaluation=evaluation),
+        pipeline_dir=Path("base"),
+        work_dir=world / "hybrid",
+        out_dir=world / "hybrid-lora",
+        root=world,
+    )
     assert result.evaluations[-1]["sampling"]["p_mix"] == 0.5
 
 
 @pytest.mark.parametrize("at_start", [True, False])
 def test_periodic_evaluation_includes_the_start_unless_it_is_switched_off(world: Path, at_start: bool) -> None:
     config = _config(iterations=2, eval_every=1, eval_at_start=at_start)
-    result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / f"start-{at_start}",
-                       out_dir=world / f"start-{at_start}-lora", root=world)  # fmt: skip
+    result = run_stage(
+        config,
+        pipeline_dir=Path("base"),
+        work_dir=world / f"start-{at_start}",
+        out_dir=world / f"start-{at_start}-lora",
+        root=world,
+    )
     assert [e["iteration"] for e in result.evaluations] == ([0, 1, 2] if at_start else [1, 2])
 
 
@@ -236,8 +283,12 @@ def test_stage_evaluation_scores_on_the_reward_thread_only_with_overlap(
 
     monkeypatch.setattr(MultiReward, "submit", submit)
     evaluation = {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}], "overlap": overlap}
-    result = run_stage(_config(iterations=1, evaluation=evaluation), pipeline_dir=Path("base"),
-                       work_dir=world / f"overlap-{overlap}", out_dir=world / f"overlap-{overlap}-lora",
-                       root=world)  # fmt: skip
+    result = run_stage(
+        _config(iterations=1, evaluation=evaluation),
+        pipeline_dir=Path("base"),
+        work_dir=world / f"overlap-{overlap}",
+        out_dir=world / f"overlap-{overlap}-lora",
+        root=world,
+    )
     assert result.evaluations  # the stage evaluated, on the reward thread exactly when evaluation.overlap says so
     assert (sum(submitted) > 0) == overlap

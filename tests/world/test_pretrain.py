@@ -20,9 +20,16 @@ from vgrpo.world.pretrain import _prompt_corpus, flow_matching_loss, logit_norma
 
 def tiny_pretrain_config(**overrides: object) -> PretrainConfig:
     base = dict(
-        model=TINY, vae=VAETrainConfig(steps=15, batch_size=8, lr=3e-3), steps=40, batch_size=16, lr=3e-3,
-        warmup_steps=5, ema_decay=0.9, eval_every=10, checkpoint_every=10,
-    )  # fmt: skip
+        model=TINY,
+        vae=VAETrainConfig(steps=15, batch_size=8, lr=3e-3),
+        steps=40,
+        batch_size=16,
+        lr=3e-3,
+        warmup_steps=5,
+        ema_decay=0.9,
+        eval_every=10,
+        checkpoint_every=10,
+    )
     return PretrainConfig.model_validate(base | overrides)
 
 

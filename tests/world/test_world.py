@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vgrpo.rewards.geneval import score_detections
+from vgrpo.rewards.geneval_rules import score_detections
 from vgrpo.world import (
     EXTRA_TAGS,
     GENEVAL_TAGS,

@@ -34,9 +34,11 @@ class RolloutConfig(FrozenConfig):
         False, description="FLUX: shift from the image token count (diffusers calculate_shift); needs shift: null."
     )
     resolution: int | None = Field(
-        None, gt=0, description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
+        None,
+        gt=0,
+        description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
         "checks it is a multiple of the VAE factor x patch size (FLUX.1: 16).",
-    )  # fmt: skip
+    )
     schedule: Literal["uniform", "diffusers"] = Field(
         "uniform",
         description="Sigma grid (vgrpo.flow.timestep_grid): `uniform` = shift(linspace(1, 0, T + 1)), FluxPipeline's "

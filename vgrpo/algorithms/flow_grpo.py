@@ -125,16 +125,26 @@ class FlowGRPO(Algorithm[FlowGRPOPayload]):
                 t, t_next = self.sigmas[k].to(x_t.device), self.sigmas[k + 1].to(x_t.device)
                 cond = batch.cond.index(mb)
                 current = sde_step(
-                    v=policy(x_t, t, cond), x_t=x_t, t=t, t_next=t_next,
-                    noise_level=self.config.noise_level, t_cap=t_cap, x_next=x_next,
-                )  # fmt: skip
+                    v=policy(x_t, t, cond),
+                    x_t=x_t,
+                    t=t,
+                    t_next=t_next,
+                    noise_level=self.config.noise_level,
+                    t_cap=t_cap,
+                    x_next=x_next,
+                )
                 kl = None
                 if self.reference is not None:
                     with torch.no_grad(), self.reference.swapped_in():
                         ref_mean = sde_step(
-                            v=policy(x_t, t, cond), x_t=x_t, t=t, t_next=t_next,
-                            noise_level=self.config.noise_level, t_cap=t_cap, x_next=x_next,
-                        ).mean  # fmt: skip
+                            v=policy(x_t, t, cond),
+                            x_t=x_t,
+                            t=t,
+                            t_next=t_next,
+                            noise_level=self.config.noise_level,
+                            t_cap=t_cap,
+                            x_next=x_next,
+                        ).mean
                     # KL between Gaussians of equal std: ||mu_theta - mu_ref||^2 / (2 std^2), per dim.
                     sq = ((current.mean - ref_mean) ** 2).mean(dim=tuple(range(1, x_t.ndim)))
                     kl = sq / (2 * current.std**2)

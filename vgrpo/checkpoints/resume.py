@@ -168,8 +168,13 @@ class ResumableRun:
     @classmethod
     def for_stage(cls, config: StageConfig, work_dir: Path, init_lora: Path | None) -> ResumableRun:
         init_hash = adapter_hash(init_lora) if init_lora is not None else None
-        return cls(work_dir / "checkpoints", training_hash(config), init_hash, config.keep_checkpoints,
-                   sharded=config.distributed.strategy == "fsdp")  # fmt: skip
+        return cls(
+            work_dir / "checkpoints",
+            training_hash(config),
+            init_hash,
+            config.keep_checkpoints,
+            sharded=config.distributed.strategy == "fsdp",
+        )
 
     def owns(self, checkpoint: Path) -> bool:
         try:

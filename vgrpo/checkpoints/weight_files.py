@@ -9,6 +9,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from vgrpo.checkpoints.state import LORA_FILE
 from vgrpo.models.pipeline import PIPELINE_COMPONENTS
 
@@ -38,8 +40,6 @@ def weights_problem(path: Path) -> str | None:
         return "not found"
     try:
         if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
             with safe_open(str(path), framework="pt"):  # parses the header and checks it covers the file exactly
                 pass
         elif path.name.endswith(".safetensors.index.json"):
@@ -77,7 +77,6 @@ def folder_problems(folder: Path, *, safetensors_only: bool) -> list[str]:
 def pipeline_problems(path: Path) -> list[str]:
     """A diffusers pipeline directory: ``model_index.json``, its class, a folder for every component it names, and
     every component's safetensors files."""
-
     if not path.is_dir():
         return [f"{path}: pipeline directory not found"]
     index_file = path / "model_index.json"
@@ -88,8 +87,11 @@ def pipeline_problems(path: Path) -> list[str]:
     except ValueError as exc:
         return [f"{index_file}: not valid JSON: {exc}"]
     cls = index.get("_class_name")
-    out = [] if cls in PIPELINE_COMPONENTS else [f"{index_file}: _class_name is {cls!r}, expected one of "
-                                                 f"{sorted(PIPELINE_COMPONENTS)}"]  # fmt: skip
+    out = (
+        []
+        if cls in PIPELINE_COMPONENTS
+        else [f"{index_file}: _class_name is {cls!r}, expected one of {sorted(PIPELINE_COMPONENTS)}"]
+    )
     named = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v and v[0] is not None]
     null = [k for k in PIPELINE_COMPONENTS.get(str(cls), ()) if k not in named]
     out += [f"{index_file}: component {k!r} is missing or null" for k in null]
@@ -105,7 +107,6 @@ def pipeline_problems(path: Path) -> list[str]:
 def adapter_problems(path: Path) -> list[str]:
     """A stage's starting weights: a LoRA directory (``save_lora``'s safetensors file), or after full fine-tuning
     a whole pipeline."""
-
     if (path / "model_index.json").is_file():  # a full fine-tune's output: a whole pipeline
         return pipeline_problems(path)
     if not path.is_dir():

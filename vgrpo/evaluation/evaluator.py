@@ -17,6 +17,7 @@ FLUX's shift depends on the image's token count, so the evaluation's is recomput
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -26,11 +27,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from vgrpo.config import StageConfig
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.evaluation.tables import summarise
 from vgrpo.flow import timestep_grid
+from vgrpo.images import tensor_to_images
+from vgrpo.models.pipeline import build_adapter, load_pipeline
+from vgrpo.models.precision import frozen_dtype
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import Conditioning, VelocityModel
 from vgrpo.rewards.base import Metadata
@@ -108,7 +113,6 @@ def generate(
     p_mix, guidance_scale = sampling.p_mix, sampling.guidance_scale
     if (base is None) != (p_mix is None):
         raise ValueError("hybrid sampling needs both `base` and `p_mix`")
-    from tqdm.auto import tqdm
 
     sigmas = timestep_grid(sampling.num_steps, shift=sampling.shift)
     model, base_model = policy, base
@@ -157,10 +161,6 @@ def evaluate(
     Returns:
         The table (with the sampling settings and seconds spent) and the images.
     """
-    import time
-
-    from vgrpo.images import tensor_to_images
-
     expanded = [md for md in metadata for _ in range(group_size)]
     prompts = [str(md["prompt"]) for md in expanded]
     meta = expanded if rewards.needs_metadata else None
@@ -244,9 +244,17 @@ class Evaluator:
 
     def __call__(self, adapter: Any, policy: nn.Module, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
         adapter, sampling = self.sampling(adapter)
-        table, images = evaluate(adapter=adapter, policy=policy, metadata=self.rows, rewards=self.rewards,
-                                 group_size=self.config.group_size, sampling=sampling, base=self.base,
-                                 micro_batch=self.config.micro_batch, overlap=self.config.overlap)  # fmt: skip
+        table, images = evaluate(
+            adapter=adapter,
+            policy=policy,
+            metadata=self.rows,
+            rewards=self.rewards,
+            group_size=self.config.group_size,
+            sampling=sampling,
+            base=self.base,
+            micro_batch=self.config.micro_batch,
+            overlap=self.config.overlap,
+        )
         table["iteration"] = iteration
         return table, images
 
@@ -261,9 +269,6 @@ def build_evaluator(
         return None
     base = None
     if config.evaluation.base_pipeline is not None:
-        from vgrpo.models.pipeline import build_adapter, load_pipeline
-        from vgrpo.models.precision import frozen_dtype
-
         # Only the base's transformer samples (the policy's adapter encodes the prompts and decodes): its text
         # encoders and VAE load in the frozen dtype and stay on the CPU.
         frozen = frozen_dtype(config.precision.frozen_dtype, dist.device)
@@ -271,5 +276,11 @@ def build_evaluator(
         base_pipe.transformer.to(dist.device)
         base = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
     rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards])
-    return Evaluator(rows=rows, rewards=rewards, config=config.evaluation, shift=shift, base=base,
-                     dynamic_shift=config.rollout.dynamic_shift)  # fmt: skip
+    return Evaluator(
+        rows=rows,
+        rewards=rewards,
+        config=config.evaluation,
+        shift=shift,
+        base=base,
+        dynamic_shift=config.rollout.dynamic_shift,
+    )

@@ -3,11 +3,14 @@ verifiable reward credits the image."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw
 
 __all__ = ["CAPTION_HEIGHT", "FRAME_COLORS", "grid_image", "grid_of", "write_grid"]
 
@@ -47,7 +50,6 @@ def grid_image(
     tiles = tiles.repeat(scale, 0).repeat(scale, 1)
     if captions is None:
         return tiles
-    from PIL import Image, ImageDraw
 
     row_h = (h + 2) * scale
     out = Image.new("RGB", (tiles.shape[1], rows * (row_h + CAPTION_HEIGHT)), (32, 32, 32))
@@ -69,11 +71,6 @@ def write_grid(
     credited: Sequence[bool | None] | None = None,
 ) -> None:
     """:func:`grid_image` as a PNG, written atomically."""
-    import os
-    import tempfile
-
-    from PIL import Image
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")

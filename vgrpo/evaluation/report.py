@@ -90,11 +90,17 @@ def evaluate_to_files(
         base = build_adapter(base_pipe)[1].eval()
     with MultiReward.from_specs([r.model_dump() for r in config.rewards]) as rewards:
         table, images = evaluate(
-            adapter=adapter, policy=policy.eval(), metadata=metadata,
-            rewards=rewards, group_size=config.group_size,
+            adapter=adapter,
+            policy=policy.eval(),
+            metadata=metadata,
+            rewards=rewards,
+            group_size=config.group_size,
             sampling=Sampling.of(config, sampling_shift(config.shift, adapter, rollout_shift=adapter.scheduler_shift)),
-            base=base, micro_batch=config.micro_batch, overlap=config.overlap, progress=True,
-        )  # fmt: skip
+            base=base,
+            micro_batch=config.micro_batch,
+            overlap=config.overlap,
+            progress=True,
+        )
     table |= {"pipeline": str(pipeline), "lora": None if lora is None else str(lora), "prompt_file": str(prompts)}
     if reference is not None:
         try:

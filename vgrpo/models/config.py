@@ -17,8 +17,15 @@ class LoraConfig(FrozenConfig):
     alpha: int = Field(64, ge=1)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: tuple[str, ...] = (
-        "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
-    )  # fmt: skip
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+    )
 
 
 class PrecisionConfig(FrozenConfig):

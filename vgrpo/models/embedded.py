@@ -55,9 +55,11 @@ def train_clip_tokenizer(corpus: Iterable[str], config: EmbeddedModelConfig) -> 
         [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
     )
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(CLIP_SPLIT_PATTERN), behavior="removed", invert=True),
-         pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )  # fmt: skip
+        [
+            pre_tokenizers.Split(Regex(CLIP_SPLIT_PATTERN), behavior="removed", invert=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     trainer = trainers.BpeTrainer(
         vocab_size=config.vocab_size,
         special_tokens=[BOS_TOKEN, EOS_TOKEN],

@@ -151,8 +151,11 @@ def build_adapter(
     """
 
     precision = precision if precision is not None else PrecisionConfig()
-    options: dict[str, Any] = {"resolution": resolution, "prompt_cache_bytes": int(precision.prompt_cache_mb * 2**20),
-               "text_encoders": precision.text_encoders}  # fmt: skip
+    options: dict[str, Any] = {
+        "resolution": resolution,
+        "prompt_cache_bytes": int(precision.prompt_cache_mb * 2**20),
+        "text_encoders": precision.text_encoders,
+    }
     transformer: nn.Module = pipe.transformer
     if isinstance(pipe, FluxPipeline):
         return FluxAdapter(pipe, **options), FluxVelocity(transformer)

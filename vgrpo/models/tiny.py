@@ -67,10 +67,20 @@ def tiny_conditioning(num_prompts: int, seed: int = 1) -> Conditioning:
 
 
 TINY_FLUX = EmbeddedModelConfig(
-    resolution=16, vocab_size=300, max_text_tokens=20, text_hidden_size=16, text_layers=2, text_heads=2,
-    text_projection_dim=8, vae_channels=(8, 16), vae_norm_groups=4, latent_channels=4, num_layers=1,
-    attention_head_dim=8, num_attention_heads=2,
-)  # fmt: skip
+    resolution=16,
+    vocab_size=300,
+    max_text_tokens=20,
+    text_hidden_size=16,
+    text_layers=2,
+    text_heads=2,
+    text_projection_dim=8,
+    vae_channels=(8, 16),
+    vae_norm_groups=4,
+    latent_channels=4,
+    num_layers=1,
+    attention_head_dim=8,
+    num_attention_heads=2,
+)
 """Sizes of :func:`tiny_flux_pipeline`: 16 px images, a 2x VAE to ``(4, 8, 8)`` latents, 16 packed image tokens."""
 _T5_WIDTH, _T5_TOKENS = 16, 16
 _FLUX_VAE_SCALING, _FLUX_VAE_SHIFT = 0.3611, 0.1159  # FLUX.1's VAE normalisation
@@ -104,9 +114,17 @@ def tiny_flux_pipeline(seed: int = 0, *, corpus: Iterable[str] = _DEFAULT_CORPUS
     vae.register_to_config(scaling_factor=_FLUX_VAE_SCALING, shift_factor=_FLUX_VAE_SHIFT)
     torch.manual_seed(seed + 3)
     t5_config = T5Config(
-        vocab_size=len(t5_tokenizer), d_model=_T5_WIDTH, d_kv=8, d_ff=2 * _T5_WIDTH, num_layers=1, num_heads=2,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16, pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
+        vocab_size=len(t5_tokenizer),
+        d_model=_T5_WIDTH,
+        d_kv=8,
+        d_ff=2 * _T5_WIDTH,
+        num_layers=1,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     t5 = T5EncoderModel(t5_config).eval()
     torch.manual_seed(seed)
     transformer = FluxTransformer2DModel(
@@ -122,9 +140,14 @@ def tiny_flux_pipeline(seed: int = 0, *, corpus: Iterable[str] = _DEFAULT_CORPUS
         axes_dims_rope=(2, 2, 4),  # sums to attention_head_dim, like FLUX.1's (16, 56, 56) to 128
     )
     scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-        base_image_seq_len=256, max_image_seq_len=4096,
-    )  # fmt: skip
+        num_train_timesteps=1000,
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
     return FluxPipeline(
         scheduler=scheduler,
         vae=vae,

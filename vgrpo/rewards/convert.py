@@ -82,12 +82,20 @@ def _clip_layer(sd: StateDict, src: str, dst: str) -> StateDict:
     q, k, v = sd[f"{src}.attn.in_proj_weight"].chunk(3, dim=0)
     qb, kb, vb = sd[f"{src}.attn.in_proj_bias"].chunk(3, dim=0)
     out = {
-        f"{dst}.self_attn.q_proj.weight": q, f"{dst}.self_attn.q_proj.bias": qb,
-        f"{dst}.self_attn.k_proj.weight": k, f"{dst}.self_attn.k_proj.bias": kb,
-        f"{dst}.self_attn.v_proj.weight": v, f"{dst}.self_attn.v_proj.bias": vb,
-    }  # fmt: skip
-    pairs = {"attn.out_proj": "self_attn.out_proj", "ln_1": "layer_norm1", "ln_2": "layer_norm2",
-             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}  # fmt: skip
+        f"{dst}.self_attn.q_proj.weight": q,
+        f"{dst}.self_attn.q_proj.bias": qb,
+        f"{dst}.self_attn.k_proj.weight": k,
+        f"{dst}.self_attn.k_proj.bias": kb,
+        f"{dst}.self_attn.v_proj.weight": v,
+        f"{dst}.self_attn.v_proj.bias": vb,
+    }
+    pairs = {
+        "attn.out_proj": "self_attn.out_proj",
+        "ln_1": "layer_norm1",
+        "ln_2": "layer_norm2",
+        "mlp.c_fc": "mlp.fc1",
+        "mlp.c_proj": "mlp.fc2",
+    }
     for a, b in pairs.items():
         for p in ("weight", "bias"):
             out[f"{dst}.{b}.{p}"] = sd[f"{src}.{a}.{p}"]
@@ -124,18 +132,29 @@ def open_clip_to_hf(
         "projection_dim": sd["visual.proj"].shape[1],
         "logit_scale_init_value": float(sd["logit_scale"]),
         "vision_config": {
-            "hidden_size": width, "intermediate_size": sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
+            "hidden_size": width,
+            "intermediate_size": sd["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
             "num_hidden_layers": vl,
             "num_attention_heads": vision_heads or width // _OPEN_CLIP_HEAD_WIDTH.get(width, 64),
-            "image_size": grid * patch, "patch_size": patch, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+            "image_size": grid * patch,
+            "patch_size": patch,
+            "hidden_act": "gelu",
+            "layer_norm_eps": 1e-5,
         },
         "text_config": {
-            "hidden_size": text_width, "intermediate_size": sd["transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
-            "num_hidden_layers": tl, "num_attention_heads": text_heads or text_width // 64, "vocab_size": vocab,
-            "max_position_embeddings": sd["positional_embedding"].shape[0], "hidden_act": "gelu",
-            "layer_norm_eps": 1e-5, "bos_token_id": vocab - 2, "eos_token_id": vocab - 1, "pad_token_id": 0,
+            "hidden_size": text_width,
+            "intermediate_size": sd["transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
+            "num_hidden_layers": tl,
+            "num_attention_heads": text_heads or text_width // 64,
+            "vocab_size": vocab,
+            "max_position_embeddings": sd["positional_embedding"].shape[0],
+            "hidden_act": "gelu",
+            "layer_norm_eps": 1e-5,
+            "bos_token_id": vocab - 2,
+            "eos_token_id": vocab - 1,
+            "pad_token_id": 0,
         },
-    }  # fmt: skip
+    }
     out: StateDict = {
         "logit_scale": sd["logit_scale"].reshape(()),
         "visual_projection.weight": sd["visual.proj"].T.contiguous(),
@@ -146,8 +165,11 @@ def open_clip_to_hf(
         "text_model.embeddings.token_embedding.weight": sd["token_embedding.weight"],
         "text_model.embeddings.position_embedding.weight": sd["positional_embedding"],
     }
-    for a, b in (("visual.ln_pre", "vision_model.pre_layrnorm"), ("visual.ln_post", "vision_model.post_layernorm"),
-                 ("ln_final", "text_model.final_layer_norm")):  # fmt: skip
+    for a, b in (
+        ("visual.ln_pre", "vision_model.pre_layrnorm"),
+        ("visual.ln_post", "vision_model.post_layernorm"),
+        ("ln_final", "text_model.final_layer_norm"),
+    ):
         out[f"{b}.weight"], out[f"{b}.bias"] = sd[f"{a}.weight"], sd[f"{a}.bias"]
     for i in range(vl):
         out.update(_clip_layer(sd, f"visual.transformer.resblocks.{i}", f"vision_model.encoder.layers.{i}"))
@@ -171,9 +193,12 @@ def _save_processor(out_dir: Path, image_size: int) -> None:
     from transformers import CLIPImageProcessor
 
     CLIPImageProcessor(
-        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
-        resample=3, image_mean=list(OPENAI_MEAN), image_std=list(OPENAI_STD),
-    ).save_pretrained(out_dir)  # fmt: skip
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        resample=3,
+        image_mean=list(OPENAI_MEAN),
+        image_std=list(OPENAI_STD),
+    ).save_pretrained(out_dir)
 
 
 def convert_open_clip(
@@ -214,24 +239,39 @@ def image_reward_to_hf(
     width, _, patch, _ = vis["patch_embed.proj.weight"].shape
     grid = math.isqrt(vis["pos_embed"].shape[1] - 1)
     vision_cfg: dict[str, Any] = {
-        "hidden_size": width, "intermediate_size": vis["blocks.0.mlp.fc1.weight"].shape[0],
-        "num_hidden_layers": _count_layers(vis, "blocks."), "num_attention_heads": vision_heads or width // 64,
-        "image_size": grid * patch, "patch_size": patch, "hidden_act": "gelu", "layer_norm_eps": 1e-6,
-    }  # fmt: skip
+        "hidden_size": width,
+        "intermediate_size": vis["blocks.0.mlp.fc1.weight"].shape[0],
+        "num_hidden_layers": _count_layers(vis, "blocks."),
+        "num_attention_heads": vision_heads or width // 64,
+        "image_size": grid * patch,
+        "patch_size": patch,
+        "hidden_act": "gelu",
+        "layer_norm_eps": 1e-6,
+    }
     vocab, hidden = txt["embeddings.word_embeddings.weight"].shape
     text_cfg: dict[str, Any] = {
-        "vocab_size": vocab, "hidden_size": hidden, "encoder_hidden_size": width,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "encoder_hidden_size": width,
         "intermediate_size": txt["encoder.layer.0.intermediate.dense.weight"].shape[0],
-        "num_hidden_layers": _count_layers(txt, "encoder.layer."), "num_attention_heads": text_heads or hidden // 64,
-        "max_position_embeddings": txt["embeddings.position_embeddings.weight"].shape[0], "hidden_act": "gelu",
-        "layer_norm_eps": 1e-12, "is_decoder": True,  # is_decoder builds the cross-attention; the call is bidirectional
-    }  # fmt: skip
+        "num_hidden_layers": _count_layers(txt, "encoder.layer."),
+        "num_attention_heads": text_heads or hidden // 64,
+        "max_position_embeddings": txt["embeddings.position_embeddings.weight"].shape[0],
+        "hidden_act": "gelu",
+        "layer_norm_eps": 1e-12,
+        "is_decoder": True,  # is_decoder builds the cross-attention; the call is bidirectional
+    }
     renames = [  # transformers' convert_blip_original_pytorch_to_hf.py rename_key, anchored
-        (r"^blocks\.", "encoder.layers."), (r"\.attn\.proj\.", ".self_attn.projection."),
-        (r"\.attn\.qkv\.", ".self_attn.qkv."), (r"\.norm1\.", ".layer_norm1."), (r"\.norm2\.", ".layer_norm2."),
-        (r"^norm\.", "post_layernorm."), (r"^patch_embed\.proj\.", "embeddings.patch_embedding."),
-        (r"^pos_embed$", "embeddings.position_embedding"), (r"^cls_token$", "embeddings.class_embedding"),
-    ]  # fmt: skip
+        (r"^blocks\.", "encoder.layers."),
+        (r"\.attn\.proj\.", ".self_attn.projection."),
+        (r"\.attn\.qkv\.", ".self_attn.qkv."),
+        (r"\.norm1\.", ".layer_norm1."),
+        (r"\.norm2\.", ".layer_norm2."),
+        (r"^norm\.", "post_layernorm."),
+        (r"^patch_embed\.proj\.", "embeddings.patch_embedding."),
+        (r"^pos_embed$", "embeddings.position_embedding"),
+        (r"^cls_token$", "embeddings.class_embedding"),
+    ]
     vision: StateDict = {}
     for key, value in vis.items():
         for pattern, repl in renames:

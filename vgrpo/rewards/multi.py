@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from vgrpo.rewards.base import Metadata, Reward
 from vgrpo.rewards.registry import build_reward, reward_key
@@ -66,8 +67,6 @@ class MultiRewardOutput:
 
     def score_tensors(self) -> dict[str, Any]:
         """:attr:`scores` as float32 torch tensors, what :func:`vgrpo.advantages.compute_advantages` takes."""
-        import torch
-
         return {key: torch.as_tensor(values, dtype=torch.float32) for key, values in self.scores.items()}
 
     def metrics(self, prefix: str = "reward/") -> dict[str, float]:
@@ -149,8 +148,10 @@ class MultiReward:
         n = len(prompts)
         for key, term in self.terms.items():
             t0 = time.perf_counter()
-            mask = np.array([term.reward.applies_to(p, None if metadata is None else metadata[i])
-                             for i, p in enumerate(prompts)], dtype=bool)  # fmt: skip
+            mask = np.array(
+                [term.reward.applies_to(p, None if metadata is None else metadata[i]) for i, p in enumerate(prompts)],
+                dtype=bool,
+            )
             values = np.full(n, np.nan)
             sub_values: dict[str, np.ndarray] = {}
             if mask.all():

@@ -253,10 +253,15 @@ def aesthetic_mlp(state: dict[str, torch.Tensor]) -> torch.nn.Sequential:
         raise ValueError(f"MLP head keys must be {sorted(AESTHETIC_KEYS)}, got {sorted(state)}")
     dims = [state["layers.0.weight"].shape[1]] + [state[f"layers.{i}.weight"].shape[0] for i in (0, 2, 4, 6, 7)]
     mlp = torch.nn.Sequential(
-        torch.nn.Linear(dims[0], dims[1]), torch.nn.Dropout(0.2), torch.nn.Linear(dims[1], dims[2]),
-        torch.nn.Dropout(0.2), torch.nn.Linear(dims[2], dims[3]), torch.nn.Dropout(0.1),
-        torch.nn.Linear(dims[3], dims[4]), torch.nn.Linear(dims[4], dims[5]),
-    )  # fmt: skip
+        torch.nn.Linear(dims[0], dims[1]),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(dims[1], dims[2]),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(dims[2], dims[3]),
+        torch.nn.Dropout(0.1),
+        torch.nn.Linear(dims[3], dims[4]),
+        torch.nn.Linear(dims[4], dims[5]),
+    )
     mlp.load_state_dict({k.removeprefix("layers."): v for k, v in state.items()}, strict=True)
     return mlp.eval().requires_grad_(False)
 

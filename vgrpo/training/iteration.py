@@ -167,9 +167,16 @@ def rollout_batch(
     t0 = _clock(device)
     noise = torch.randn(len(prompts) * group_size, *latent_shape, generator=generator)[samples].to(device)
     rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
-    return RolloutBatch(rollout=rollout, prompts=list(prompts), sample_prompts=sample_prompts,
-                        sample_cond=sample_cond, group_size=group_size, generator=generator, iteration=iteration,
-                        seconds=_clock(device) - t0)  # fmt: skip
+    return RolloutBatch(
+        rollout=rollout,
+        prompts=list(prompts),
+        sample_prompts=sample_prompts,
+        sample_cond=sample_cond,
+        group_size=group_size,
+        generator=generator,
+        iteration=iteration,
+        seconds=_clock(device) - t0,
+    )
 
 
 def gather_rewards(batch: RolloutBatch, local: Mapping[str, Tensor], dist: Distributed) -> dict[str, Tensor]:
@@ -241,8 +248,7 @@ def update_policy(
     end_metrics = algorithm.end_iteration(policy, batch.iteration)
     t4 = _clock(device)
 
-    metrics: dict[str, float] = {"iteration": float(batch.iteration), **adv.metrics, **prepared.metrics,
-                                 **end_metrics}  # fmt: skip
+    metrics: dict[str, float] = {"iteration": float(batch.iteration), **adv.metrics, **prepared.metrics, **end_metrics}
     for key, values in per_step.items():
         metrics[f"train/{key}"] = sum(values) / len(values)
     for key in ("ratio_mean", "ratio_max", "ratio_min", "clip_frac"):
@@ -287,12 +293,27 @@ def train_iteration(
     """
     if config.rollout.group_size != algorithm.group_size:
         raise ValueError(f"rollout.group_size {config.rollout.group_size} != the algorithm's {algorithm.group_size}")
-    batch = rollout_batch(policy=policy, algorithm=algorithm, prompts=prompts, cond=cond,
-                          minibatches=config.optim.minibatches, latent_shape=latent_shape, generator=generator,
-                          iteration=iteration)  # fmt: skip
+    batch = rollout_batch(
+        policy=policy,
+        algorithm=algorithm,
+        prompts=prompts,
+        cond=cond,
+        minibatches=config.optim.minibatches,
+        latent_shape=latent_shape,
+        generator=generator,
+        iteration=iteration,
+    )
     t1 = time.perf_counter()
     rewards = gather_rewards(batch, reward_fn(batch.rollout.samples, batch.sample_prompts), algorithm.dist)
     weights = reward_weights if reward_weights is not None else config.advantage.weights
-    return update_policy(policy=policy, algorithm=algorithm, optimizer=optimizer, batch=batch, rewards=rewards,
-                         advantage=config.advantage, optim=config.optim, reward_weights=weights,
-                         reward_seconds=time.perf_counter() - t1)  # fmt: skip
+    return update_policy(
+        policy=policy,
+        algorithm=algorithm,
+        optimizer=optimizer,
+        batch=batch,
+        rewards=rewards,
+        advantage=config.advantage,
+        optim=config.optim,
+        reward_weights=weights,
+        reward_seconds=time.perf_counter() - t1,
+    )

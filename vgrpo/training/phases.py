@@ -1,29 +1,26 @@
 """The phases of a curriculum stage, each a function with plain inputs and outputs
-(:func:`vgrpo.training.stage.run_stage`
-runs them in a loop; an orchestrator may run each as a task):
+(:func:`vgrpo.training.stage.run_stage` runs them in a loop; an orchestrator may run each as a task):
 
-* :func:`prepare_prompts` -- read, check and filter the training and evaluation prompt rows (:func:`training_rows`,
-  :func:`evaluation_rows`);
+* :func:`vgrpo.training.prompt_rows.prepare_prompts` -- read, check and filter the training and evaluation prompt
+  rows;
 * :func:`setup_policy` -- the pipeline, its LoRA, the optimizer, the algorithm and the rewards (:class:`StagePolicy`);
 * :func:`rollout` -> :func:`score` -> :func:`update` -- one iteration (:mod:`vgrpo.training.iteration`);
-* :func:`evaluate` / :func:`evaluate_adapter` -- the stage's :class:`vgrpo.evaluation.evaluator.Evaluator`, of the
-policy in
-  memory or of exported weights;
+* :func:`evaluate` / :func:`evaluate_adapter` -- the stage's :class:`vgrpo.evaluation.evaluator.Evaluator`, of
+  the policy in memory or of exported weights;
 * :func:`export` -- the LoRA in diffusers' format, or the whole pipeline.
 
 With ``ema.enabled`` the stage keeps an EMA of the trainable weights (:class:`vgrpo.training.ema.PolicyEMA`), and
 evaluation and export read it instead of the live weights.
 
 Each iteration draws its prompts and its randomness from ``(seed, iteration)`` alone
-(:func:`sample_prompt_rows`, :func:`iteration_generator`), so a resumed stage takes the steps an uninterrupted
-one takes.
+(:func:`vgrpo.training.prompt_rows.sample_prompt_rows`, :func:`iteration_generator`), so a resumed stage takes the
+steps an uninterrupted one takes.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,36 +34,32 @@ from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoints.state import Checkpointed, load_lora_into, save_lora
 from vgrpo.config import StageConfig
 from vgrpo.evaluation.evaluator import Evaluator, build_evaluator
+from vgrpo.images import tensor_to_images
 from vgrpo.models import add_lora
-from vgrpo.models.precision import apply_precision
+from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
+from vgrpo.models.precision import apply_precision, frozen_dtype
 from vgrpo.parallel.distributed import Distributed, is_sharded
 from vgrpo.parallel.fsdp import export_pipeline, shard_transformer
 from vgrpo.policy import ParameterSnapshot, trainable_parameters
-from vgrpo.prompts import PromptFileError, load_prompts
 from vgrpo.rewards.base import Metadata, NonFiniteRewardError
-from vgrpo.rewards.config import RewardConfig, prompt_problems
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.seeding import derive_seed
 from vgrpo.training.ema import PolicyEMA, maybe_swapped_in
 from vgrpo.training.guards import NonFiniteError
 from vgrpo.training.iteration import RolloutBatch, build_optimizer, gather_rewards, rollout_batch, update_policy
+from vgrpo.training.prompt_rows import evaluation_rows, sample_prompt_rows
 
 __all__ = [
     "Scores",
     "StagePolicy",
-    "StagePrompts",
     "StageRollout",
     "evaluate",
     "evaluate_adapter",
-    "evaluation_rows",
     "export",
     "iteration_generator",
-    "prepare_prompts",
     "rollout",
-    "sample_prompt_rows",
     "score",
     "setup_policy",
-    "training_rows",
     "update",
 ]
 
@@ -74,84 +67,6 @@ __all__ = [
 def iteration_generator(seed: int, iteration: int) -> torch.Generator:
     """The torch generator of one iteration: a function of ``(seed, iteration)`` only."""
     return torch.Generator().manual_seed(derive_seed(seed, iteration, 1))
-
-
-def sample_prompt_rows(
-    rows: Sequence[Metadata],
-    count: int,
-    seed: int,
-    iteration: int,
-    tag_weights: Mapping[str, float] | None = None,
-) -> list[Metadata]:
-    """``count`` prompt rows for one iteration, without replacement when there are enough. With ``tag_weights``
-    each row's probability is its tag's weight shared among the tag's rows (every row's tag needs a weight)."""
-    rng = np.random.default_rng(derive_seed(seed, iteration, 0))
-    p = None
-    if tag_weights is not None:
-        tags = [str(r.get("tag")) for r in rows]
-        per_tag = Counter(tags)
-        p = np.array([tag_weights[t] / per_tag[t] for t in tags])
-        p = p / p.sum()
-    idx = rng.choice(len(rows), size=count, replace=len(rows) < count, p=p)
-    return [rows[int(i)] for i in idx]
-
-
-# -- phase: prepare prompts --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StagePrompts:
-    """The stage's prompt rows, validated and filtered: ``train`` to draw from, ``evaluation`` (or ``None``)."""
-
-    train: list[dict[str, Any]]
-    evaluation: list[dict[str, Any]] | None
-
-
-def _checked_prompts(path: Path, rewards: Sequence[RewardConfig]) -> list[dict[str, Any]]:
-    """The rows of prompt file ``path``, checked by every reward in ``rewards`` that reads them
-    (:meth:`vgrpo.rewards.base.Reward.check_prompts`: GenEval's clauses and its detector's vocabulary).
-
-    Raises:
-        PromptFileError: naming the file and what is wrong (one line per problem).
-    """
-    rows = load_prompts(path)
-    problems = prompt_problems(rewards, rows, path)
-    if problems:
-        raise PromptFileError("\n".join(problems))
-    return rows
-
-
-def training_rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
-    """The rows of the training prompt file (relative to ``root``) checked by the training rewards, with
-    ``prompt_tags`` / ``prompt_tag_weights`` applied."""
-    rows = _checked_prompts(root / config.prompts, config.rewards)
-    if config.prompt_tags is not None:
-        rows = [r for r in rows if r.get("tag") in config.prompt_tags]
-        if not rows:
-            raise ValueError(f"{config.prompts}: no prompt has a tag in prompt_tags={list(config.prompt_tags)}")
-    if config.prompt_tag_weights is not None:
-        unweighted = sorted({str(r.get("tag")) for r in rows} - set(config.prompt_tag_weights))
-        if unweighted:
-            raise ValueError(
-                f"{config.prompts}: prompt_tag_weights has no weight for the tags {unweighted} "
-                "(give them one, or leave them out with prompt_tags)"
-            )
-    return [dict(r) for r in rows]
-
-
-def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
-    """Read the training and evaluation prompt files (relative to ``root``), each checked by the rewards that read
-    it (:func:`training_rows`, :func:`evaluation_rows`)."""
-    return StagePrompts(train=training_rows(config, root), evaluation=evaluation_rows(config, root))
-
-
-def evaluation_rows(config: StageConfig, root: Path) -> list[dict[str, Any]] | None:
-    """The first ``evaluation.max_prompts`` rows of the evaluation prompt file, the file checked by the evaluation
-    rewards; ``None`` without an evaluation prompt file."""
-    if not config.eval_prompts:
-        return None
-    rows = _checked_prompts(root / config.eval_prompts, config.evaluation.rewards)
-    return [dict(r) for r in rows[: config.evaluation.max_prompts]] or None
 
 
 # -- phase: set up the policy ------------------------------------------------------------------------------------------
@@ -194,8 +109,6 @@ class StagePolicy:
 
 
 def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
-    from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
-    from vgrpo.models.precision import frozen_dtype
 
     pipe = load_pipeline(pipeline_dir, frozen_dtype=frozen_dtype(config.precision.frozen_dtype, dist.device))
     if config.lora is None:
@@ -208,12 +121,21 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
     if config.lora is not None:
         with torch.random.fork_rng():  # LoRA A is drawn from the global RNG: seed it, or runs differ
             torch.manual_seed(derive_seed(config.seed, 2))
-            add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha,
-                     target_modules=config.lora.target_modules, dropout=config.lora.dropout)  # fmt: skip
+            add_lora(
+                transformer,
+                rank=config.lora.rank,
+                alpha=config.lora.alpha,
+                target_modules=config.lora.target_modules,
+                dropout=config.lora.dropout,
+            )
         if init_lora is not None:
             load_lora_into(transformer, init_lora)
-    policy = apply_precision(policy, transformer, autocast=config.precision.autocast,
-                             gradient_checkpointing=config.precision.gradient_checkpointing)  # fmt: skip
+    policy = apply_precision(
+        policy,
+        transformer,
+        autocast=config.precision.autocast,
+        gradient_checkpointing=config.precision.gradient_checkpointing,
+    )
     return pipe, adapter, policy
 
 
@@ -233,8 +155,17 @@ def setup_policy(
     if rewards is None:
         rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
     ema = PolicyEMA(trainable_parameters(policy), config.ema) if config.ema.enabled else None
-    return StagePolicy(pipe=pipe, adapter=adapter, policy=policy, optimizer=build_optimizer(policy, config.optim),
-                       algorithm=algorithm, rewards=rewards, shift=shift, dist=dist, ema=ema)  # fmt: skip
+    return StagePolicy(
+        pipe=pipe,
+        adapter=adapter,
+        policy=policy,
+        optimizer=build_optimizer(policy, config.optim),
+        algorithm=algorithm,
+        rewards=rewards,
+        shift=shift,
+        dist=dist,
+        ema=ema,
+    )
 
 
 # -- phases of an iteration: rollout -> score -> update ----------------------------------------------------------------
@@ -251,14 +182,21 @@ class StageRollout:
 def rollout(stage: StagePolicy, config: StageConfig, rows: Sequence[Metadata], iteration: int) -> StageRollout:
     """Draw the iteration's prompts from ``(seed, iteration)``, encode them and sample ``group_size`` images each
     under the behaviour policy."""
-    drawn = sample_prompt_rows(rows, config.rollout.prompts_per_iteration, config.seed, iteration,
-                               config.prompt_tag_weights)  # fmt: skip
+    drawn = sample_prompt_rows(
+        rows, config.rollout.prompts_per_iteration, config.seed, iteration, config.prompt_tag_weights
+    )
     prompts = [str(r["prompt"]) for r in drawn]
     shard = stage.dist.shard(len(prompts))
-    batch = rollout_batch(policy=stage.policy, algorithm=stage.algorithm, prompts=prompts,
-                          cond=stage.adapter.encode_prompts(prompts), minibatches=config.optim.minibatches,
-                          latent_shape=stage.adapter.latent_shape,
-                          generator=iteration_generator(config.seed, iteration), iteration=iteration)  # fmt: skip
+    batch = rollout_batch(
+        policy=stage.policy,
+        algorithm=stage.algorithm,
+        prompts=prompts,
+        cond=stage.adapter.encode_prompts(prompts),
+        minibatches=config.optim.minibatches,
+        latent_shape=stage.adapter.latent_shape,
+        generator=iteration_generator(config.seed, iteration),
+        iteration=iteration,
+    )
     return StageRollout(batch=batch, sample_rows=[r for r in drawn[shard] for _ in range(config.rollout.group_size)])
 
 
@@ -276,8 +214,6 @@ def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
 
     A reward that returns NaN or Inf on any rank stops the phase on every rank with
     :class:`vgrpo.training.guards.NonFiniteError` naming the reward (a flag reduced over ranks, so all ranks skip)."""
-    from vgrpo.images import tensor_to_images
-
     t0 = time.perf_counter()
     with torch.no_grad():
         images = tensor_to_images(stage.adapter.decode(rolled.batch.rollout.samples))
@@ -289,8 +225,10 @@ def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
     if stage.dist.any(failure is not None):
         quantity = failure.quantity if failure is not None else "reward (on another rank)"
         details = failure.details if failure is not None else {}
-        raise NonFiniteError(quantity, {**details, "rank": stage.dist.rank,
-                                        "reward_errors": [str(failure)] if failure is not None else []})  # fmt: skip
+        raise NonFiniteError(
+            quantity,
+            {**details, "rank": stage.dist.rank, "reward_errors": [str(failure)] if failure is not None else []},
+        )
     assert out is not None
     gathered = gather_rewards(rolled.batch, out.score_tensors(), stage.dist)
     # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
@@ -304,9 +242,17 @@ def update(
 ) -> dict[str, float]:
     """Advantages from the scores (weighted by the rewards' weights), then the algorithm's gradient steps and the
     EMA's update; returns the iteration's metrics."""
-    record = update_policy(policy=stage.policy, algorithm=stage.algorithm, optimizer=stage.optimizer,
-                           batch=rolled.batch, rewards=scores.rewards, advantage=config.advantage, optim=config.optim,
-                           reward_weights=stage.rewards.weights, reward_seconds=scores.seconds)  # fmt: skip
+    record = update_policy(
+        policy=stage.policy,
+        algorithm=stage.algorithm,
+        optimizer=stage.optimizer,
+        batch=rolled.batch,
+        rewards=scores.rewards,
+        advantage=config.advantage,
+        optim=config.optim,
+        reward_weights=stage.rewards.weights,
+        reward_seconds=scores.seconds,
+    )
     ema = stage.ema.step(iteration) if stage.ema is not None else {}
     return {**record.metrics, **scores.metrics, **ema}
 

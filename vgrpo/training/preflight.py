@@ -32,11 +32,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import torch
+from safetensors import safe_open
+
 from vgrpo.checkpoints.weight_files import adapter_problems, folder_problems, pipeline_problems, weights_problem
 from vgrpo.config import StageConfig, unset_variables
+from vgrpo.config_batch import check_batch
 from vgrpo.errors import UserError
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.config import prompt_problems
+from vgrpo.rewards.registry import resolve_reward
+from vgrpo.training.prompt_rows import evaluation_rows, training_rows
 
 __all__ = ["PreflightError", "Problem", "check_or_raise", "checkpoint_estimate", "preflight", "url_problem"]
 
@@ -96,8 +102,6 @@ def _leaves(options: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, str,
 
 def _options_problem(reward: Any) -> str | None:
     """A reward class's constructor refusing the options (a missing ``path``, a misspelt keyword)."""
-    from vgrpo.rewards.registry import resolve_reward
-
     target = resolve_reward(reward.name)
     if not isinstance(target, type):
         return None
@@ -113,16 +117,15 @@ def _snapshots(config: StageConfig) -> int:
     EMA): DiffusionNFT's old policy, a KL reference (Flow-GRPO's and MixGRPO's ``kl_coef``, V-GRPO's
     ``ref_kl_coef``)."""
     algo = config.algorithm
-    reference = getattr(algo, "ref_kl_coef", 0) > 0 or (algo.name in ("flow_grpo", "mixgrpo") and
-                                                        getattr(algo, "kl_coef", 0) > 0)  # fmt: skip
+    reference = getattr(algo, "ref_kl_coef", 0) > 0 or (
+        algo.name in ("flow_grpo", "mixgrpo") and getattr(algo, "kl_coef", 0) > 0
+    )
     return int(config.ema.enabled) + int(algo.name == "diffusion_nft") + int(reference)
 
 
 def checkpoint_estimate(config: StageConfig, pipeline: Path) -> tuple[int, str] | None:
     """Bytes a stage's checkpoints and export take, and how that was reckoned, from the shapes in the transformer's
     safetensors headers; None when they cannot be read."""
-    from safetensors import safe_open
-
     files = sorted((pipeline / "transformer").glob("*.safetensors"))
     if not files or any(weights_problem(f) for f in files):
         return None
@@ -134,34 +137,38 @@ def checkpoint_estimate(config: StageConfig, pipeline: Path) -> tuple[int, str] 
         params = sum(math.prod(s) for s in shapes.values())
     else:
         targets = config.lora.target_modules
-        params = sum(config.lora.rank * (s[0] + s[1]) for name, s in shapes.items() if len(s) == 2
-                     and any(name.removesuffix(".weight").endswith(f".{t}") for t in targets))  # fmt: skip
+        params = sum(
+            config.lora.rank * (s[0] + s[1])
+            for name, s in shapes.items()
+            if len(s) == 2 and any(name.removesuffix(".weight").endswith(f".{t}") for t in targets)
+        )
     snapshots, kept = _snapshots(config), config.keep_checkpoints + 1
     total = 4 * params * ((3 + snapshots) * kept + 1)
-    how = (f"{config.name}: {params:,} trainable fp32 parameters x 4 bytes x (1 weights + 2 Adam moments + "
-           f"{snapshots} snapshots) x {kept} checkpoints (keep_checkpoints + one being written), "
-           "+ the export")  # fmt: skip
+    how = (
+        f"{config.name}: {params:,} trainable fp32 parameters x 4 bytes x (1 weights + 2 Adam moments + "
+        f"{snapshots} snapshots) x {kept} checkpoints (keep_checkpoints + one being written), "
+        "+ the export"
+    )
     return total, how
 
 
 def _launch_problems(config: StageConfig, world_size: int | None) -> list[str]:
     """The processes (``world_size``, else the params' ``launch.processes``) against the batch and, when CUDA is in
     use, the devices this machine shows."""
-    import torch
-
-    from vgrpo.config_batch import check_batch
-
     processes = world_size or config.launch.processes
     out = []
     try:
-        check_batch(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
-                    processes)  # fmt: skip
+        check_batch(
+            config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches, processes
+        )
     except ValueError as exc:
         out.append(str(exc))
     per_machine = math.ceil(processes / config.launch.machines)
     if torch.cuda.is_available() and per_machine > torch.cuda.device_count():
-        out.append(f"{per_machine} processes per machine, but {torch.cuda.device_count()} CUDA devices are visible "
-                   "(CUDA_VISIBLE_DEVICES): one process per device")  # fmt: skip
+        out.append(
+            f"{per_machine} processes per machine, but {torch.cuda.device_count()} CUDA devices are visible "
+            "(CUDA_VISIBLE_DEVICES): one process per device"
+        )
     return out
 
 
@@ -215,8 +222,6 @@ class _Findings:
         """Both prompt files, each checked by the rewards that read it (:meth:`vgrpo.rewards.base.Reward.check_prompts`)
         and then read as the stage reads them (the training rows after ``prompt_tags``, the first
         ``evaluation.max_prompts`` evaluation rows); read once for stages that read them alike."""
-        from vgrpo.training.phases import evaluation_rows, training_rows
-
         train_key = (config.prompt_tags, config.prompt_tag_weights, config.rewards)
         readers: list[tuple[str, str, Any, Any, Any]] = [
             ("prompts", config.prompts, config.rewards, partial(training_rows, config, self.root), train_key)
@@ -241,8 +246,10 @@ class _Findings:
             self.add(self._done[done], used_by)
 
     def problems(self) -> list[Problem]:
-        out = [Problem(m, users[0] + (f", and {len(users) - 1} more" if len(users) > 1 else ""))
-               for m, users in self.found.items()]  # fmt: skip
+        out = [
+            Problem(m, users[0] + (f", and {len(users) - 1} more" if len(users) > 1 else ""))
+            for m, users in self.found.items()
+        ]
         for name, users in self.variables.items():
             keys: dict[str, list[str]] = {}  # stage -> its keys that read the variable
             for user in dict.fromkeys(users):
@@ -262,8 +269,10 @@ def _disk_problem(stages: Sequence[StageConfig], root: Path, checkpoint_dir: Pat
     free = shutil.disk_usage(existing).free
     if need <= free:
         return None
-    return (f"{checkpoint_dir}: {free / 1e9:.2f} GB free on its disk, but the checkpoints need about {need / 1e9:.2f} "
-            f"GB ({'; '.join(how for _, how in estimates)})")  # fmt: skip
+    return (
+        f"{checkpoint_dir}: {free / 1e9:.2f} GB free on its disk, but the checkpoints need about {need / 1e9:.2f} "
+        f"GB ({'; '.join(how for _, how in estimates)})"
+    )
 
 
 def preflight(

@@ -34,15 +34,14 @@ from vgrpo.rewards.multi import MultiReward
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged
 from vgrpo.training.phases import (
     StagePolicy,
-    StagePrompts,
     evaluate,
     export,
-    prepare_prompts,
     rollout,
     score,
     setup_policy,
     update,
 )
+from vgrpo.training.prompt_rows import StagePrompts, prepare_prompts
 
 __all__ = ["PhaseRunner", "PrintProgress", "StageCallbacks", "StageResult", "call_directly", "run_stage"]
 
@@ -87,12 +86,18 @@ class PrintProgress(StageCallbacks):
     def on_log(self, metrics: dict[str, float], iteration: int) -> None:
         if metrics.get("guard/skipped"):
             return  # on_skip says why
-        print(f"{self.name} iteration {iteration}: reward {metrics.get('reward/total_mean', float('nan')):.4f}, "
-              f"{metrics['time/iteration_s']:.1f} s", flush=True)  # fmt: skip
+        print(
+            f"{self.name} iteration {iteration}: reward {metrics.get('reward/total_mean', float('nan')):.4f}, "
+            f"{metrics['time/iteration_s']:.1f} s",
+            flush=True,
+        )
 
     def on_skip(self, event: dict[str, Any]) -> None:
-        print(f"{self.name} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
-              f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied", flush=True)  # fmt: skip
+        print(
+            f"{self.name} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
+            f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied",
+            flush=True,
+        )
 
 
 @dataclass
@@ -147,8 +152,9 @@ def run_stage(
     """
     dist = dist if dist is not None else Distributed.from_environment()
     report = callbacks if callbacks is not None else StageCallbacks()
-    check_batch(config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches,
-                dist.world_size)  # fmt: skip
+    check_batch(
+        config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches, dist.world_size
+    )
     if prompts is None:
         prompts = phases("prepare-prompts", None, prepare_prompts, config, root)
     init = root / init_lora if init_lora is not None else None
@@ -184,11 +190,19 @@ def run_stage(
             metrics = phases("update", iteration, update, stage, config, rolled, scores, iteration)
         except NonFiniteError as exc:  # no update was applied after the check failed: skip the iteration
             consecutive_skips += 1
-            event = {"iteration": iteration, "quantity": exc.quantity, "reward_errors": [], **exc.details,
-                     "consecutive": consecutive_skips}  # fmt: skip
+            event = {
+                "iteration": iteration,
+                "quantity": exc.quantity,
+                "reward_errors": [],
+                **exc.details,
+                "consecutive": consecutive_skips,
+            }
             result.skipped.append(event)
-            metrics = {"iteration": float(iteration), "guard/skipped": 1.0,
-                       "guard/consecutive_skips": float(consecutive_skips)}  # fmt: skip
+            metrics = {
+                "iteration": float(iteration),
+                "guard/skipped": 1.0,
+                "guard/consecutive_skips": float(consecutive_skips),
+            }
             result.history.append(metrics)
             if dist.is_main:
                 report.on_log(metrics, iteration)

@@ -66,9 +66,13 @@ def cmd_train_world_clip(args: argparse.Namespace) -> None:
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="world_clip", schema=WorldCLIPConfig)
     use_threads(args.threads, flush_denormal=True)
     metrics = make_world_clip(cfg, Path(args.splits) / "test.jsonl", args.out)
-    _report(args, metrics, f"world CLIP written to {Path(args.out)} ({metrics['dir_mb']:.2f} MB) in "
-            f"{metrics['train_s']:.0f} s: retrieval {metrics['retrieval_acc']:.3f} (chance "
-            f"{metrics['retrieval_chance']:.3f}), in-batch i2t {metrics['in_batch_i2t_top1']:.3f}")  # fmt: skip
+    _report(
+        args,
+        metrics,
+        f"world CLIP written to {Path(args.out)} ({metrics['dir_mb']:.2f} MB) in "
+        f"{metrics['train_s']:.0f} s: retrieval {metrics['retrieval_acc']:.3f} (chance "
+        f"{metrics['retrieval_chance']:.3f}), in-batch i2t {metrics['in_batch_i2t_top1']:.3f}",
+    )
 
 
 def cmd_train_world_preference(args: argparse.Namespace) -> None:
@@ -76,16 +80,24 @@ def cmd_train_world_preference(args: argparse.Namespace) -> None:
     cfg = load_config(args.params, overrides, section="world_pickscore", schema=WorldPreferenceConfig)
     use_threads(args.threads, flush_denormal=True)
     metrics = make_world_pickscore(cfg, args.clip, args.out)
-    _report(args, metrics, f"world PickScore written to {Path(args.out)} ({metrics['dir_mb']:.2f} MB) in "
-            f"{metrics['train_s']:.0f} s: pair accuracy {metrics['pair_acc']:.3f} (world CLIP before fine-tuning: "
-            f"{metrics['init_clip']['pair_acc']:.3f})")  # fmt: skip
+    _report(
+        args,
+        metrics,
+        f"world PickScore written to {Path(args.out)} ({metrics['dir_mb']:.2f} MB) in "
+        f"{metrics['train_s']:.0f} s: pair accuracy {metrics['pair_acc']:.3f} (world CLIP before fine-tuning: "
+        f"{metrics['init_clip']['pair_acc']:.3f})",
+    )
 
 
 def cmd_detector_check(args: argparse.Namespace) -> None:
     quality = check_split(args.prompts, args.pipeline)
     write_json_atomic(args.out, quality)
-    print(" ".join(f"{k}={quality[k]:.3f}" for k in ("ground_truth", "vae_roundtrip", "noise", "wrong_prompt")
-                   if k in quality), f"over {quality['images']} images")  # fmt: skip
+    print(
+        " ".join(
+            f"{k}={quality[k]:.3f}" for k in ("ground_truth", "vae_roundtrip", "noise", "wrong_prompt") if k in quality
+        ),
+        f"over {quality['images']} images",
+    )
 
 
 def _training_command(
@@ -110,21 +122,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_world_splits)
 
-    p = _training_command(sub, "pretrain", "pretrain the embedded base pipeline", "params/embedded/pretrain.yaml",
-                          "write wall time, peak memory and final metrics here (JSON)", cmd_pretrain)  # fmt: skip
+    p = _training_command(
+        sub,
+        "pretrain",
+        "pretrain the embedded base pipeline",
+        "params/embedded/pretrain.yaml",
+        "write wall time, peak memory and final metrics here (JSON)",
+        cmd_pretrain,
+    )
     p.add_argument("--splits", required=True, help="folder with test.jsonl (periodic evaluation prompts)")
     p.add_argument("--out", required=True, help="the final pipeline directory")
     p.add_argument("--work", default="runs/pretrain", help="checkpoints (a run resumes from the newest)")
 
-    p = _training_command(sub, "train-world-clip", "train the world CLIP (the embedded CLIPScore model)",
-                          "params/embedded/rewards.yaml", "write held-out accuracies, training time and size here "
-                          "(JSON)", cmd_train_world_clip)  # fmt: skip
+    p = _training_command(
+        sub,
+        "train-world-clip",
+        "train the world CLIP (the embedded CLIPScore model)",
+        "params/embedded/rewards.yaml",
+        "write held-out accuracies, training time and size here (JSON)",
+        cmd_train_world_clip,
+    )
     p.add_argument("--splits", required=True, help="folder with test.jsonl (held-out evaluation prompts)")
     p.add_argument("--out", required=True, help="the model directory (CLIPModel, tokenizer, image processor)")
 
-    p = _training_command(sub, "train-world-preference", "fine-tune the world CLIP into the world PickScore model",
-                          "params/embedded/rewards.yaml", "write held-out pair accuracies, training time and size "
-                          "here (JSON)", cmd_train_world_preference)  # fmt: skip
+    p = _training_command(
+        sub,
+        "train-world-preference",
+        "fine-tune the world CLIP into the world PickScore model",
+        "params/embedded/rewards.yaml",
+        "write held-out pair accuracies, training time and size here (JSON)",
+        cmd_train_world_preference,
+    )
     p.add_argument("--clip", required=True, help="the world CLIP directory it starts from")
     p.add_argument("--out", required=True, help="the model directory (CLIPModel, tokenizer, image processor)")
 

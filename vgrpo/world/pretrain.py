@@ -37,6 +37,7 @@ from vgrpo.evaluation.evaluator import evaluate as evaluate_pipeline
 from vgrpo.flow import interpolate, timestep_grid, velocity_target
 from vgrpo.images import images_to_tensor, tensor_to_images
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
+from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
 from vgrpo.policy import Conditioning
 from vgrpo.progress import progress_bar
@@ -125,7 +126,6 @@ def sample_images(
     micro_batch: int = 64,
 ) -> np.ndarray:
     """Euler ODE samples for ``prompts`` decoded to uint8 ``(N, H, W, 3)``, with the same sampler as RL rollouts."""
-
     sigmas = timestep_grid(num_steps, shift=shift)
     out = []
     for i in range(0, len(prompts), micro_batch):
@@ -187,8 +187,6 @@ def pretrain(
             shutil.rmtree(old)
         latest, saved = None, None
     if latest is not None:
-        from vgrpo.models.pipeline import load_sd3_pipeline
-
         log(f"resuming from {latest}")
         pipe = load_sd3_pipeline(latest / "pipeline")
     else:
@@ -332,9 +330,13 @@ def pretrain_base(
 
     def evaluate(adapter: SD3Adapter, velocity: nn.Module, step: int) -> dict[str, float]:
         table, _ = evaluate_pipeline(
-            adapter=adapter, policy=velocity, metadata=metadata, rewards=rewards, group_size=config.eval_group,
+            adapter=adapter,
+            policy=velocity,
+            metadata=metadata,
+            rewards=rewards,
+            group_size=config.eval_group,
             sampling=Sampling(config.sample_steps, config.seed, config.model.scheduler_shift),
-        )  # fmt: skip
+        )
         geneval, ocr = table["rewards"]["geneval"], table["rewards"]["ocr"]
         out = {k: geneval.get(k) for k in ("geneval_strict", "geneval_partial", "varied_group_frac")}
         out["ocr"] = ocr["mean"]

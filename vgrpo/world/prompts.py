@@ -36,6 +36,7 @@ from vgrpo.world.scene import (
 EXTRA_TAGS: tuple[str, ...] = ("ocr", "preference")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
 NUMBERS: dict[int, str] = {2: "two", 3: "three", 4: "four"}
+# A word list reads better packed than one word a line.
 OCR_WORDS: tuple[str, ...] = (
     "hi", "go", "yes", "no", "stop", "open", "sale", "cat", "dog", "sun", "2024", "42", "exit", "push", "pull",
     "park", "taxi", "bus", "cafe", "shop", "love", "home", "wifi", "free", "menu", "bar", "hot", "cold", "milk",

@@ -20,7 +20,7 @@ from vgrpo.images import images_to_tensor, tensor_to_images
 from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter
 from vgrpo.rewards.clauses import GENEVAL_TAGS
-from vgrpo.rewards.geneval import score_detections
+from vgrpo.rewards.geneval_rules import score_detections
 from vgrpo.world.detect import detect
 from vgrpo.world.prompts import Record, read_split
 from vgrpo.world.render import render

@@ -37,9 +37,16 @@ def make_world_clip(
     trained = train_world_clip(config, log=log)
     train_s = time.perf_counter() - t0
     metrics = evaluate_clip(
-        trained.model, trained.tokenizer, records, mean=config.image_mean, std=config.image_std,
-        size=config.image_size, seed=config.eval_seed, negatives=config.eval_negatives, batch=config.eval_batch,
-    )  # fmt: skip
+        trained.model,
+        trained.tokenizer,
+        records,
+        mean=config.image_mean,
+        std=config.image_std,
+        size=config.image_size,
+        seed=config.eval_seed,
+        negatives=config.eval_negatives,
+        batch=config.eval_batch,
+    )
     metrics |= {"train_s": train_s, "final_train": final_metrics(trained.history), "eval_prompts": str(test_split)}
     metrics["parameters"] = sum(p.numel() for p in trained.model.parameters())
     return _save(out_dir, trained, config, metrics)
