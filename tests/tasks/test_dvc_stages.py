@@ -4,6 +4,7 @@ real-model stage without its weights stops at once with the preflight's message.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,22 @@ def test_dvc_stage_of_the_sd35_curriculum_stops_at_preflight(
     assert "stable-diffusion-3.5-medium: pipeline directory not found" in err
     assert "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.pth: not found" in err
     assert not metrics.exists() and not (tmp_path / "work").exists()
+
+
+WORLD_STAGES = ("world_splits", "pretrain_base", "world_clip", "world_pickscore")
+"""The stages every curriculum stage depends on, whose outputs are committed (or rebuilt in seconds): a fresh
+clone's ``dvc repro stage@N`` must find their code unchanged since dvc.lock, or it retrains the base for an hour."""
+
+
+def test_the_world_stages_code_deps_are_as_dvc_lock_recorded_them() -> None:
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())["stages"]
+    declared = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name in WORLD_STAGES:
+        recorded = {d["path"]: d["md5"] for d in lock[name]["deps"] if d["path"].endswith(".py")}
+        listed = sorted(d for d in declared[name]["deps"] if str(d).endswith(".py"))
+        assert sorted(recorded) == listed, f"{name}: dvc.lock records other code deps than dvc.yaml lists"
+        changed = [p for p, md5 in recorded.items() if hashlib.md5((REPO / p).read_bytes()).hexdigest() != md5]
+        assert not changed, (
+            f"{name}: {changed} changed since dvc.lock; check that the stage's outputs are unchanged and "
+            f"`dvc commit {name}`, or `dvc repro {name}`"
+        )
