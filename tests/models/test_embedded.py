@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +15,12 @@ import pytest
 import torch
 
 from vgrpo.models.config import EmbeddedModelConfig
-from vgrpo.models.embedded import BOS_TOKEN, EOS_TOKEN, build_pipeline, train_clip_tokenizer
+from vgrpo.models.embedded import BOS_TOKEN, EOS_TOKEN, build_pipeline, learn_bpe, train_clip_tokenizer
 from vgrpo.models.pipeline import PipelineError, load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter
 from vgrpo.world import make_splits
 
+REPO = Path(__file__).resolve().parents[2]
 TINY = EmbeddedModelConfig(
     resolution=16,
     text_hidden_size=16,
@@ -66,6 +70,38 @@ def test_tokenizer_reads_every_world_prompt_as_whole_words(tokenizer, prompts: l
     # CLIP's pre-tokenisation: digits one by one, quotes apart from the word.
     quoted = tokenizer.convert_ids_to_tokens(tokenizer('a sign that says "42"').input_ids)
     assert quoted[-5:-1] == ['"</w>', "4</w>", "2</w>", '"</w>']
+
+
+def test_bpe_merges_the_most_frequent_pair_and_breaks_ties_by_order() -> None:
+    words = Counter({("l", "o", "w</w>"): 5, ("l", "o", "t</w>"): 2, ("b", "o", "w</w>"): 2})
+    vocab, merges = learn_bpe(words, vocab_size=11, alphabet=["a"])
+    # ("l", "o") 7 times; then ("lo", "w</w>") and ("o", "w</w>") 5 and 2; then ties at 2 go to the pair that
+    # sorts first: ("b", "o") before ("lo", "t</w>").
+    assert merges == [("l", "o"), ("lo", "w</w>"), ("b", "o")]
+    assert list(vocab) == [BOS_TOKEN, EOS_TOKEN, "a", "b", "l", "o", "t</w>", "w</w>", "lo", "low</w>", "bo"]
+    assert learn_bpe(words, vocab_size=9, alphabet=["a"])[1] == [("l", "o")]  # stops at the vocabulary's size
+
+
+def test_the_same_corpus_gives_the_same_tokenizer_in_every_process(prompts: list[str]) -> None:
+    """tokenizers' own trainer broke ties in hash-map order, so two processes trained two tokenizers."""
+    code = (
+        "import hashlib, json, sys; from tests.models.test_embedded import TINY; "
+        "from vgrpo.models.embedded import train_clip_tokenizer; "
+        "tok = train_clip_tokenizer(json.loads(sys.stdin.read()), TINY); "
+        "print(hashlib.sha256(json.dumps(tok.get_vocab(), sort_keys=True).encode()).hexdigest())"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            input=json.dumps(prompts[:400]),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=True,
+        ).stdout
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1] and len(runs[0].strip()) == 64
 
 
 def test_tokenizer_round_trips_through_save_pretrained(tokenizer, prompts: list[str], tmp_path: Path) -> None:

@@ -16,13 +16,15 @@ from __future__ import annotations
 import json
 import string
 import tempfile
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, normalizers, pre_tokenizers
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 from vgrpo.models.config import EmbeddedModelConfig
@@ -34,10 +36,13 @@ __all__ = [
     "build_text_encoder",
     "build_transformer",
     "build_vae",
+    "learn_bpe",
     "train_clip_tokenizer",
 ]
 
 BOS_TOKEN, EOS_TOKEN = "<|startoftext|>", "<|endoftext|>"
+END_OF_WORD = "</w>"
+"""CLIP's end-of-word suffix, on the last symbol of every word."""
 CLIP_SPLIT_PATTERN = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 """CLIP's pre-tokenisation: letters as words, digits one by one, punctuation runs apart."""
 
@@ -47,47 +52,70 @@ def train_clip_tokenizer(corpus: Iterable[str], config: EmbeddedModelConfig) -> 
 
     CLIP's normaliser and a whitespace split before the byte-level step (without it the vocabulary is
     learned on space-prefixed words that ``CLIPTokenizer`` never produces), ``</w>`` word ends, and
-    CLIP's special tokens; ``model_max_length`` is the pipeline's text length.
+    CLIP's special tokens; ``model_max_length`` is the pipeline's text length. The merges are learned by
+    :func:`learn_bpe`, so the same corpus gives the same tokenizer in every process.
     """
-
-    tok = Tokenizer(models.BPE(unk_token=EOS_TOKEN, end_of_word_suffix="</w>"))
-    tok.normalizer = normalizers.Sequence(
+    normalizer = normalizers.Sequence(
         [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
     )
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
+    pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(CLIP_SPLIT_PATTERN), behavior="removed", invert=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False),
         ]
     )
-    trainer = trainers.BpeTrainer(
-        vocab_size=config.vocab_size,
-        special_tokens=[BOS_TOKEN, EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        end_of_word_suffix="</w>",
-        show_progress=False,
-    )
+    words: Counter[tuple[str, ...]] = Counter()
     # Every printable character as a word of its own, so that no ASCII prompt meets an unknown token
     # (the unknown token is EOS, and the pooled embedding is read at the first EOS).
-    tok.train_from_iterator([*corpus, *string.printable.split()[0]], trainer=trainer)
-    vocab, merges = _canonical_bpe(tok)
+    for text in [*corpus, *string.printable.split()[0]]:
+        for piece, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)):
+            words[(*piece[:-1], piece[-1] + END_OF_WORD)] += 1
+    vocab, merges = learn_bpe(words, config.vocab_size, pre_tokenizers.ByteLevel.alphabet())
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
         (Path(tmp) / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
         return CLIPTokenizer.from_pretrained(tmp, model_max_length=config.max_text_tokens)
 
 
-def _canonical_bpe(tok: Any) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """The trained vocabulary with ids in a fixed order: specials, then single symbols sorted, then merge
-    results in merge order. The trainer's merges are deterministic but it numbers single symbols in hash-map
-    order, which differs between processes, so the same corpus would give different token ids."""
-    model = json.loads(tok.to_str())["model"]
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    merged = {a + b for a, b in merges}
-    specials = [BOS_TOKEN, EOS_TOKEN]
-    singles = sorted(t for t in model["vocab"] if t not in merged and t not in specials)
-    order = [*specials, *singles, *dict.fromkeys(a + b for a, b in merges)]
-    return {token: i for i, token in enumerate(order)}, [(a, b) for a, b in merges]
+def learn_bpe(
+    words: Mapping[tuple[str, ...], int], vocab_size: int, alphabet: Iterable[str]
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Byte-pair encoding (Sennrich et al. 2016) learned on ``words`` (symbol tuples -> counts): the vocabulary
+    (the special tokens, then every single symbol sorted, then each merge's result in merge order) and the merges.
+    Each step merges the most frequent adjacent pair, ties going to the pair that sorts first, until the
+    vocabulary has ``vocab_size`` entries or no pair is left. ``tokenizers``' trainer breaks ties in hash-map
+    order, which differs between processes: the same corpus gave different tokenizers, and so different base
+    models, in every run."""
+    singles = sorted({*alphabet, *(s for word in words for s in word)})
+    order = dict.fromkeys([BOS_TOKEN, EOS_TOKEN, *singles])
+    merges: list[tuple[str, str]] = []
+    current = dict(words)
+    while len(order) < vocab_size:
+        pairs: Counter[tuple[str, str]] = Counter()
+        for word, count in current.items():
+            for pair in pairwise(word):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merges.append(best)
+        order[best[0] + best[1]] = None
+        current = {_merged(word, best): count for word, count in current.items()}
+    return {token: i for i, token in enumerate(order)}, merges
+
+
+def _merged(word: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
+    """``word`` with every non-overlapping occurrence of ``pair`` (left to right) joined into one symbol."""
+    out: list[str] = []
+    i = 0
+    while i < len(word):
+        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
+            out.append(word[i] + word[i + 1])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
 
 
 def build_text_encoder(

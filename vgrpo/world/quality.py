@@ -3,13 +3,16 @@
 The checks a GenEval analogue has to pass before its scores mean anything (GenEval's own detector is validated
 against human judgement, Ghosh et al. 2023, Sec. 4): the strict score of ground-truth renders, of the same
 renders sent through the base model's VAE (what a perfect generator could at best output), of uniform noise,
-and of ground-truth renders scored against another prompt of the same tag that asks for something else.
+of ground-truth renders scored against another prompt of the same tag that asks for something else, and the
+verdicts on mutated scenes whose truth is known (:func:`mutations`: a count, a colour, a shape or a position
+changed), rendered and sent through the VAE.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +22,26 @@ import torch
 from vgrpo.images import images_to_tensor, tensor_to_images
 from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter
-from vgrpo.rewards.clauses import GENEVAL_TAGS
+from vgrpo.rewards.clauses import GENEVAL_TAGS, Detection
 from vgrpo.rewards.geneval_rules import score_detections
 from vgrpo.world.detect import detect
 from vgrpo.world.prompts import Record, read_split
-from vgrpo.world.render import render
+from vgrpo.world.render import pixel_box, render
+from vgrpo.world.scene import CELL_CENTERS, COLORS, SHAPES, Scene, grid_cells, object_at
 
-__all__ = ["check_split", "detector_quality", "vae_roundtrip", "wrong_prompts"]
+__all__ = [
+    "MUTATIONS",
+    "check_split",
+    "detector_quality",
+    "mutation_check",
+    "mutations",
+    "vae_roundtrip",
+    "wrong_prompts",
+]
+
+MUTATIONS = ("count", "color", "shape", "moved")
+"""How :func:`mutations` changes a ground-truth scene: an object of a clause's class removed or one added, an
+object's colour or shape changed, two objects' places swapped."""
 
 
 def _requirement(metadata: dict[str, Any]) -> list[str]:
@@ -40,6 +56,94 @@ def wrong_prompts(metadata: Sequence[dict[str, Any]]) -> list[dict[str, Any] | N
         same_tag = [m for m in [*metadata[i + 1 :], *metadata[:i]] if m.get("tag") == md.get("tag")]
         out.append(next((m for m in same_tag if _requirement(m) != _requirement(md)), None))
     return out
+
+
+def _truth(scene: Scene, size: int) -> list[Detection]:
+    """A scene's objects as exact detections (what an exact detector would report)."""
+    out = []
+    for o in scene.objects:
+        x0, y0, side = pixel_box(o, size)
+        out.append(Detection(label=o.shape, box=(x0, y0, x0 + side, y0 + side), score=1.0, color=o.color))
+    return out
+
+
+def mutations(scene: Scene, rng: np.random.Generator) -> dict[str, Scene]:
+    """One scene per :data:`MUTATIONS` kind the scene allows, each a small change to ``scene``: ``count`` removes a
+    random object (or, from a one-object scene, adds one of its shape and colour in a free cell), ``color`` and
+    ``shape`` give a random object another colour or shape, ``moved`` swaps the places of two objects of different
+    kinds. Whether a mutant still satisfies its prompt is for the verdicts on its exact objects to say."""
+    objects = list(scene.objects)
+    out: dict[str, Scene] = {}
+    if objects:
+        i = int(rng.integers(len(objects)))
+        if len(objects) > 1:
+            out["count"] = Scene(tuple(o for j, o in enumerate(objects) if j != i), scene.text)
+        else:
+            taken = {(o.x, o.y) for o in objects}
+            free = [
+                c for c in grid_cells(scene.text is not None) if (CELL_CENTERS[c[0]], CELL_CENTERS[c[1]]) not in taken
+            ]
+            cell = free[int(rng.integers(len(free)))]
+            out["count"] = Scene((*objects, object_at(cell, objects[0].shape, objects[0].color)), scene.text)
+        o = objects[i]
+        color = [c for c in COLORS if c != o.color][int(rng.integers(len(COLORS) - 1))]
+        shape = [s for s in SHAPES if s != o.shape][int(rng.integers(len(SHAPES) - 1))]
+        out["color"] = Scene(tuple(replace(o, color=color) if j == i else p for j, p in enumerate(objects)), scene.text)
+        out["shape"] = Scene(tuple(replace(o, shape=shape) if j == i else p for j, p in enumerate(objects)), scene.text)
+    pairs = [(a, b) for a in range(len(objects)) for b in range(a + 1, len(objects))
+             if (objects[a].shape, objects[a].color) != (objects[b].shape, objects[b].color)]  # fmt: skip
+    if pairs:
+        a, b = pairs[int(rng.integers(len(pairs)))]
+        swapped = list(objects)
+        swapped[a] = replace(objects[a], x=objects[b].x, y=objects[b].y)
+        swapped[b] = replace(objects[b], x=objects[a].x, y=objects[a].y)
+        out["moved"] = Scene(tuple(swapped), scene.text)
+    return out
+
+
+def mutation_check(
+    records: Sequence[Record],
+    roundtrip: Callable[[np.ndarray], np.ndarray] | None = None,
+    *,
+    seed: int = 0,
+    size: int = 32,
+) -> dict[str, Any]:
+    """The detector's verdicts on the GenEval rows of ``records`` and on their :func:`mutations`, each rendered and
+    (with ``roundtrip``) sent through a VAE, against the truth: the verdict of the scene's exact objects.
+
+    Returns:
+        ``accuracy`` (share of verdicts that match the truth), ``false_credit`` (share of the scenes the truth
+        fails that the detector credits), ``missed_credit`` (share of the scenes the truth credits that it fails),
+        each also ``per_kind`` (``ground_truth`` and each mutation), and the number of ``scenes``.
+    """
+    rng = np.random.default_rng(seed)
+    cases: list[tuple[str, dict[str, Any], Scene]] = []
+    for md, scene in records:
+        if md.get("tag") not in GENEVAL_TAGS:
+            continue
+        cases.append(("ground_truth", md, scene))
+        cases += [(kind, md, mutant) for kind, mutant in mutations(scene, rng).items()]
+    images = np.stack([render(scene, size) for _, _, scene in cases])
+    if roundtrip is not None:
+        images = roundtrip(images)
+    truth = np.array([score_detections(md, _truth(scene, size)).correct for _, md, scene in cases])
+    verdict = np.array([score_detections(md, detect(im)).correct for (_, md, _), im in zip(cases, images, strict=True)])
+    kinds = np.array([kind for kind, _, _ in cases])
+
+    def rates(sel: np.ndarray) -> dict[str, float | int]:
+        t, v = truth[sel], verdict[sel]
+        return {
+            "accuracy": float((t == v).mean()),
+            "false_credit": float(v[~t].mean()) if (~t).any() else 0.0,
+            "missed_credit": float((~v[t]).mean()) if t.any() else 0.0,
+            "scenes": int(sel.sum()),
+            "truth_credited": int(t.sum()),
+        }
+
+    return {
+        **rates(np.ones(len(cases), bool)),
+        "per_kind": {k: rates(kinds == k) for k in ("ground_truth", *MUTATIONS)},
+    }
 
 
 def detector_quality(
@@ -107,9 +211,11 @@ def vae_roundtrip(pipeline_dir: str | Path) -> Callable[[np.ndarray], np.ndarray
 
 
 def check_split(path: str | Path, pipeline_dir: str | Path | None = None) -> dict[str, Any]:
-    """:func:`detector_quality` of a world split file (rows with their ground-truth scenes), with the VAE round
-    trips of the pipeline in ``pipeline_dir`` when given; the result names both inputs."""
+    """:func:`detector_quality` and :func:`mutation_check` of a world split file (rows with their ground-truth
+    scenes), with the VAE round trips of the pipeline in ``pipeline_dir`` when given; the result names both
+    inputs."""
     records = read_split(path)
     roundtrip = vae_roundtrip(pipeline_dir) if pipeline_dir is not None else None
     quality = detector_quality(records, roundtrip=roundtrip)
+    quality["mutations"] = mutation_check(records, roundtrip)
     return quality | {"prompts": str(path), "pipeline": None if pipeline_dir is None else str(pipeline_dir)}
