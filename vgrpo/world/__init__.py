@@ -8,6 +8,7 @@ from vgrpo.world.detect import detect
 from vgrpo.world.prompts import (
     EXTRA_TAGS,
     GENEVAL_TAGS,
+    make_probe,
     make_splits,
     read_jsonl,
     sample_metadata,
@@ -28,6 +29,7 @@ __all__ = [
     "ObjectSpec",
     "Scene",
     "detect",
+    "make_probe",
     "make_splits",
     "read_jsonl",
     "render",

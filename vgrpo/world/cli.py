@@ -41,10 +41,16 @@ def _pretrain_config(args: argparse.Namespace) -> PretrainConfig:
 def cmd_world_splits(args: argparse.Namespace) -> None:
     cfg = _pretrain_config(args)
     out = Path(args.out)
-    n_train, n_test = write_splits(
-        out, cfg.seed, cfg.train_prompts, cfg.test_prompts, held_out_pairs=cfg.held_out_pairs, tags=cfg.split_tags
+    n_train, n_test, n_probe = write_splits(
+        out,
+        cfg.seed,
+        cfg.train_prompts,
+        cfg.test_prompts,
+        held_out_pairs=cfg.held_out_pairs,
+        tags=cfg.split_tags,
+        n_probe=cfg.probe_prompts,
     )
-    print(f"wrote {n_train} train and {n_test} test prompts to {out}")
+    print(f"wrote {n_train} train, {n_test} test and {n_probe} probe prompts to {out}")
 
 
 def _report(args: argparse.Namespace, metrics: dict[str, Any], line: str) -> None:

@@ -34,6 +34,13 @@ class VAETrainConfig(AdamWConfig):
     steps: int = Field(800, ge=1)
     batch_size: int = Field(32, ge=1)
     kl_weight: float = Field(1e-6, ge=0, description="Weight of the KL to N(0, I) (SD-VAE scale).")
+    decoder_steps: int = Field(
+        0, ge=0, le=100_000, description="Then the decoder alone, the encoder frozen (0: no second phase)."
+    )
+    decoder_lr: LearningRate = Field(1e-3, description="Peak learning rate of the decoder phase.")
+    text_band_weight: float = Field(
+        1.0, ge=1, le=100, description="Weight of the text band's pixels in the decoder phase's loss."
+    )
 
 
 class PretrainConfig(AdamWConfig):
@@ -67,11 +74,25 @@ class PretrainConfig(AdamWConfig):
     )
     train_prompts: int = Field(20000, ge=1, description="Size of the written train split.")
     test_prompts: int = Field(480, ge=1, description="Size of the written test split (GenEval tags + ocr).")
-    eval_every: int = Field(500, ge=1)
+    probe_prompts: int = Field(
+        120, ge=0, description="Size of the written probe split: colour prompts naming a held-out pair."
+    )
+    release_step: int | None = Field(
+        None,
+        ge=1,
+        description="Stop at this step of the `steps`-long schedule and release its EMA as the base (None: steps).",
+    )
+    eval_every: int = Field(500, ge=1, description="Evaluate (and keep that step's checkpoint) every this many steps.")
     eval_prompts: int = Field(48, ge=1, description="Prompts of the periodic evaluation (x eval_group).")
     eval_group: int = Field(4, ge=1)
     sample_steps: int = Field(20, ge=1, description="Euler steps when sampling for evaluation.")
     checkpoint_every: int = Field(200, ge=1)
+
+    @model_validator(mode="after")
+    def _check_release(self) -> PretrainConfig:
+        if self.release_step is not None and self.release_step > self.steps:
+            raise ValueError(f"release_step={self.release_step} is past the schedule's steps={self.steps}")
+        return self
 
 
 class WorldAugmentConfig(FrozenConfig):

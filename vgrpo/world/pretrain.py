@@ -12,7 +12,10 @@ Three parts, in order, as for a real latent text-to-image model:
    encoders are an EMA of the trained weights.
 
 Checkpoints go to ``<work_dir>/checkpoints/step-<n>/`` (written to a temporary folder, then renamed) and a run
-resumes from the newest complete one; the final pipeline is written atomically to ``pipeline_dir``.
+resumes from the newest complete one; the final pipeline is written atomically to ``pipeline_dir``. The
+checkpoint of every evaluated step is kept: ``release_step`` releases one of them as the base (a run of the same
+params stops there, or resumes from it when it was written already), so the base can be the step of the schedule
+whose model leaves RL room rather than the last.
 """
 
 from __future__ import annotations
@@ -48,10 +51,12 @@ from vgrpo.training.optim import build_adamw, clip_gradients
 from vgrpo.world.config import PretrainConfig
 from vgrpo.world.data import world_batch
 from vgrpo.world.prompts import allowed_pairs, sample_metadata
+from vgrpo.world.scene import TEXT_BAND
 from vgrpo.world.schedule import one_cycle
 
 __all__ = [
     "PretrainState",
+    "finetune_decoder",
     "flow_matching_loss",
     "logit_normal_timesteps",
     "pretrain",
@@ -75,11 +80,26 @@ def flow_matching_loss(velocity: nn.Module, x0: Tensor, cond: Any, t: Tensor, ep
     return (v_hat.float() - velocity_target(x0, eps)).pow(2).mean()
 
 
-def vae_loss(vae: Any, x: Tensor, kl_weight: float, generator: torch.Generator) -> Tensor:
-    """L1 + L2 reconstruction of a posterior sample plus ``kl_weight`` x KL to N(0, I)."""
+def vae_loss(
+    vae: Any, x: Tensor, kl_weight: float, generator: torch.Generator, pixel_weight: Tensor | None = None
+) -> Tensor:
+    """L1 + L2 reconstruction of a posterior sample (each pixel weighted by ``pixel_weight``, ``(H, W)``, mean 1
+    over the image when given) plus ``kl_weight`` x KL to N(0, I)."""
     dist = vae.encode(x).latent_dist
     recon = vae.decode(dist.sample(generator=generator)).sample
-    return (recon - x).abs().mean() + (recon - x).pow(2).mean() + kl_weight * dist.kl().mean() / x[0].numel()
+    error = (recon - x).abs() + (recon - x).pow(2)
+    if pixel_weight is not None:
+        error = error * pixel_weight
+    return error.mean() + kl_weight * dist.kl().mean() / x[0].numel()
+
+
+def text_band_weights(resolution: int, weight: float) -> Tensor:
+    """Per-pixel loss weights ``(H, W)``: ``weight`` on the text band's rows (:data:`vgrpo.world.scene.TEXT_BAND`),
+    1 elsewhere, scaled to mean 1."""
+    rows = torch.ones(resolution)
+    rows[resolution - round(TEXT_BAND * resolution) :] = weight
+    grid = rows[:, None].expand(resolution, resolution)
+    return grid / grid.mean()
 
 
 def train_vae(vae: Any, config: PretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> float:
@@ -102,6 +122,37 @@ def train_vae(vae: Any, config: PretrainConfig, rng: np.random.Generator, genera
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
             bar.update()
     vae.eval()
+    return float(loss.item())
+
+
+def finetune_decoder(vae: Any, config: PretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> float:
+    """Train ``vae``'s decoder alone (the encoder, and so the latents, frozen) for ``config.vae.decoder_steps`` on
+    fresh renders, the text band's pixels weighted ``text_band_weight``: the glyphs and object edges the rewards
+    read are what a decoder trained on the whole image blurs first. Returns the final loss."""
+    cfg, allowed = config.vae, allowed_pairs(config.held_out_pairs)
+    # The decoder and the 1x1 convolution before it (None when the VAE is built without quant convs).
+    decoder = [p for m in (vae.decoder, vae.post_quant_conv) if m is not None for p in m.parameters()]
+    vae.requires_grad_(False)
+    for p in decoder:
+        p.requires_grad_(True)
+    opt = build_adamw([{"params": decoder, "lr": cfg.decoder_lr}], cfg)
+    warmup = max(1, cfg.decoder_steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: one_cycle(s, cfg.decoder_steps, warmup))
+    weights = text_band_weights(config.model.resolution, cfg.text_band_weight)
+    vae.decoder.train()
+    loss = torch.tensor(float("nan"))
+    with progress_bar(cfg.decoder_steps, "vae decoder") as bar:
+        for _ in range(cfg.decoder_steps):
+            _, images = world_batch(rng, cfg.batch_size, config.tags, allowed, config.model.resolution)
+            loss = vae_loss(vae, images_to_tensor(images), 0.0, generator, weights)
+            loss.backward()
+            clip_gradients(decoder, cfg)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+            bar.update()
+    vae.requires_grad_(True).eval()
     return float(loss.item())
 
 
@@ -145,9 +196,15 @@ class PretrainState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _latest_checkpoint(ckpt_root: Path) -> Path | None:
-    done = [p for p in ckpt_root.glob("step-*") if (p / "state.pt").is_file()]
+def _latest_checkpoint(ckpt_root: Path, at_most: int) -> Path | None:
+    done = [p for p in ckpt_root.glob("step-*") if (p / "state.pt").is_file() and int(p.name.split("-")[1]) <= at_most]
     return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
+
+
+def _identity(config: PretrainConfig) -> dict[str, Any]:
+    """What a checkpoint must share with the run to be resumed: every param but ``release_step``, which only says
+    where the run stops."""
+    return config.model_dump(mode="json", exclude={"release_step"})
 
 
 def pretrain(
@@ -178,9 +235,10 @@ def pretrain(
     generator = torch.Generator().manual_seed(config.seed)
     allowed = allowed_pairs(config.held_out_pairs)
 
-    latest = _latest_checkpoint(ckpt_root)
+    stop = config.release_step or config.steps
+    latest = _latest_checkpoint(ckpt_root, stop)
     saved = torch.load(latest / "state.pt", weights_only=True) if latest is not None else None
-    if saved is not None and saved.get("config") != config.model_dump(mode="json"):
+    if saved is not None and saved.get("config") != _identity(config):
         # A checkpoint of other params (DVC re-runs the stage after a params change) is not this run.
         log(f"{latest} was written with other params: starting afresh")
         for old in ckpt_root.glob("step-*"):
@@ -197,6 +255,8 @@ def pretrain(
         pipe.set_progress_bar_config(disable=True)
         t0 = time.perf_counter()
         vae_final = train_vae(pipe.vae, config, rng, generator)
+        if config.vae.decoder_steps:
+            vae_final = finetune_decoder(pipe.vae, config, rng, generator)
         _, images = world_batch(rng, 512, config.tags, allowed, config.model.resolution)
         shift, scale = set_latent_normalisation(pipe.vae, images_to_tensor(images))
         log(
@@ -249,13 +309,14 @@ def pretrain(
                 "torch_rng": generator.get_state(),
                 "step": state.step,
                 "history": state.history,
-                "config": config.model_dump(mode="json"),
+                "config": _identity(config),
             }
             torch.save(state_dict, tmp / "state.pt")
 
         atomic_dir(ckpt_root / f"step-{state.step}", write)
-        for old in ckpt_root.glob("step-*"):
-            if old.name != f"step-{state.step}":
+        for old in ckpt_root.glob("step-*"):  # the newest, and each evaluated one: the candidate releases
+            step = int(old.name.split("-")[1])
+            if step != state.step and step % config.eval_every:
                 shutil.rmtree(old, ignore_errors=True)
 
     def run_evaluation() -> dict[str, float]:
@@ -267,8 +328,8 @@ def pretrain(
             use(trained)
 
     t_start, losses = time.perf_counter(), []
-    with progress_bar(config.steps, "transformer", initial=state.step) as bar:
-        while state.step < config.steps:
+    with progress_bar(stop, "transformer", initial=state.step) as bar:
+        while state.step < stop:
             prompts, images = world_batch(rng, config.batch_size, config.tags, allowed, config.model.resolution)
             with torch.no_grad():
                 x0 = images_adapter.encode_images(images_to_tensor(images), generator=generator)
@@ -286,7 +347,7 @@ def pretrain(
             losses.append(float(loss.item()))
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", gnorm=f"{grad_norm:.2f}", refresh=False)
             bar.update()
-            last = state.step == config.steps
+            last = state.step == stop
             if evaluate is not None and (state.step % config.eval_every == 0 or last):
                 metrics = {"step": float(state.step), "loss": float(np.mean(losses[-config.eval_every :]))}
                 metrics |= run_evaluation()
@@ -326,7 +387,9 @@ def pretrain_base(
     OCR of the EMA model on the first ``config.eval_prompts`` prompts of ``test_split``. Returns the pipeline
     directory and the run's metrics: wall time, peak memory and the last evaluation."""
     metadata = load_prompts(test_split)[: config.eval_prompts]
-    rewards = MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr"}])
+    # The world's OCR reward reads the text band's line alone, as the world's evaluation does (README).
+    text_line = {"line_box": [0.0, 1.0 - TEXT_BAND, 1.0, 1.0]}
+    rewards = MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr", "options": text_line}])
 
     def evaluate(adapter: SD3Adapter, velocity: nn.Module, step: int) -> dict[str, float]:
         table, _ = evaluate_pipeline(

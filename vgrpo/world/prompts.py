@@ -36,6 +36,8 @@ from vgrpo.world.scene import (
 EXTRA_TAGS: tuple[str, ...] = ("ocr", "preference")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
 NUMBERS: dict[int, str] = {2: "two", 3: "three", 4: "four"}
+COLOR_TAGS: tuple[str, ...] = ("colors", "color_attr")
+"""The GenEval tags whose prompts name colour-shape pairs."""
 # A word list reads better packed than one word a line.
 OCR_WORDS: tuple[str, ...] = (
     "hi", "go", "yes", "no", "stop", "open", "sale", "cat", "dog", "sun", "2024", "42", "exit", "push", "pull",
@@ -196,14 +198,13 @@ def make_splits(
     n_test: int,
     held_out_pairs: Iterable[Pair] = (("red", "triangle"), ("blue", "circle")),
     tags: tuple[str, ...] = GENEVAL_TAGS,
-    held_out_every: int = 2,
 ) -> tuple[list[Record], list[Record]]:
     """Seeded train / test lists of ``(metadata, scene)``, tags cycled in order.
 
-    No train prompt or ground-truth scene contains a held-out ``(color, shape)`` pair. Every
-    ``held_out_every``-th ``colors`` / ``color_attr`` test prompt (the first of each tag included) names one
-    (the compositional-generalisation probe, reported on its own in docs/embedded.md); the others name seen pairs
-    only, as GenEval's colour prompts name familiar objects. Other test prompts draw colours from all pairs."""
+    No train prompt or ground-truth scene contains a held-out ``(color, shape)`` pair, and no test prompt names
+    one: the test split's ``colors`` / ``color_attr`` prompts name seen pairs, as GenEval's colour prompts name
+    objects its models saw. The held-out pairs are :func:`make_probe`'s. Ground-truth scenes of test prompts that
+    name no colour draw colours from all pairs."""
     held = [(str(c), str(s)) for c, s in held_out_pairs]
     every = [(c, s) for c in COLORS for s in SHAPES]
     seen = allowed_pairs(held)
@@ -215,14 +216,28 @@ def make_splits(
     test: list[Record] = []
     for i in range(n_test):
         tag = tags[i % len(tags)]
-        if tag not in ("colors", "color_attr"):
-            md = sample_metadata(rng, tag, every)
-        elif (i // len(tags)) % held_out_every == 0:
-            md = sample_metadata(rng, tag, every, held)
-        else:
-            md = sample_metadata(rng, tag, seen)
+        md = sample_metadata(rng, tag, seen if tag in COLOR_TAGS else every)
         test.append((md, scene_for(md, rng, every)))
     return train, test
+
+
+def make_probe(
+    seed: int, n: int, held_out_pairs: Iterable[Pair] = (("red", "triangle"), ("blue", "circle"))
+) -> list[Record]:
+    """The compositional-generalisation probe: ``n`` seeded ``colors`` / ``color_attr`` prompts (alternating),
+    each naming a held-out ``(color, shape)`` pair that no training prompt or render contains, with their
+    ground-truth scenes. RL on the seen pairs cannot be expected to teach these; they are reported on their own,
+    outside the headline score. Drawn from its own stream of ``seed``, so the train and test splits do not depend
+    on ``n``."""
+    held = [(str(c), str(s)) for c, s in held_out_pairs]
+    every = [(c, s) for c in COLORS for s in SHAPES]
+    allowed_pairs(held)  # validates the pairs
+    rng = np.random.default_rng([seed, 1])
+    probe: list[Record] = []
+    for i in range(n):
+        md = sample_metadata(rng, COLOR_TAGS[i % len(COLOR_TAGS)], every, held)
+        probe.append((md, scene_for(md, rng, every)))
+    return probe
 
 
 def scene_to_dict(scene: Scene) -> dict[str, Any]:
@@ -254,13 +269,18 @@ def write_splits(
     *,
     held_out_pairs: Iterable[Pair],
     tags: tuple[str, ...],
-) -> tuple[int, int]:
-    """:func:`make_splits` written to ``train.jsonl`` and ``test.jsonl`` in ``out_dir``, each row with its
-    ground-truth ``scene``; returns the two sizes."""
-    train, test = make_splits(seed, n_train, n_test, held_out_pairs=held_out_pairs, tags=tags)
-    for name, records in (("train", train), ("test", test)):
+    n_probe: int = 0,
+) -> tuple[int, int, int]:
+    """:func:`make_splits` written to ``train.jsonl`` and ``test.jsonl`` in ``out_dir``, and :func:`make_probe`
+    to ``probe.jsonl`` (with ``n_probe``), each row with its ground-truth ``scene``; returns the three sizes."""
+    held = [(str(c), str(s)) for c, s in held_out_pairs]
+    train, test = make_splits(seed, n_train, n_test, held_out_pairs=held, tags=tags)
+    probe = make_probe(seed, n_probe, held) if n_probe else []
+    for name, records in (("train", train), ("test", test), ("probe", probe)):
+        if name == "probe" and not n_probe:
+            continue
         write_jsonl(Path(out_dir) / f"{name}.jsonl", ({**md, "scene": scene_to_dict(sc)} for md, sc in records))
-    return len(train), len(test)
+    return len(train), len(test), len(probe)
 
 
 def read_split(path: str | Path) -> list[Record]:
