@@ -56,11 +56,17 @@ if [ "$DEPLOYMENT" = embedded-curriculum ]; then
     # The headline evaluation (every test prompt, 4 images each) of the last stage's adapter, paired with the
     # base's (metrics/base_eval.json: same prompts, seeds and settings), so every gain carries its 95% CI.
     OUT=runs/curriculum/embedded-curriculum
-    echo "Before/after on the held-out test split (base: metrics/base_eval.json):"
+    echo "Before/after on the test split (base: metrics/base_eval.json):"
     python -m vgrpo.cli evaluate models/embedded-base --lora "$OUT/stages/s5-ocr" --prompts data/world/test.jsonl \
         --params params/embedded/evaluate.yaml --baseline metrics/base_eval.json --out "$OUT/eval.json" \
         --grid "$OUT/grid.png"
-    echo "Image grid (captioned; green frame = credited by the detector or OCR): $OUT/grid.png"
+    echo "The compositional-generalisation probe (held-out colour-shape pairs; base: metrics/base_probe.json):"
+    python -m vgrpo.cli evaluate models/embedded-base --lora "$OUT/stages/s5-ocr" --prompts data/world/probe.jsonl \
+        --params params/embedded/evaluate.yaml --baseline metrics/base_probe.json --out "$OUT/probe.json"
+    python -m tasks.dvc_report side-by-side plots/base_grid.png "$OUT/grid.png" \
+        --titles "the base" "after the curriculum" --out "$OUT/base_vs_curriculum.png" > /dev/null
+    echo "Image grids (captioned; green frame = credited by the detector or OCR): $OUT/grid.png, and beside the"
+    echo "base's: $OUT/base_vs_curriculum.png"
 fi
 echo "Stage outputs: runs/curriculum/"
 echo "Browse the runs (./scripts/ui.sh starts both):"

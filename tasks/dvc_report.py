@@ -2,13 +2,16 @@
 
     python -m tasks.dvc_report summary --src metrics --out metrics/summary --evaluation params/embedded/evaluate.yaml
     python -m tasks.dvc_report plots plots/stages
+    python -m tasks.dvc_report side-by-side plots/base_grid.png plots/curriculum_grid.png --titles base curriculum \
+        --out plots/base_vs_curriculum.png
 
 ``summary`` writes one small JSON per detailed metrics file of the world stages (``pretrain``, ``world_detector``,
 ``world_clip``, ``world_pickscore``, ``evaluate_base``, ``evaluate_curriculum``) with a few headline numbers under
 short names shared with the curriculum stages' files (the headline columns of the rewards ``--evaluation`` names), so
 ``dvc metrics show`` prints one narrow table. ``plots``
 draws each per-iteration plots JSON of the curriculum stages as a PNG next to it (training reward, the loss's KL
-term, gradient norm): ``dvc plots show`` embeds images, which need no JavaScript from a CDN.
+term, gradient norm): ``dvc plots show`` embeds images, which need no JavaScript from a CDN. ``side-by-side`` puts
+captioned evaluation grids of the same prompts and seeds next to each other (the base and the trained model).
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from PIL import Image
+
 from vgrpo.atomic import write_json_atomic
 from vgrpo.config import load_config
 from vgrpo.evaluation.config import EvaluationConfig
+from vgrpo.evaluation.grids import side_by_side, write_png
 from vgrpo.evaluation.tables import headline_metrics
 from vgrpo.rewards.config import RewardConfig
 
@@ -104,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.add_argument("--evaluation", required=True, help="the evaluations' params file (its evaluation.rewards)")
     plots = commands.add_parser("plots", help="a PNG next to every per-iteration plots JSON of a folder")
     plots.add_argument("folder", help="folder of plots JSON files (one row per iteration)")
+    pair = commands.add_parser("side-by-side", help="evaluation grid PNGs next to each other, each titled")
+    pair.add_argument("grids", nargs="+", help="grid PNG files")
+    pair.add_argument("--titles", nargs="+", required=True, help="one title per grid")
+    pair.add_argument("--out", required=True, help="the PNG to write")
     args = parser.parse_args(argv)
     if args.command == "summary":
         evaluation = load_config([args.evaluation], section="evaluation", schema=EvaluationConfig)
@@ -112,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for stem, numbers in summaries(Path(args.src), evaluation.rewards).items():
             write_json_atomic(out / f"{stem}.json", numbers)
             print(f"{out / stem}.json: {numbers}")
+    elif args.command == "side-by-side":
+        grids = [np.asarray(Image.open(p).convert("RGB")) for p in args.grids]
+        write_png(Path(args.out), side_by_side(grids, args.titles))
+        print(args.out)
     else:
         for path in sorted(Path(args.folder).glob("*.json")):
             plot_stage(json.loads(path.read_text()), path.stem, path.with_suffix(".png"))

@@ -11,11 +11,11 @@ import torch
 
 from tests.models.test_embedded import TINY
 from vgrpo.flow import interpolate
-from vgrpo.models.embedded import build_text_encoder, train_clip_tokenizer
+from vgrpo.models.embedded import build_text_encoder
 from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.policy import Conditioning
 from vgrpo.world.config import PretrainConfig, VAETrainConfig
-from vgrpo.world.pretrain import _prompt_corpus, flow_matching_loss, logit_normal_timesteps, pretrain
+from vgrpo.world.pretrain import flow_matching_loss, logit_normal_timesteps, pretrain
 
 
 def tiny_pretrain_config(**overrides: object) -> PretrainConfig:
@@ -78,9 +78,7 @@ class _Crash(RuntimeError):
 def test_resumed_pretraining_is_bit_identical(tmp_path: Path) -> None:
     cfg = tiny_pretrain_config(steps=30)
     assert cfg.train_text_encoders
-    # One tokenizer for both runs: the BPE trainer breaks frequency ties in hash order (pretrain's docstring).
-    tokenizer = train_clip_tokenizer(_prompt_corpus(cfg), cfg.model)
-    straight = pretrain(cfg, tmp_path / "straight", log=lambda _: None, tokenizer=tokenizer)
+    straight = pretrain(cfg, tmp_path / "straight", log=lambda _: None)
 
     def crash_at_30(adapter: object, velocity: object, step: int) -> dict[str, float]:
         if step == 30:  # after the step-30 update, before its checkpoint
@@ -88,8 +86,9 @@ def test_resumed_pretraining_is_bit_identical(tmp_path: Path) -> None:
         return {}
 
     with pytest.raises(_Crash):
-        pretrain(cfg, tmp_path / "resumed", evaluate=crash_at_30, log=lambda _: None, tokenizer=tokenizer)
-    assert [p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()] == ["step-20"]
+        pretrain(cfg, tmp_path / "resumed", evaluate=crash_at_30, log=lambda _: None)
+    # The newest checkpoint and each evaluated step's (every 10) are kept.
+    assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == ["step-10", "step-20"]
     logs: list[str] = []
     resumed = pretrain(cfg, tmp_path / "resumed", log=logs.append)
     assert any("resuming" in line for line in logs)
@@ -106,3 +105,27 @@ def test_checkpoint_of_other_params_is_not_resumed(tmp_path: Path) -> None:
     pretrain(tiny_pretrain_config(steps=10, lr=1e-3), tmp_path, log=logs.append)
     assert any("other params: starting afresh" in line for line in logs)
     assert not any("resuming" in line for line in logs)
+
+
+def test_a_release_step_releases_that_steps_checkpoint_without_training_again(tmp_path: Path) -> None:
+    cfg = tiny_pretrain_config(steps=20)
+    pretrain(cfg, tmp_path / "run", tmp_path / "last", evaluate=lambda *_: {}, log=lambda _: None)
+    logs: list[str] = []
+    released = pretrain(
+        cfg.model_copy(update={"release_step": 10}), tmp_path / "run", tmp_path / "ten", log=logs.append
+    )
+    assert any("resuming from" in line and line.endswith("step-10") for line in logs)
+    kept = load_sd3_pipeline(tmp_path / "run" / "checkpoints" / "step-10" / "pipeline").transformer.state_dict()
+    for key, value in load_sd3_pipeline(released).transformer.state_dict().items():
+        assert torch.equal(value, kept[key]), key
+    with pytest.raises(ValueError, match="release_step=30 is past"):
+        tiny_pretrain_config(steps=20, release_step=30)
+
+
+def test_the_decoder_phase_trains_the_decoder_alone(tmp_path: Path) -> None:
+    plain = load_sd3_pipeline(pretrain(tiny_pretrain_config(steps=1), tmp_path / "a", log=lambda _: None)).vae
+    vae = VAETrainConfig(steps=15, batch_size=8, lr=3e-3, decoder_steps=5, text_band_weight=4.0)
+    tuned = load_sd3_pipeline(pretrain(tiny_pretrain_config(steps=1, vae=vae), tmp_path / "b", log=lambda _: None)).vae
+    for key, value in plain.encoder.state_dict().items():
+        assert torch.equal(value, tuned.encoder.state_dict()[key]), key
+    assert any(not torch.equal(v, tuned.decoder.state_dict()[k]) for k, v in plain.decoder.state_dict().items())

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-__all__ = ["CAPTION_HEIGHT", "FRAME_COLORS", "grid_image", "grid_of", "write_grid"]
+__all__ = ["CAPTION_HEIGHT", "FRAME_COLORS", "grid_image", "grid_of", "side_by_side", "write_grid", "write_png"]
 
 
 FRAME_COLORS: dict[bool | None, tuple[int, int, int]] = {True: (40, 200, 60), False: (200, 40, 40), None: (0, 0, 0)}
@@ -71,16 +71,38 @@ def write_grid(
     credited: Sequence[bool | None] | None = None,
 ) -> None:
     """:func:`grid_image` as a PNG, written atomically."""
+    write_png(path, grid_image(images, cols, scale, captions=captions, credited=credited))
+
+
+def write_png(path: str | Path, image: np.ndarray) -> None:
+    """A uint8 ``(H, W, 3)`` image as a PNG, written atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
     os.close(fd)
     try:
-        Image.fromarray(grid_image(images, cols, scale, captions=captions, credited=credited)).save(tmp, format="PNG")
+        Image.fromarray(image).save(tmp, format="PNG")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def side_by_side(grids: Sequence[np.ndarray], titles: Sequence[str], gap: int = 8) -> np.ndarray:
+    """Grids (uint8 ``(H, W, 3)``, e.g. the base's and a trained model's on the same prompts and seeds) next to
+    each other, ``gap`` pixels apart, each under its title."""
+    if len(grids) != len(titles):
+        raise ValueError(f"{len(titles)} titles for {len(grids)} grids")
+    height = max(g.shape[0] for g in grids) + CAPTION_HEIGHT
+    width = sum(g.shape[1] for g in grids) + gap * (len(grids) - 1)
+    out = Image.new("RGB", (width, height), (32, 32, 32))
+    draw = ImageDraw.Draw(out)
+    x = 0
+    for grid, title in zip(grids, titles, strict=True):
+        draw.text((x + 3, 1), title, fill=(235, 235, 235))
+        out.paste(Image.fromarray(grid), (x, CAPTION_HEIGHT))
+        x += grid.shape[1] + gap
+    return np.asarray(out)
 
 
 def grid_of(table: Mapping[str, Any], images: np.ndarray, prompts: int) -> dict[str, Any]:

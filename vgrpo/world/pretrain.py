@@ -225,8 +225,7 @@ def pretrain(
         evaluate: called every ``config.eval_every`` steps and at the end with the adapter, the EMA velocity
             model and the step; returns metrics to record.
         log: line logger.
-        tokenizer: a CLIP tokenizer to use instead of training one on the prompt corpus (the BPE trainer of
-            ``tokenizers`` breaks frequency ties in hash order, so two trainings can differ).
+        tokenizer: a CLIP tokenizer to use instead of training one on the prompt corpus.
     """
     torch.set_flush_denormal(True)  # stack-notes: denormals slow CPU training ~5x after a few hundred steps
     ckpt_root = Path(work_dir) / "checkpoints"
