@@ -10,7 +10,7 @@ import pytest
 from vgrpo.world.degrade import gaussian_blur
 from vgrpo.world.detect import detect, shape_of
 from vgrpo.world.prompts import make_splits
-from vgrpo.world.quality import mutation_check, mutations
+from vgrpo.world.quality import mutation_check, mutations, ocr_check, perturbed
 from vgrpo.world.render import render, shape_mask
 from vgrpo.world.scene import PALETTE, SHAPES, Scene, object_at
 
@@ -69,3 +69,20 @@ def test_every_mutation_of_a_scene_changes_it_and_the_verdicts_follow_the_truth(
     checked = mutation_check(test, lambda images: np.stack([gaussian_blur(im, 0.7) for im in images]))
     assert checked["accuracy"] == 1.0 and checked["false_credit"] == 0.0
     assert checked["scenes"] > 2 * checked["truth_credited"] / 1.2  # most mutants break their prompt
+
+
+def test_the_ocr_check_reads_ground_truth_exactly_and_a_blanked_round_trip_as_nothing() -> None:
+    _, test = make_splits(0, 0, 70)
+    checked = ocr_check(test, lambda images: np.zeros_like(images))
+    assert checked["images"] == 10
+    assert checked["ground_truth"] == checked["ground_truth_exact"] == 1.0
+    assert checked["vae_roundtrip"] == 0.0
+    assert 0.0 <= checked["changed_by_one_level"] <= 1.0
+    assert ocr_check([r for r in test if r[0]["tag"] != "ocr"]) == {}
+
+
+def test_a_one_level_perturbation_moves_every_pixel_by_at_most_one_level() -> None:
+    images = np.array([[[[0, 128, 255]]]], np.uint8).repeat(64, axis=1)
+    moved = perturbed(images, np.random.default_rng(0)).astype(int) - images
+    assert np.abs(moved).max() == 1 and (moved != 0).any()
+    assert perturbed(images, np.random.default_rng(0))[..., 0].min() == 0  # clipped, not wrapped

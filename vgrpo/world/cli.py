@@ -102,7 +102,11 @@ def cmd_detector_check(args: argparse.Namespace) -> None:
         " ".join(
             f"{k}={quality[k]:.3f}" for k in ("ground_truth", "vae_roundtrip", "noise", "wrong_prompt") if k in quality
         ),
-        f"over {quality['images']} images",
+        f"over {quality['images']} images;",
+        "mutations accuracy={:.3f} false_credit={:.3f};".format(
+            quality["mutations"]["accuracy"], quality["mutations"]["false_credit"]
+        ),
+        " ".join(f"ocr_{k}={v:.3f}" for k, v in quality["ocr"].items() if k in ("ground_truth", "vae_roundtrip")),
     )
 
 

@@ -5,7 +5,8 @@ against human judgement, Ghosh et al. 2023, Sec. 4): the strict score of ground-
 renders sent through the base model's VAE (what a perfect generator could at best output), of uniform noise,
 of ground-truth renders scored against another prompt of the same tag that asks for something else, and the
 verdicts on mutated scenes whose truth is known (:func:`mutations`: a count, a colour, a shape or a position
-changed), rendered and sent through the VAE.
+changed), rendered and sent through the VAE. The OCR rows get the same treatment from the world's OCR reward
+(:func:`ocr_check`): ground truth, its VAE round trip, and the reader's own noise floor.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter
 from vgrpo.rewards.clauses import GENEVAL_TAGS, Detection
 from vgrpo.rewards.geneval_rules import score_detections
+from vgrpo.rewards.registry import build_reward
 from vgrpo.world.detect import detect
 from vgrpo.world.prompts import Record, read_split
 from vgrpo.world.render import pixel_box, render
-from vgrpo.world.scene import CELL_CENTERS, COLORS, SHAPES, Scene, grid_cells, object_at
+from vgrpo.world.scene import CELL_CENTERS, COLORS, SHAPES, TEXT_BAND, Scene, grid_cells, object_at
 
 __all__ = [
     "MUTATIONS",
@@ -35,6 +37,8 @@ __all__ = [
     "detector_quality",
     "mutation_check",
     "mutations",
+    "ocr_check",
+    "perturbed",
     "vae_roundtrip",
     "wrong_prompts",
 ]
@@ -196,6 +200,56 @@ def detector_quality(
     return out
 
 
+def perturbed(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``images`` with every pixel channel moved by -1, 0 or +1 intensity level at random (clipped): a change no
+    reader should see."""
+    step = rng.integers(-1, 2, size=images.shape)
+    return np.clip(images.astype(np.int16) + step, 0, 255).astype(np.uint8)
+
+
+def ocr_check(
+    records: Sequence[Record],
+    roundtrip: Callable[[np.ndarray], np.ndarray] | None = None,
+    *,
+    seed: int = 0,
+    size: int = 32,
+) -> dict[str, Any]:
+    """The world OCR reward (PP-OCR's recogniser on the text band) on the ground-truth renders of the OCR rows of
+    ``records`` and, with ``roundtrip``, on the same renders sent through a VAE; and the reader's noise floor on the
+    images it last scored (each perturbed by :func:`perturbed`).
+
+    Returns:
+        ``ground_truth`` and ``vae_roundtrip`` (mean score), ``*_exact`` (share read exactly), ``changed_by_one_level``
+        (share of images whose score the perturbation changes), ``noise_abs_change`` and the number of ``images``;
+        empty when ``records`` has no OCR rows.
+    """
+    rows = [(md, scene) for md, scene in records if md.get("tag") == "ocr"]
+    if not rows:
+        return {}
+    reward = build_reward("ocr", {"line_box": [0.0, 1.0 - TEXT_BAND, 1.0, 1.0]})
+    metadata = [md for md, _ in rows]
+    prompts = [str(md["prompt"]) for md in metadata]
+
+    def score(images: np.ndarray) -> np.ndarray:
+        return np.asarray(reward(images, prompts, metadata).scores, dtype=np.float64)
+
+    images = np.stack([render(scene, size) for _, scene in rows])
+    truth = score(images)
+    out: dict[str, Any] = {"ground_truth": float(truth.mean()), "ground_truth_exact": float((truth == 1.0).mean())}
+    last = truth
+    if roundtrip is not None:
+        images = roundtrip(images)
+        last = score(images)
+        out |= {"vae_roundtrip": float(last.mean()), "vae_roundtrip_exact": float((last == 1.0).mean())}
+    change = score(perturbed(images, np.random.default_rng(seed))) - last
+    out |= {
+        "changed_by_one_level": float((change != 0).mean()),
+        "noise_abs_change": float(np.abs(change).mean()),
+        "images": len(rows),
+    }
+    return out
+
+
 def vae_roundtrip(pipeline_dir: str | Path) -> Callable[[np.ndarray], np.ndarray]:
     """uint8 ``(N, H, W, 3)`` images -> the same encoded and decoded by the VAE of the SD3 pipeline in
     ``pipeline_dir`` (posterior samples from one generator seeded 0)."""
@@ -211,11 +265,12 @@ def vae_roundtrip(pipeline_dir: str | Path) -> Callable[[np.ndarray], np.ndarray
 
 
 def check_split(path: str | Path, pipeline_dir: str | Path | None = None) -> dict[str, Any]:
-    """:func:`detector_quality` and :func:`mutation_check` of a world split file (rows with their ground-truth
+    """:func:`detector_quality`, :func:`mutation_check` and :func:`ocr_check` of a world split file (rows with their ground-truth
     scenes), with the VAE round trips of the pipeline in ``pipeline_dir`` when given; the result names both
     inputs."""
     records = read_split(path)
     roundtrip = vae_roundtrip(pipeline_dir) if pipeline_dir is not None else None
     quality = detector_quality(records, roundtrip=roundtrip)
     quality["mutations"] = mutation_check(records, roundtrip)
+    quality["ocr"] = ocr_check(records, roundtrip)
     return quality | {"prompts": str(path), "pipeline": None if pipeline_dir is None else str(pipeline_dir)}
