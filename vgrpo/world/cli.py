@@ -96,7 +96,8 @@ def cmd_train_world_preference(args: argparse.Namespace) -> None:
 
 
 def cmd_detector_check(args: argparse.Namespace) -> None:
-    quality = check_split(args.prompts, args.pipeline)
+    held_out = _pretrain_config(args).held_out_pairs if args.params else ()
+    quality = check_split(args.prompts, args.pipeline, held_out)
     write_json_atomic(args.out, quality)
     print(
         " ".join(
@@ -173,6 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--prompts", required=True, help="a world split file with ground-truth scenes (data/world/test.jsonl)"
     )
     p.add_argument("--pipeline", help="a pipeline whose VAE round-trips the ground truth (models/embedded-base)")
+    p.add_argument(
+        "--params",
+        nargs="+",
+        help="the pretraining params (params/embedded/pretrain.yaml): scenes with its held-out pairs, which the VAE "
+        "never saw, are counted apart",
+    )
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a pretraining param")
     p.add_argument("--out", required=True, help="JSON result file")
     p.set_defaults(func=cmd_detector_check)
 

@@ -12,7 +12,7 @@ changed), rendered and sent through the VAE. The OCR rows get the same treatment
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ __all__ = [
     "detector_quality",
     "mutation_check",
     "mutations",
+    "has_pair",
     "ocr_check",
     "perturbed",
     "vae_roundtrip",
@@ -60,6 +61,11 @@ def wrong_prompts(metadata: Sequence[dict[str, Any]]) -> list[dict[str, Any] | N
         same_tag = [m for m in [*metadata[i + 1 :], *metadata[:i]] if m.get("tag") == md.get("tag")]
         out.append(next((m for m in same_tag if _requirement(m) != _requirement(md)), None))
     return out
+
+
+def has_pair(scene: Scene, pairs: Collection[tuple[str, str]]) -> bool:
+    """Whether an object of ``scene`` is one of the ``(color, shape)`` ``pairs``."""
+    return any((o.color, o.shape) in pairs for o in scene.objects)
 
 
 def _truth(scene: Scene, size: int) -> list[Detection]:
@@ -109,16 +115,21 @@ def mutation_check(
     records: Sequence[Record],
     roundtrip: Callable[[np.ndarray], np.ndarray] | None = None,
     *,
+    held_out: Collection[tuple[str, str]] = (),
     seed: int = 0,
     size: int = 32,
 ) -> dict[str, Any]:
     """The detector's verdicts on the GenEval rows of ``records`` and on their :func:`mutations`, each rendered and
     (with ``roundtrip``) sent through a VAE, against the truth: the verdict of the scene's exact objects.
 
+    Args:
+        held_out: ``(color, shape)`` pairs the VAE never saw in training; scenes with one are counted apart.
+
     Returns:
         ``accuracy`` (share of verdicts that match the truth), ``false_credit`` (share of the scenes the truth
         fails that the detector credits), ``missed_credit`` (share of the scenes the truth credits that it fails),
-        each also ``per_kind`` (``ground_truth`` and each mutation), and the number of ``scenes``.
+        each also ``per_kind`` (``ground_truth`` and each mutation), and the number of ``scenes``: over the scenes
+        without a ``held_out`` pair, and (when some have one) the same rates over those under ``held_out_pairs``.
     """
     rng = np.random.default_rng(seed)
     cases: list[tuple[str, dict[str, Any], Scene]] = []
@@ -133,6 +144,7 @@ def mutation_check(
     truth = np.array([score_detections(md, _truth(scene, size)).correct for _, md, scene in cases])
     verdict = np.array([score_detections(md, detect(im)).correct for (_, md, _), im in zip(cases, images, strict=True)])
     kinds = np.array([kind for kind, _, _ in cases])
+    unseen = np.array([has_pair(scene, held_out) for _, _, scene in cases], dtype=bool)
 
     def rates(sel: np.ndarray) -> dict[str, float | int]:
         t, v = truth[sel], verdict[sel]
@@ -144,10 +156,13 @@ def mutation_check(
             "truth_credited": int(t.sum()),
         }
 
-    return {
-        **rates(np.ones(len(cases), bool)),
-        "per_kind": {k: rates(kinds == k) for k in ("ground_truth", *MUTATIONS)},
+    out: dict[str, Any] = {
+        **rates(~unseen),
+        "per_kind": {k: rates((kinds == k) & ~unseen) for k in ("ground_truth", *MUTATIONS)},
     }
+    if unseen.any():
+        out["held_out_pairs"] = rates(unseen)
+    return out
 
 
 def detector_quality(
@@ -155,6 +170,7 @@ def detector_quality(
     *,
     seed: int = 0,
     roundtrip: Callable[[np.ndarray], np.ndarray] | None = None,
+    held_out: Collection[tuple[str, str]] = (),
     size: int = 32,
 ) -> dict[str, Any]:
     """GenEval strict accuracy of the world detector on the GenEval rows of ``records`` (``(metadata, scene)``).
@@ -163,6 +179,9 @@ def detector_quality(
         records: world prompts with their ground-truth scenes (e.g. a test split).
         seed: seed of the uniform-noise images.
         roundtrip: uint8 ``(N, H, W, 3)`` -> the same images encoded and decoded by a VAE; adds ``vae_roundtrip``.
+        held_out: ``(color, shape)`` pairs the VAE never saw in training (a prompt that names no colour can have
+            a scene with one): ``vae_roundtrip`` is over the other scenes, ``vae_roundtrip_held_out_pairs`` over
+            these.
         size: render resolution.
 
     Returns:
@@ -181,16 +200,22 @@ def detector_quality(
         return np.array([score_detections(md, detect(im)).correct for md, im in zip(mds, images, strict=True) if md])
 
     tags = np.array([md["tag"] for md in metadata])
+    unseen = np.array([has_pair(scene, held_out) for _, scene in rows], dtype=bool)
     scores = {"ground_truth": strict(metadata, renders), "noise": strict(metadata, noise)}
-    if roundtrip is not None:
-        scores["vae_roundtrip"] = strict(metadata, roundtrip(renders))
+    trips = strict(metadata, roundtrip(renders)) if roundtrip is not None else None
     out: dict[str, Any] = {name: float(v.mean()) for name, v in scores.items()}
+    if trips is not None:
+        out["vae_roundtrip"] = float(trips[~unseen].mean())
+        if unseen.any():
+            out["vae_roundtrip_held_out_pairs"] = float(trips[unseen].mean())
+            out["images_held_out_pairs"] = int(unseen.sum())
     has_wrong = np.array([w is not None for w in wrong])
     wrong_scores = strict(wrong, renders)
     out["wrong_prompt"] = float(wrong_scores.mean())
     out["per_tag"] = {
         tag: {
             **{name: float(v[tags == tag].mean()) for name, v in scores.items()},
+            **({} if trips is None else {"vae_roundtrip": float(trips[(tags == tag) & ~unseen].mean())}),
             "wrong_prompt": float(wrong_scores[tags[has_wrong] == tag].mean()),
         }
         for tag in GENEVAL_TAGS
@@ -264,13 +289,20 @@ def vae_roundtrip(pipeline_dir: str | Path) -> Callable[[np.ndarray], np.ndarray
     return roundtrip
 
 
-def check_split(path: str | Path, pipeline_dir: str | Path | None = None) -> dict[str, Any]:
-    """:func:`detector_quality`, :func:`mutation_check` and :func:`ocr_check` of a world split file (rows with their ground-truth
-    scenes), with the VAE round trips of the pipeline in ``pipeline_dir`` when given; the result names both
-    inputs."""
+def check_split(
+    path: str | Path, pipeline_dir: str | Path | None = None, held_out: Collection[tuple[str, str]] = ()
+) -> dict[str, Any]:
+    """:func:`detector_quality`, :func:`mutation_check` and :func:`ocr_check` of a world split file (rows with their
+    ground-truth scenes), with the VAE round trips of the pipeline in ``pipeline_dir`` when given, scenes with a
+    ``held_out`` pair counted apart; the result names its inputs."""
     records = read_split(path)
     roundtrip = vae_roundtrip(pipeline_dir) if pipeline_dir is not None else None
-    quality = detector_quality(records, roundtrip=roundtrip)
-    quality["mutations"] = mutation_check(records, roundtrip)
+    pairs = {(str(c), str(s)) for c, s in held_out}
+    quality = detector_quality(records, roundtrip=roundtrip, held_out=pairs)
+    quality["mutations"] = mutation_check(records, roundtrip, held_out=pairs)
     quality["ocr"] = ocr_check(records, roundtrip)
-    return quality | {"prompts": str(path), "pipeline": None if pipeline_dir is None else str(pipeline_dir)}
+    return quality | {
+        "prompts": str(path),
+        "pipeline": None if pipeline_dir is None else str(pipeline_dir),
+        "held_out_pairs": sorted(pairs),
+    }
