@@ -51,14 +51,12 @@ def _rounded(**values: float) -> dict[str, float]:
 
 # Detailed metrics file (its stem under --src) -> its headline numbers. `acc` is what a world reward model gets
 # right on its held-out check: retrieval (world_clip), preference pairs (world_pickscore), the prompt's clauses
-# on the base VAE's round trips of ground-truth renders (world_detector, with the verdict accuracy on mutated
-# scenes and the OCR reward on the round trips). The evaluations (base_eval, curriculum_eval, and the held-out-pair
-# probe's base_probe, curriculum_probe) give the headline numbers of their rewards.
+# on the base VAE's round trips of ground-truth renders (world_detector, whose `ocr` is the OCR reward on those
+# round trips). The evaluations (base_eval, curriculum_eval, and the held-out-pair probe's base_probe,
+# curriculum_probe) give the headline numbers of their rewards.
 SUMMARIES: dict[str, Callable[[Mapping[str, Any]], dict[str, float]]] = {
     "pretrain": lambda m: {"wall_s": round(m["wall_s"], 1), **_rounded(loss=m["final"]["loss"])},
-    "world_detector": lambda m: _rounded(
-        acc=m["vae_roundtrip"], mutation_acc=m["mutations"]["accuracy"], ocr_acc=m["ocr"]["vae_roundtrip"]
-    ),
+    "world_detector": lambda m: _rounded(acc=m["vae_roundtrip"], ocr=m["ocr"]["vae_roundtrip"]),
     "world_clip": lambda m: _rounded(acc=m["retrieval_acc"]),
     "world_pickscore": lambda m: _rounded(acc=m["pair_acc"]),
 }

@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vgrpo.rewards.clauses import GENEVAL_TAGS
 from vgrpo.world.degrade import gaussian_blur
-from vgrpo.world.detect import detect, shape_of
+from vgrpo.world.detect import _pieces, detect, shape_of
 from vgrpo.world.prompts import make_splits
-from vgrpo.world.quality import mutation_check, mutations, ocr_check, perturbed
+from vgrpo.world.quality import detector_quality, has_pair, mutation_check, mutations, ocr_check, perturbed
 from vgrpo.world.render import render, shape_mask
 from vgrpo.world.scene import PALETTE, SHAPES, Scene, object_at
 
@@ -60,6 +61,15 @@ def test_two_blurred_neighbours_of_one_colour_are_two_objects() -> None:
     ]
 
 
+def test_a_component_too_short_to_cut_stays_one_piece() -> None:
+    mask = np.zeros((16, 16), bool)
+    mask[2:5, 1:9] = True  # twice an object's side (4 px on a 16 px canvas) but too short for two 5-px parts
+    assert _pieces(mask, side=4) == [(slice(2, 5), slice(1, 9))]
+    image = np.zeros((16, 16, 3), np.uint8)
+    image[mask] = PALETTE["red"]
+    assert isinstance(detect(image), list)
+
+
 def test_every_mutation_of_a_scene_changes_it_and_the_verdicts_follow_the_truth() -> None:
     _, test = make_splits(0, 0, 120)
     rng = np.random.default_rng(0)
@@ -72,7 +82,7 @@ def test_every_mutation_of_a_scene_changes_it_and_the_verdicts_follow_the_truth(
 
 
 def test_the_ocr_check_reads_ground_truth_exactly_and_a_blanked_round_trip_as_nothing() -> None:
-    _, test = make_splits(0, 0, 70)
+    _, test = make_splits(0, 0, 70, tags=(*GENEVAL_TAGS, "ocr"))
     checked = ocr_check(test, lambda images: np.zeros_like(images))
     assert checked["images"] == 10
     assert checked["ground_truth"] == checked["ground_truth_exact"] == 1.0
@@ -86,3 +96,23 @@ def test_a_one_level_perturbation_moves_every_pixel_by_at_most_one_level() -> No
     moved = perturbed(images, np.random.default_rng(0)).astype(int) - images
     assert np.abs(moved).max() == 1 and (moved != 0).any()
     assert perturbed(images, np.random.default_rng(0))[..., 0].min() == 0  # clipped, not wrapped
+
+
+def test_scenes_with_a_held_out_pair_are_counted_apart_from_the_round_trip() -> None:
+    _, test = make_splits(0, 0, 140)
+    held = {("red", "triangle"), ("blue", "circle")}
+    unseen = np.array([has_pair(scene, held) for md, scene in test if md["tag"] != "ocr"])
+    assert 0 < unseen.sum() < len(unseen)
+
+    def blank_unseen(images: np.ndarray) -> np.ndarray:  # a VAE that loses every scene with a held-out pair
+        return np.where(unseen[:, None, None, None], 0, images).astype(np.uint8)
+
+    quality = detector_quality(test, roundtrip=blank_unseen, held_out=held)
+    assert quality["vae_roundtrip"] == 1.0 and quality["vae_roundtrip_held_out_pairs"] == 0.0
+    assert quality["images_held_out_pairs"] == unseen.sum()
+    assert all(tag["vae_roundtrip"] == 1.0 for tag in quality["per_tag"].values())
+    mixed = detector_quality(test, roundtrip=blank_unseen)
+    assert "vae_roundtrip_held_out_pairs" not in mixed and mixed["vae_roundtrip"] < 1.0
+    apart, together = mutation_check(test, held_out=held), mutation_check(test)
+    assert apart["held_out_pairs"]["scenes"] + apart["scenes"] == together["scenes"]
+    assert "held_out_pairs" not in together

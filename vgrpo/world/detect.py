@@ -163,6 +163,8 @@ def _pieces(mask: np.ndarray, side: int) -> list[tuple[slice, slice]]:
         window = [c for c in range(expected - 2, expected + 3) if MIN_SIDE <= c <= longest - MIN_SIDE]
         if window:
             cuts.append(min(window, key=lambda c: (profile[c], abs(c - expected))))
+    if not cuts:  # too small to leave each part MIN_SIDE pixels (a canvas under the world's 32 px)
+        return [(slice(y0, y1), slice(x0, x1))]
     out: list[tuple[slice, slice]] = []
     for start, stop in zip([0, *(c + 1 for c in cuts)], [*cuts, longest], strict=True):  # the cut lines dropped
         part = np.zeros_like(mask)

@@ -35,9 +35,9 @@ __all__ = [
     "MUTATIONS",
     "check_split",
     "detector_quality",
+    "has_pair",
     "mutation_check",
     "mutations",
-    "has_pair",
     "ocr_check",
     "perturbed",
     "vae_roundtrip",
@@ -100,8 +100,8 @@ def mutations(scene: Scene, rng: np.random.Generator) -> dict[str, Scene]:
         shape = [s for s in SHAPES if s != o.shape][int(rng.integers(len(SHAPES) - 1))]
         out["color"] = Scene(tuple(replace(o, color=color) if j == i else p for j, p in enumerate(objects)), scene.text)
         out["shape"] = Scene(tuple(replace(o, shape=shape) if j == i else p for j, p in enumerate(objects)), scene.text)
-    pairs = [(a, b) for a in range(len(objects)) for b in range(a + 1, len(objects))
-             if (objects[a].shape, objects[a].color) != (objects[b].shape, objects[b].color)]  # fmt: skip
+    kinds = [(o.shape, o.color) for o in objects]
+    pairs = [(a, b) for a in range(len(objects)) for b in range(a + 1, len(objects)) if kinds[a] != kinds[b]]
     if pairs:
         a, b = pairs[int(rng.integers(len(pairs)))]
         swapped = list(objects)
