@@ -30,8 +30,7 @@ from vgrpo.evaluation.evaluator import Sampling, evaluate
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.multi import MultiReward
-from vgrpo.world.quality import perturbed
-from vgrpo.world.scene import TEXT_BAND
+from vgrpo.world.quality import WORLD_OCR_REWARD, perturbed
 
 
 def main() -> None:
@@ -50,7 +49,7 @@ def main() -> None:
     if args.lora:
         pipe.load_lora_weights(args.lora)
     adapter, policy = build_adapter(pipe)
-    reward = MultiReward.from_specs([{"name": "ocr", "options": {"line_box": [0.0, 1.0 - TEXT_BAND, 1.0, 1.0]}}])
+    reward = MultiReward.from_specs([WORLD_OCR_REWARD])
     with torch.no_grad():
         _, images = evaluate(
             adapter=adapter,

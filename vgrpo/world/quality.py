@@ -33,6 +33,7 @@ from vgrpo.world.scene import CELL_CENTERS, COLORS, SHAPES, TEXT_BAND, Scene, gr
 
 __all__ = [
     "MUTATIONS",
+    "WORLD_OCR_REWARD",
     "check_split",
     "detector_quality",
     "has_pair",
@@ -43,6 +44,9 @@ __all__ = [
     "vae_roundtrip",
     "wrong_prompts",
 ]
+
+WORLD_OCR_REWARD: dict[str, Any] = {"name": "ocr", "options": {"line_box": [0.0, 1.0 - TEXT_BAND, 1.0, 1.0]}}
+"""The world OCR reward as a params entry: PP-OCR's recogniser on the text band's line."""
 
 MUTATIONS = ("count", "color", "shape", "moved")
 """How :func:`mutations` changes a ground-truth scene: an object of a clause's class removed or one added, an
@@ -251,7 +255,7 @@ def ocr_check(
     rows = [(md, scene) for md, scene in records if md.get("tag") == "ocr"]
     if not rows:
         return {}
-    reward = build_reward("ocr", {"line_box": [0.0, 1.0 - TEXT_BAND, 1.0, 1.0]})
+    reward = build_reward(WORLD_OCR_REWARD["name"], WORLD_OCR_REWARD["options"])
     metadata = [md for md, _ in rows]
     prompts = [str(md["prompt"]) for md in metadata]
 
