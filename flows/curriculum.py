@@ -21,7 +21,6 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from mlflow import MlflowClient
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -34,8 +33,9 @@ from tasks.outcome import StageOutcome
 from tasks.stage import code_version, output_is_intact
 from tasks.stage_tasks import evaluate_task, prepare_prompts_task, train_task
 from tasks.tracking import Tracking, end_run, log_json, log_metrics, log_params, start_run
-from vgrpo.config import CurriculumConfig, StageConfig, load_curriculum
+from vgrpo.config import CurriculumConfig, StageConfig, load_curriculum, read_params
 from vgrpo.errors import ConfigError
+from vgrpo.outputs import Output
 from vgrpo.training.preflight import check_or_raise
 from vgrpo.training.prompt_rows import StagePrompts
 
@@ -58,7 +58,9 @@ def load_cells(
         name: load_curriculum(Path(root) / curriculum, overrides, root=root, extra=[str(Path(root) / f)] if f else [])
         for name, f in (variants or {"": None}).items()
     }
-    check_or_raise([s for _, stages in cells.values() for s in stages], root, checkpoint_dir=Path(root) / run_root)
+    stages = [s for _, stages in cells.values() for s in stages]
+    written = [Output("run_root", Path(root) / run_root, replaced=False)]
+    check_or_raise(stages, root, checkpoint_dir=Path(root) / run_root, outputs=written)
     return cells
 
 
@@ -142,7 +144,7 @@ def _parent_run(
 ) -> str:
     """The curriculum's MLflow run, with the params that vary between runs (the ablation's entries, overrides)."""
     client = MlflowClient(tracking_uri)
-    ablation = yaml.safe_load((Path(root) / ablation_file).read_text()) if ablation_file else {}
+    ablation = read_params(Path(root) / ablation_file) if ablation_file else {}
     name = variant or str(flow_run.get_name() or "local")
     parent = start_run(client, spec.name, name, parent_run_id=sweep, tags=run_tags(variant))
     varying = {"curriculum": spec.name, "variant": variant or "-", "ablation": ablation or {}, "overrides": overrides}

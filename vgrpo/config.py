@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -28,7 +28,7 @@ from vgrpo.algorithms.config import (
     RolloutConfig,
     VGRPOConfig,
 )
-from vgrpo.config_base import FrozenConfig
+from vgrpo.config_base import MAX_ITERATIONS, MAX_SAMPLES_PER_ITERATION, FrozenConfig
 from vgrpo.config_batch import check_batch
 from vgrpo.errors import ConfigError
 from vgrpo.evaluation.config import EvaluationConfig
@@ -49,6 +49,7 @@ __all__ = [
     "load_stage",
     "merge_overrides",
     "overrides_from_pairs",
+    "read_params",
     "unset_variables",
 ]
 
@@ -69,6 +70,11 @@ class TrainConfig(FrozenConfig):
     @model_validator(mode="after")
     def _check_cross_fields(self) -> TrainConfig:
         algo, rollout = self.algorithm, self.rollout
+        if rollout.prompts_per_iteration * rollout.group_size > MAX_SAMPLES_PER_ITERATION:
+            raise ValueError(
+                f"rollout.prompts_per_iteration x rollout.group_size = {rollout.prompts_per_iteration} x "
+                f"{rollout.group_size} samples per iteration, more than {MAX_SAMPLES_PER_ITERATION:,}"
+            )
         if self.distributed.strategy == "fsdp" and self.lora is not None:
             raise ValueError("distributed.strategy=fsdp shards a full fine-tune: set lora: null (or strategy: ddp)")
         check_batch(rollout.prompts_per_iteration, rollout.group_size, self.optim.minibatches)
@@ -148,23 +154,115 @@ def unset_variables(text: str) -> list[str]:
     return _VARIABLE.findall(text)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+MAX_PARAMS_BYTES = 1 << 20
+"""Largest params file read (a real one is a few kB)."""
+MAX_PARAMS_VALUES = 100_000
+"""Most values a params file may hold once its YAML aliases are expanded (a real one holds a few hundred); an alias
+bomb, whose few lines expand to billions, is refused before anything walks it."""
+MAX_PARAMS_DEPTH = 64
+"""Deepest nesting of mappings and lists in a params file."""
+
+
+def _node_problem(root: yaml.Node, path: Path) -> str | None:
+    """A key set twice in one mapping (at any depth), nesting deeper than :data:`MAX_PARAMS_DEPTH`, or more than
+    :data:`MAX_PARAMS_VALUES` values after alias expansion; found on the composed node graph, whose aliases are
+    shared nodes, so the walk visits each node once however often it is referred to."""
+    sizes: dict[int, int] = {}
+
+    def walk(node: yaml.Node, where: str, depth: int) -> int | str:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if depth > MAX_PARAMS_DEPTH:
+            line = node.start_mark.line + 1
+            return f"{path}: line {line}: {where or 'the file'} nests deeper than {MAX_PARAMS_DEPTH} levels"
+        size = 1
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    key = "<<"
+                else:
+                    key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+                    line = key_node.start_mark.line + 1
+                    if key in first_line:
+                        dotted = f"{where}.{key}" if where else key
+                        return (
+                            f"{path}: line {line}: key {dotted!r} is set twice (first on line {first_line[key]}); "
+                            "a params file sets each key once"
+                        )
+                    first_line[key] = line
+                found = walk(value_node, f"{where}.{key}" if where else key, depth + 1)
+                if isinstance(found, str):
+                    return found
+                size += found
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                found = walk(item, f"{where}[{i}]", depth + 1)
+                if isinstance(found, str):
+                    return found
+                size += found
+        if size > MAX_PARAMS_VALUES:
+            return (
+                f"{path}: {where or 'the file'} expands to more than {MAX_PARAMS_VALUES:,} values (YAML aliases "
+                "referring to aliases); a params file holds a few hundred"
+            )
+        sizes[id(node)] = size
+        return size
+
+    found = walk(root, "", 0)
+    return found if isinstance(found, str) else None
+
+
+def read_params(path: str | Path) -> dict[str, Any]:
+    """A params file's mapping, ``${NAME}`` expanded (:func:`expand_variables`).
+
+    Raises:
+        ConfigError: naming the file (and the key and line) when it is missing, larger than
+            :data:`MAX_PARAMS_BYTES`, not YAML, not a mapping, sets a key twice, nests too deep or expands its
+            aliases past :data:`MAX_PARAMS_VALUES` values.
+    """
+    path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
+    size = path.stat().st_size
+    if size > MAX_PARAMS_BYTES:
+        raise ConfigError(f"{path}: params file of {size:,} bytes; at most {MAX_PARAMS_BYTES:,} are read")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return {}
+        problem = _node_problem(root, path)
+        if problem:
+            raise ConfigError(problem)
+        data = loader.construct_document(root)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: nests deeper than {MAX_PARAMS_DEPTH} levels") from exc
+    finally:
+        loader.dispose()
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
+    return cast(dict[str, Any], expand_variables(data))
 
 
 def _describe(exc: ValidationError) -> str:
+    """One line per error, naming its dotted key; a list's "too short" that only echoes its items' errors is left
+    out."""
+    errors = exc.errors()
+    locs = [tuple(err["loc"]) for err in errors]
     lines = []
-    for err in exc.errors():
+    for err in errors:
+        loc = tuple(err["loc"])
+        if err["type"] == "too_short" and any(len(o) > len(loc) and o[: len(loc)] == loc for o in locs):
+            continue
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)
@@ -215,7 +313,7 @@ def load_config(
     sources = []
     for raw in paths:
         path = Path(raw)
-        data = expand_variables(_read_yaml(path))
+        data = read_params(path)
         if section is not None:
             data = data.get(section, {}) or {}
         merged = merge_overrides(merged, data)
@@ -244,13 +342,22 @@ class StageConfig(TrainConfig):
         "needs a weight > 0); None = every row equally likely.",
     )
     rewards: tuple[RewardConfig, ...] = Field(min_length=1)
-    iterations: int = Field(ge=1, description="Iterations of the stage (paper SD3.5: 150 / 200 / 150 / 50 / 30).")
-    checkpoint_every: int = Field(10, ge=1, description="Iterations between resumable checkpoints.")
-    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints of the run kept; older ones are deleted.")
-    max_consecutive_skips: int = Field(
-        3, ge=1, description="Iterations in a row skipped for NaN/Inf (vgrpo.training.guards) before the stage stops."
+    iterations: int = Field(
+        ge=1, le=MAX_ITERATIONS, description="Iterations of the stage (paper SD3.5: 150 / 200 / 150 / 50 / 30)."
     )
-    eval_every: int = Field(0, ge=0, description="Iterations between evaluations; 0 = only after the last one.")
+    checkpoint_every: int = Field(10, ge=1, le=MAX_ITERATIONS, description="Iterations between resumable checkpoints.")
+    keep_checkpoints: int = Field(
+        2, ge=1, le=1_000, description="Newest checkpoints of the run kept; older ones are deleted."
+    )
+    max_consecutive_skips: int = Field(
+        3,
+        ge=1,
+        le=MAX_ITERATIONS,
+        description="Iterations in a row skipped for NaN/Inf (vgrpo.training.guards) before the stage stops.",
+    )
+    eval_every: int = Field(
+        0, ge=0, le=MAX_ITERATIONS, description="Iterations between evaluations; 0 = only after the last one."
+    )
     eval_at_start: bool = Field(
         True, description="With eval_every, also evaluate before the first iteration (off when the start is known)."
     )

@@ -11,7 +11,16 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from vgrpo.config_base import FrozenConfig
+from vgrpo.config_base import (
+    MAX_GROUP_SIZE,
+    MAX_ITERATIONS,
+    MAX_MICRO_BATCH,
+    MAX_N_MC,
+    MAX_PROMPTS_PER_ITERATION,
+    MAX_RESOLUTION,
+    MAX_STEPS,
+    FrozenConfig,
+)
 
 __all__ = [
     "AdvantageConfig",
@@ -26,9 +35,13 @@ __all__ = [
 
 
 class RolloutConfig(FrozenConfig):
-    prompts_per_iteration: int = Field(8, ge=1, description="B: prompts per iteration (paper SD3.5: 48).")
-    group_size: int = Field(8, ge=2, description="G: samples per prompt (paper SD3.5: 24; FLUX: 12).")
-    num_steps: int = Field(10, ge=1, description="Sampler steps T (paper SD3.5: 40 ODE steps).")
+    prompts_per_iteration: int = Field(
+        8, ge=1, le=MAX_PROMPTS_PER_ITERATION, description="B: prompts per iteration (paper SD3.5: 48)."
+    )
+    group_size: int = Field(
+        8, ge=2, le=MAX_GROUP_SIZE, description="G: samples per prompt (paper SD3.5: 24; FLUX: 12)."
+    )
+    num_steps: int = Field(10, ge=1, le=MAX_STEPS, description="Sampler steps T (paper SD3.5: 40 ODE steps).")
     shift: float | None = Field(3.0, gt=0, description="SD3 static timestep shift; None for no shift.")
     dynamic_shift: bool = Field(
         False, description="FLUX: shift from the image token count (diffusers calculate_shift); needs shift: null."
@@ -36,6 +49,7 @@ class RolloutConfig(FrozenConfig):
     resolution: int | None = Field(
         None,
         gt=0,
+        le=MAX_RESOLUTION,
         description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
         "checks it is a multiple of the VAE factor x patch size (FLUX.1: 16).",
     )
@@ -46,7 +60,9 @@ class RolloutConfig(FrozenConfig):
         "set_timesteps(T) without sigmas, StableDiffusion3Pipeline's and Flow-GRPO's (its last step is short: "
         "penultimate sigma 0.0089 at T = 10, shift 3, against 0.25).",
     )
-    micro_batch_size: int = Field(32, ge=1, description="Samples per model call in rollouts (memory only).")
+    micro_batch_size: int = Field(
+        32, ge=1, le=MAX_MICRO_BATCH, description="Samples per model call in rollouts (memory only)."
+    )
 
     @model_validator(mode="after")
     def _check_shift(self) -> RolloutConfig:
@@ -81,7 +97,9 @@ class VGRPOConfig(FrozenConfig):
     and each gradient-step control (Sec. 4.5) switchable."""
 
     name: Literal["vgrpo"] = "vgrpo"
-    n_mc: int = Field(4, ge=1, description="Monte Carlo pairs per sample (paper: 4; [inferred] 10 GenEval/OCR).")
+    n_mc: int = Field(
+        4, ge=1, le=MAX_N_MC, description="Monte Carlo pairs per sample (paper: 4; [inferred] 10 GenEval/OCR)."
+    )
     share: Literal["batch", "group", "none"] = Field("batch", description="Technique 1: pair sharing scope.")
     timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = Field(
         "stratified", description="Technique 2."
@@ -134,8 +152,8 @@ class MixGRPOConfig(FlowGRPOConfig):
     """MixGRPO (Li et al. 2025): SDE and training only inside a sliding window of steps, ODE elsewhere."""
 
     name: Literal["mixgrpo"] = "mixgrpo"  # type: ignore[assignment]
-    window_size: int = Field(4, ge=1)
-    shift_interval: int = Field(25, ge=1, description="Iterations between window advances.")
+    window_size: int = Field(4, ge=1, le=MAX_STEPS)
+    shift_interval: int = Field(25, ge=1, le=MAX_ITERATIONS, description="Iterations between window advances.")
     timestep_fraction: float = Field(1.0, gt=0, le=1)
     kl_coef: float = Field(0.0, ge=0)
 
@@ -146,7 +164,7 @@ class DiffusionNFTConfig(FrozenConfig):
     name: Literal["diffusion_nft"] = "diffusion_nft"
     beta: float = Field(1.0, gt=0, description="b in v+ = b v_theta + (1 - b) v_old.")
     adv_max: float = Field(5.0, gt=0, description="r = clip(A / adv_max / 2 + 0.5, 0, 1).")
-    n_mc: int = Field(4, ge=1, description="[inferred] training timesteps per sample and iteration.")
+    n_mc: int = Field(4, ge=1, le=MAX_N_MC, description="[inferred] training timesteps per sample and iteration.")
     timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = "uniform"
     ema_decay_rate: float = Field(0.001, ge=0, description="[inferred] old-policy EMA decay = min(rate * it, max).")
     ema_decay_max: float = Field(0.5, ge=0, le=1)

@@ -7,14 +7,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vgrpo.config_base import FrozenConfig
+from vgrpo.config_base import MAX_LORA_RANK, FrozenConfig
 
 __all__ = ["EmbeddedModelConfig", "LoraConfig", "PrecisionConfig"]
 
 
 class LoraConfig(FrozenConfig):
-    rank: int = Field(32, ge=1)
-    alpha: int = Field(64, ge=1)
+    rank: int = Field(32, ge=1, le=MAX_LORA_RANK)
+    alpha: int = Field(64, ge=1, le=MAX_LORA_RANK)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: tuple[str, ...] = (
         "to_q",

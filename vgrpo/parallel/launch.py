@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vgrpo.config_base import FrozenConfig
+from vgrpo.config_base import MAX_PROCESSES, FrozenConfig
 from vgrpo.config_batch import check_batch
 
 __all__ = ["LaunchConfig"]
@@ -19,9 +19,14 @@ class LaunchConfig(FrozenConfig):
     ``--num_processes``, ``--num_machines``, ``--mixed_precision`` and ``--config_file``."""
 
     processes: int = Field(
-        1, ge=1, description="Processes over all machines (one per GPU); 1 = train in the calling process."
+        1,
+        ge=1,
+        le=MAX_PROCESSES,
+        description="Processes over all machines (one per GPU); 1 = train in the calling process.",
     )
-    machines: int = Field(1, ge=1, description="Machines the processes are spread over (each runs processes/machines).")
+    machines: int = Field(
+        1, ge=1, le=MAX_PROCESSES, description="Machines the processes are spread over (each runs processes/machines)."
+    )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field(
         "no",
         description="accelerate's mixed precision, for what an Accelerator prepares; the transformer's autocast is "

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pydantic import Field
 from torch import nn
 
-from vgrpo.config_base import FrozenConfig
+from vgrpo.config_base import MAX_ITERATIONS, FrozenConfig
 from vgrpo.policy import ParameterSnapshot
 
 __all__ = ["EMAConfig", "PolicyEMA", "maybe_swapped_in"]
@@ -30,7 +30,7 @@ class EMAConfig(FrozenConfig):
 
     enabled: bool = Field(False, description="Keep an EMA of the trainable weights; evaluate and export it.")
     decay: float = Field(0.9, ge=0.0, lt=1.0, description="EMA decay (Flow-GRPO's SD3 trainer: 0.9).")
-    every: int = Field(1, ge=1, description="Iterations between EMA updates.")
+    every: int = Field(1, ge=1, le=MAX_ITERATIONS, description="Iterations between EMA updates.")
     warmup: bool = Field(
         True, description="Decay min((1 + n) / (10 + n), decay) at update n, as Flow-GRPO's EMA; off: decay throughout."
     )

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from vgrpo.config_base import FrozenConfig
+from vgrpo.config_base import MAX_MICRO_BATCH, FrozenConfig
 from vgrpo.errors import ConfigError
 from vgrpo.parallel.distributed import is_sharded
 
@@ -49,11 +49,18 @@ class OptimConfig(AdamWConfig):
     weight_decay: WeightDecay = 1e-4
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's decay rates of the two moments.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW's epsilon.")
-    gradient_steps: int = Field(1, ge=1, description="Optimizer steps per iteration (SD3.5: 1, FLUX: 4).")
-    minibatches: int = Field(
-        1, ge=1, description="Each step uses 1/minibatches of the batch, cycling; 1 = full batch [inferred]."
+    gradient_steps: int = Field(
+        1, ge=1, le=MAX_MICRO_BATCH, description="Optimizer steps per iteration (SD3.5: 1, FLUX: 4)."
     )
-    micro_batch_size: int = Field(16, ge=1, description="Samples per forward/backward (memory only).")
+    minibatches: int = Field(
+        1,
+        ge=1,
+        le=MAX_MICRO_BATCH,
+        description="Each step uses 1/minibatches of the batch, cycling; 1 = full batch [inferred].",
+    )
+    micro_batch_size: int = Field(
+        16, ge=1, le=MAX_MICRO_BATCH, description="Samples per forward/backward (memory only)."
+    )
 
 
 def build_adamw(
