@@ -3,8 +3,11 @@
 Every reward of the project -- GenEval, OCR, the CLIP-family preference models, VLM judges behind HTTP,
 and the embedded world's learned models -- subclasses :class:`Reward` and implements :meth:`Reward.score`.
 :meth:`Reward.__call__` validates the input once and the output always, so a reward model that returns a
-wrong shape or a non-finite score is reported by its name (:class:`RewardError`) instead of poisoning an
-advantage three functions later.
+wrong shape or a non-finite score is reported by its name instead of poisoning an advantage three functions later:
+a non-finite score as :class:`NonFiniteRewardError` (a training stage skips the iteration), anything else that is not
+``N`` numbers as :class:`RewardFailed` (a :class:`vgrpo.errors.UserError`: one line naming the reward and what it
+returned). :class:`vgrpo.rewards.multi.MultiReward` turns whatever a reward raises into a :class:`RewardFailed` too,
+naming the reward's key, its import name and where it raised.
 
 Images are ``uint8`` arrays ``(N, H, W, 3)`` in RGB: what a decoded rollout is, what every engine here
 (PP-OCR, detectors, CLIP processors, HTTP servers) takes, and cheap to hand to a worker thread.
@@ -18,6 +21,11 @@ defaults suit a reward with one score; GenEval (:class:`vgrpo.rewards.geneval.Ge
 
 from __future__ import annotations
 
+import copy
+import os
+import reprlib
+import sysconfig
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +34,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from vgrpo.errors import UserError
 from vgrpo.training.guards import NonFiniteError
 
 __all__ = [
@@ -37,9 +46,15 @@ __all__ = [
     "PromptScores",
     "Reward",
     "RewardError",
+    "RewardFailed",
     "RewardOutput",
     "TransientRewardError",
+    "TransientRewardFailed",
     "check_images",
+    "describe_raised",
+    "describe_value",
+    "plain_scores",
+    "repr_of",
     "with_interval",
 ]
 
@@ -64,6 +79,124 @@ class NonFiniteRewardError(RewardError, NonFiniteError):
     scores: np.ndarray | None = None
 
 
+def _restore_failure(cls: type[RewardFailed], message: str, state: dict[str, Any]) -> RewardFailed:
+    failure = cls.__new__(cls)
+    Exception.__init__(failure, message)
+    failure.__dict__.update(state)
+    return failure
+
+
+class RewardFailed(UserError, RewardError):
+    """One reward failed while scoring: it raised (anything but :class:`NonFiniteRewardError`), or returned something
+    that is not ``N`` numbers (strings, ``None``, an object, the wrong count or shape).
+
+    The message is one line: ``reward 'KEY' (IMPORT NAME) PROBLEM``, where the problem says what the reward returned
+    (its type, a short repr and the ``(N,)`` numbers expected) or raised (the exception's type and message and the
+    ``file:line`` it was raised at). The original exception, when there is one, is chained (``__cause__``).
+
+    Attributes:
+        reward: the reward's key in logs (:class:`vgrpo.rewards.multi.MultiReward`), or a bare reward's
+            :attr:`Reward.name`.
+        problem: what it returned or raised (``returned list ['a', 'b'], expected (2,) numbers``).
+        source: its import name (``tests.rewards.custom:redness``), where known.
+    """
+
+    def __init__(self, reward: str, problem: str, source: str | None = None):
+        self.reward, self.problem, self.source = reward, problem, source
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """``reward 'KEY' (IMPORT NAME) PROBLEM``: the failure without a stage's context."""
+        named = f"reward {self.reward!r}" + (f" ({self.source})" if self.source and self.source != self.reward else "")
+        return f"{named} {self.problem}"
+
+    def renamed(self, reward: str, source: str | None) -> RewardFailed:
+        """The same failure (of the same class, with the same context) under the key ``reward`` and import name
+        ``source``."""
+        clone = copy.copy(self)
+        clone.reward, clone.source = reward, source or self.source
+        clone.args = (clone.describe(),)
+        return clone
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable whatever a subclass's __init__ takes (Prefect results)
+        return (_restore_failure, (type(self), str(self), dict(self.__dict__)))
+
+
+class TransientRewardFailed(RewardFailed, TransientRewardError):
+    """A reward's engine could not be reached after its retries (:class:`TransientRewardError`), named as a
+    :class:`RewardFailed`: still worth a retry (the Prefect score phase retries it), one line when it is not."""
+
+
+_LIBRARY_DIRS = tuple(
+    os.path.join(Path(p).resolve(), "")  # with the separator: vgrpo/, not vgrpo_mine/
+    for p in {
+        *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+        str(Path(__file__).resolve().parents[1]),  # vgrpo itself
+    }
+)
+
+
+def _is_library(filename: str) -> bool:
+    try:
+        resolved = str(Path(filename).resolve())
+    except (OSError, RuntimeError):
+        return False
+    return resolved.startswith(_LIBRARY_DIRS) or filename.startswith("<")
+
+
+def _short_path(filename: str) -> str:
+    """``filename`` relative to the working directory when under it, as a user would open it."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError, RuntimeError):
+        return filename
+
+
+def _one_line(text: str) -> str:
+    return " / ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def describe_raised(exc: BaseException) -> str:
+    """``raised TYPE: MESSAGE at FILE:LINE``: the innermost frame of ``exc``'s traceback, and the innermost frame of
+    the user's own code too (``(from FILE:LINE)``) when the innermost one is in a library (numpy, the standard
+    library, vgrpo)."""
+    message = _one_line(str(exc))
+    text = f"raised {type(exc).__name__}" + (f": {message}" if message else "")
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        inner = frames[-1]
+        text += f" at {_short_path(inner.filename)}:{inner.lineno}"
+        own = next((f for f in reversed(frames) if not _is_library(f.filename)), None)
+        if own is not None and own is not inner:
+            text += f" (from {_short_path(own.filename)}:{own.lineno})"
+    return text
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxdict = 6
+_REPR.maxstring, _REPR.maxother = 40, 80
+REPR_LIMIT = 80
+"""Characters of a returned value's repr that a :class:`RewardFailed` message quotes."""
+
+
+def repr_of(value: Any) -> str:
+    """``value``'s repr on one line, cut to :data:`REPR_LIMIT` characters."""
+    try:
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":  # its first and last entries, on one line
+            short = np.array2string(value, threshold=6, edgeitems=3, precision=4, separator=", ", max_line_width=10**6)
+            text = "array(" + " ".join(line.strip() for line in short.splitlines()) + ")"
+        else:
+            text = _one_line(_REPR.repr(value))
+    except Exception as exc:  # a user's object whose __repr__ fails
+        text = f"<unprintable: {type(exc).__name__}>"
+    return text if len(text) <= REPR_LIMIT else text[: REPR_LIMIT - 3] + "..."
+
+
+def describe_value(value: Any) -> str:
+    """``TYPE REPR`` (:func:`repr_of`): what a reward returned, for a one-line message."""
+    return f"{type(value).__name__} {repr_of(value)}"
+
+
 @dataclass(frozen=True)
 class RewardOutput:
     """What a reward returns for ``N`` images.
@@ -76,6 +209,18 @@ class RewardOutput:
 
     scores: np.ndarray
     sub_scores: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _PlainScores(RewardOutput):
+    """What a reward function returned in place of a :class:`RewardOutput`, unchecked: :meth:`Reward.__call__`
+    checks it, and names it as returned (not as ``scores``)."""
+
+
+def plain_scores(value: Any) -> RewardOutput:
+    """A reward function's return value (``N`` scores, unchecked) as the :class:`RewardOutput` that
+    :meth:`Reward.__call__` checks: a failure names the value as what the function returned."""
+    return _PlainScores(scores=value)
 
 
 def check_images(images: Any) -> np.ndarray:
@@ -226,6 +371,10 @@ class Reward(ABC):
         """Scores of ``images`` (``uint8 (N, H, W, 3)``) against ``prompts`` (``N``) and ``metadata``."""
 
     def __call__(self, images: Any, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None) -> RewardOutput:
+        """The checked scores of ``images``: a ``ValueError`` for bad input (images, prompt and metadata counts);
+        :class:`RewardFailed` when :meth:`score` returns anything but ``N`` numbers (and ``N`` of each sub-score);
+        :class:`NonFiniteRewardError` for NaN or Inf scores. What :meth:`score` raises propagates as it is
+        (:class:`vgrpo.rewards.multi.MultiReward` names it)."""
         arr = check_images(images)
         n = arr.shape[0]
         if len(prompts) != n:
@@ -238,24 +387,36 @@ class Reward(ABC):
             return RewardOutput(scores=np.zeros(0))
         return self._checked(self.score(arr, list(prompts), metadata), n)
 
-    def _checked(self, out: RewardOutput, n: int) -> RewardOutput:
+    def _numbers(self, what: str | None, value: Any, n: int) -> np.ndarray:
+        """``value`` as ``(n,)`` float64; :class:`RewardFailed` naming it (``what``: ``scores``, a sub-score, or
+        ``None`` for a function's plain return value) otherwise."""
+        not_numbers = f"returned {what + ' ' if what else ''}{describe_value(value)}, expected ({n},) numbers"
+        try:
+            arr = np.asarray(value)
+        except Exception as exc:  # ragged nested lists, objects whose __array__ fails
+            raise RewardFailed(self.name, not_numbers) from exc
+        if value is None or arr.dtype.kind not in "biuf":  # strings, None, objects, complex numbers
+            raise RewardFailed(self.name, not_numbers)
+        if arr.shape != (n,):
+            subject, shown = (what, describe_value(value)) if what else (type(value).__name__, repr_of(value))
+            raise RewardFailed(self.name, f"returned {subject} of shape {arr.shape}, expected ({n},) numbers: {shown}")
+        return np.asarray(arr, dtype=np.float64)
+
+    def _checked(self, out: Any, n: int) -> RewardOutput:
         if not isinstance(out, RewardOutput):
-            raise RewardError(f"reward {self.name!r} returned {type(out).__name__}, expected RewardOutput")
-        named = {"scores": out.scores, **{f"sub_scores[{k!r}]": v for k, v in out.sub_scores.items()}}
-        checked: dict[str, np.ndarray] = {}
-        for key, value in named.items():
-            arr = np.asarray(value, dtype=np.float64)
-            if arr.shape != (n,):
-                raise RewardError(f"reward {self.name!r} returned {key} of shape {arr.shape}, expected ({n},)")
-            if key == "scores" and not np.isfinite(arr).all():
-                bad = np.flatnonzero(~np.isfinite(arr)).tolist()
-                error = NonFiniteRewardError(
-                    f"reward/{self.name}",
-                    {"count": len(bad), "of": n, "indices": bad[:16]},
-                    message=f"reward {self.name!r} returned non-finite scores at images {bad[:10]}",
-                )
-                error.scores = arr
-                raise error
-            checked[key] = arr
-        subs = {k: checked[f"sub_scores[{k!r}]"] for k in out.sub_scores}
-        return RewardOutput(scores=checked["scores"], sub_scores=subs)
+            raise RewardFailed(self.name, f"returned {describe_value(out)}, expected a RewardOutput of ({n},) scores")
+        plain = isinstance(out, _PlainScores)
+        scores = self._numbers(None if plain else "scores", out.scores, n)
+        if not np.isfinite(scores).all():
+            bad = np.flatnonzero(~np.isfinite(scores)).tolist()
+            error = NonFiniteRewardError(
+                f"reward/{self.name}",
+                {"count": len(bad), "of": n, "indices": bad[:16]},
+                message=f"reward {self.name!r} returned non-finite scores at images {bad[:10]}",
+            )
+            error.scores = scores
+            raise error
+        if not isinstance(out.sub_scores, Mapping):
+            raise RewardFailed(self.name, f"returned sub_scores {describe_value(out.sub_scores)}, expected a dict")
+        subs = {k: self._numbers(f"sub_scores[{k!r}]", v, n) for k, v in out.sub_scores.items()}
+        return RewardOutput(scores=scores, sub_scores=subs)

@@ -8,6 +8,11 @@ before its per-reward advantages are summed -- which :func:`vgrpo.advantages.com
 normalises per group (GRPO's advantage, Tang et al. 2026, Sec. 3) and sums with :attr:`MultiReward.weights`.
 Raw scores and every sub-score come back for logging.
 
+A reward that fails while scoring -- it raises, or returns something that is not one number per image -- stops the
+call with :class:`vgrpo.rewards.base.RewardFailed`, one line naming its key, its import name and what it returned or
+raised (and where); a NaN or Inf score stays a :class:`vgrpo.rewards.base.NonFiniteRewardError` (under the key), which
+a training stage skips.
+
 Throughput: :meth:`MultiReward.submit` scores on a background thread, so a rollout can decode and score chunk
 ``k`` while it samples chunk ``k + 1`` (PP-OCR's ONNX runtime and torch release the GIL while they compute).
 """
@@ -23,10 +28,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from vgrpo.rewards.base import Metadata, Reward
-from vgrpo.rewards.registry import build_reward, reward_key
+from vgrpo.rewards.base import (
+    Metadata,
+    NonFiniteRewardError,
+    Reward,
+    RewardFailed,
+    TransientRewardError,
+    TransientRewardFailed,
+    check_images,
+    describe_raised,
+)
+from vgrpo.rewards.registry import FunctionReward, build_reward, reward_key
 
-__all__ = ["MultiReward", "MultiRewardOutput", "RewardTerm"]
+__all__ = ["MultiReward", "MultiRewardOutput", "RewardTerm", "import_name"]
+
+
+def import_name(reward: Reward) -> str:
+    """``module:qualname`` of a reward's class, or of a reward function's function."""
+    target = reward.fn if isinstance(reward, FunctionReward) else type(reward)
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', type(target).__name__)}"
 
 
 def _nanmean(values: np.ndarray) -> float:
@@ -106,18 +126,22 @@ class MultiReward:
 
     Args:
         terms: key -> :class:`RewardTerm`. Keys name the rewards in logs and in ``advantage.weights``.
+        sources: key -> the name the reward was built from (a registry name, ``module:function``), which a
+            :class:`vgrpo.rewards.base.RewardFailed` quotes; default: the ``module:qualname`` of its class or function.
     """
 
-    def __init__(self, terms: Mapping[str, RewardTerm]):
+    def __init__(self, terms: Mapping[str, RewardTerm], sources: Mapping[str, str] | None = None):
         if not terms:
             raise ValueError("a reward set needs at least one reward")
         self.terms = dict(terms)
+        self.sources = {key: (sources or {}).get(key) or import_name(term.reward) for key, term in self.terms.items()}
         self._executor: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_specs(cls, specs: Sequence[Mapping[str, Any]]) -> MultiReward:
         """Built from params entries ``{name, key?, weight?, offset?, scale?, options?}`` (registry names)."""
         terms: dict[str, RewardTerm] = {}
+        sources: dict[str, str] = {}
         for spec in specs:
             key = reward_key(str(spec["name"]), spec.get("key"))
             if key in terms:
@@ -128,7 +152,8 @@ class MultiReward:
                 offset=float(spec.get("offset", 0.0)),
                 scale=float(spec.get("scale", 1.0)),
             )
-        return cls(terms)
+            sources[key] = str(spec["name"])
+        return cls(terms, sources)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -143,34 +168,77 @@ class MultiReward:
         self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None
     ) -> MultiRewardOutput:
         """Every reward on the images it applies to (:meth:`vgrpo.rewards.base.Reward.applies_to`); the others
-        get NaN, which training rejects by the reward's name and evaluation leaves out of its means."""
-        scores, raw, subs, seconds = {}, {}, {}, {}
+        get NaN, which training rejects by the reward's name and evaluation leaves out of its means.
+
+        Raises:
+            ValueError: for bad input (not ``uint8 (N, H, W, 3)`` images, ``N`` prompts and metadata rows).
+            RewardFailed: a reward raised, or returned something that is not ``N`` numbers (one line naming its key,
+                its import name and what it returned or raised; the reward's own exception chained).
+                :class:`vgrpo.rewards.base.TransientRewardFailed` when its engine could not be reached.
+            NonFiniteRewardError: a reward returned NaN or Inf scores (``quantity``: ``reward/KEY``).
+        """
+        images = check_images(images)
         n = len(prompts)
+        if len(images) != n or (metadata is not None and len(metadata) != n):
+            counts = f"{len(images)} images, {n} prompts" + ("" if metadata is None else f", {len(metadata)} rows")
+            raise ValueError(f"rewards {sorted(self.terms)}: {counts}")
+        scores, raw, subs, seconds = {}, {}, {}, {}
         for key, term in self.terms.items():
             t0 = time.perf_counter()
-            mask = np.array(
-                [term.reward.applies_to(p, None if metadata is None else metadata[i]) for i, p in enumerate(prompts)],
-                dtype=bool,
-            )
-            values = np.full(n, np.nan)
-            sub_values: dict[str, np.ndarray] = {}
-            if mask.all():
-                out = term.reward(images, prompts, metadata)
-                values, sub_values = out.scores, out.sub_scores
-            elif mask.any():
-                idx = [int(i) for i in np.flatnonzero(mask)]
-                out = term.reward(
-                    images[idx], [prompts[i] for i in idx], None if metadata is None else [metadata[i] for i in idx]
-                )
-                values[idx] = out.scores
-                for sub, v in out.sub_scores.items():
-                    sub_values[sub] = np.full(n, np.nan)
-                    sub_values[sub][idx] = v
+            values, sub_values = self._score(key, term.reward, images, prompts, metadata)
             seconds[key] = time.perf_counter() - t0
             raw[key] = values
             scores[key] = (values - term.offset) / term.scale
             subs.update({f"{key}/{sub}": v for sub, v in sub_values.items()})
         return MultiRewardOutput(scores=scores, raw=raw, sub_scores=subs, seconds=seconds)
+
+    def _score(
+        self, key: str, reward: Reward, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """One reward's raw scores and sub-scores (NaN where it does not apply); its failures named by ``key``."""
+        try:
+            return self._apply(reward, images, prompts, metadata)
+        except NonFiniteRewardError as exc:
+            if exc.quantity == f"reward/{key}":
+                raise
+            keyed = NonFiniteRewardError(
+                f"reward/{key}",
+                exc.details,
+                message=f"reward {key!r} returned non-finite scores at images {exc.details.get('indices', [])[:10]}",
+            )
+            keyed.scores = exc.scores
+            raise keyed from exc
+        except RewardFailed as exc:  # a bad return, named by the reward's name: name it by its key
+            raise exc.renamed(key, self.sources[key]) from (exc.__cause__ or exc)
+        except TransientRewardError as exc:  # still retried (TransientRewardError), one line when not
+            raise TransientRewardFailed(key, describe_raised(exc), self.sources[key]) from exc
+        except Exception as exc:  # the reward's own bug or its engine's failure
+            raise RewardFailed(key, describe_raised(exc), self.sources[key]) from exc
+
+    @staticmethod
+    def _apply(
+        reward: Reward, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        n = len(prompts)
+        mask = np.array(
+            [reward.applies_to(p, None if metadata is None else metadata[i]) for i, p in enumerate(prompts)],
+            dtype=bool,
+        )
+        values = np.full(n, np.nan)
+        sub_values: dict[str, np.ndarray] = {}
+        if mask.all():
+            out = reward(images, prompts, metadata)
+            values, sub_values = out.scores, out.sub_scores
+        elif mask.any():
+            idx = [int(i) for i in np.flatnonzero(mask)]
+            out = reward(
+                images[idx], [prompts[i] for i in idx], None if metadata is None else [metadata[i] for i in idx]
+            )
+            values[idx] = out.scores
+            for sub, v in out.sub_scores.items():
+                sub_values[sub] = np.full(n, np.nan)
+                sub_values[sub][idx] = v
+        return values, sub_values
 
     def submit(
         self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward, RewardOutput
+from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward, RewardOutput, plain_scores
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -51,7 +51,8 @@ mine = "my_package.rewards:MyReward"``; params files then say ``name: mine``."""
 class FunctionReward(Reward):
     """A plain function as a reward (as trl's ``reward_funcs``): ``fn(images, prompts, metadata, **options)``
     takes ``uint8 (N, H, W, 3)`` images, ``N`` prompts and ``N`` metadata rows (or ``None``) and returns ``N``
-    scores (or a :class:`RewardOutput`)."""
+    scores (or a :class:`RewardOutput`); anything else fails as :class:`vgrpo.rewards.base.RewardFailed`, naming what
+    it returned."""
 
     def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None):
         self.fn, self.options = fn, dict(options or {})
@@ -64,13 +65,21 @@ class FunctionReward(Reward):
 
     def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
         out = self.fn(images, list(prompts), metadata, **self.options)
-        return out if isinstance(out, RewardOutput) else RewardOutput(scores=np.asarray(out, dtype=np.float64))
+        return out if isinstance(out, RewardOutput) else plain_scores(out)  # Reward.__call__ checks it
 
 
 def reward_key(name: str, key: str | None = None) -> str:
     """A reward's name in logs and tables: ``key``, else the registry or entry-point name, else the attribute of a
     ``module:attribute`` path (``my_package.rewards:Brightness`` -> ``Brightness``)."""
     return key or name.rpartition(":")[2]
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception, its message cut to the first line; a SyntaxError's file and line."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _import_target(name: str) -> Any:
@@ -80,7 +89,11 @@ def _import_target(name: str) -> Any:
         return getattr(importlib.import_module(module), attr)
     found = entry_points(group=ENTRY_POINT_GROUP, name=name)
     if found:
-        return next(iter(found)).load()
+        entry = next(iter(found))
+        try:
+            return entry.load()
+        except Exception as exc:
+            raise KeyError(f"reward {name!r}: cannot load entry point {entry.value!r}: {_first_line(exc)}") from exc
     if ":" not in name:
         plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
         raise KeyError(
@@ -90,8 +103,8 @@ def _import_target(name: str) -> Any:
     module, _, attr = name.partition(":")
     try:
         target: Any = importlib.import_module(module)
-    except ImportError as exc:
-        raise KeyError(f"reward {name!r}: cannot import module {module!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code ran: any error (SyntaxError, NameError, ...) is the user's
+        raise KeyError(f"reward {name!r}: cannot import module {module!r}: {_first_line(exc)}") from exc
     for part in attr.split("."):
         if not hasattr(target, part):
             raise KeyError(f"reward {name!r}: module {module!r} has no attribute {attr!r}")

@@ -9,6 +9,11 @@ run takes. The orchestration plugs in twice, and this module imports none of it:
 receives what happened (metrics, evaluations, skips, checkpoints), and a :class:`PhaseRunner` decides how each
 phase runs (called directly by default; the Prefect layer runs each as a named task).
 
+A reward that fails while scoring (it raises, or returns something that is not one number per image) stops the stage
+with :class:`StageRewardFailed`: one line naming the reward, the iteration, what it returned or raised, and the last
+checkpoint, left intact, which the stage resumes from when rerun. A NaN or Inf reward skips the iteration instead
+(:mod:`vgrpo.training.guards`).
+
 Sharded over processes (``dist``, :mod:`vgrpo.parallel.distributed`), every rank trains on its block of each
 iteration's prompts, and rank 0 alone reports, evaluates, writes checkpoints and exports; every rank resumes
 from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every node sees).
@@ -30,6 +35,7 @@ from vgrpo.config_batch import check_batch
 from vgrpo.evaluation.evaluator import build_evaluator
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import trainable_parameters
+from vgrpo.rewards.base import NonFiniteRewardError, RewardFailed
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged
 from vgrpo.training.phases import (
@@ -43,7 +49,15 @@ from vgrpo.training.phases import (
 )
 from vgrpo.training.prompt_rows import StagePrompts, prepare_prompts
 
-__all__ = ["PhaseRunner", "PrintProgress", "StageCallbacks", "StageResult", "call_directly", "run_stage"]
+__all__ = [
+    "PhaseRunner",
+    "PrintProgress",
+    "StageCallbacks",
+    "StageResult",
+    "StageRewardFailed",
+    "call_directly",
+    "run_stage",
+]
 
 T = TypeVar("T")
 
@@ -113,6 +127,59 @@ class StageResult:
     """One event per iteration skipped for a non-finite quantity (:mod:`vgrpo.training.guards`)."""
 
 
+class StageRewardFailed(RewardFailed):
+    """A reward failed while a stage scored an iteration's rollouts or evaluated (:class:`RewardFailed`): the one-line
+    message adds the stage, the iteration and the last checkpoint, which is left intact and which the stage resumes
+    from when rerun (nothing is written after the failure).
+
+    Attributes:
+        stage: the stage's name.
+        iteration: the iteration that was being scored (0-based, as the progress lines count), or the iteration an
+            evaluation was of.
+        evaluation: whether the stage was evaluating.
+        checkpoint: the newest checkpoint of the run, ``None`` when none was written yet.
+    """
+
+    def __init__(
+        self, failed: RewardFailed, *, stage: str, iteration: int, evaluation: bool, checkpoint: Path | None
+    ) -> None:
+        self.stage, self.iteration, self.evaluation, self.checkpoint = stage, iteration, evaluation, checkpoint
+        super().__init__(failed.reward, failed.problem, failed.source)
+
+    def describe(self) -> str:
+        where = f"evaluation at iteration {self.iteration}" if self.evaluation else f"iteration {self.iteration}"
+        resume = (
+            f"the last checkpoint, {self.checkpoint}, is intact and the stage resumes from it when rerun"
+            if self.checkpoint is not None
+            else "no checkpoint was written yet: a rerun starts the stage over"
+        )
+        return f"stage {self.stage}, {where}: {super().describe()}; {resume}"
+
+
+def _nonfinite_failure(exc: NonFiniteRewardError) -> RewardFailed:
+    """A non-finite score where no iteration can be skipped (an evaluation), as a :class:`RewardFailed`."""
+    details = exc.details
+    return RewardFailed(
+        exc.quantity.removeprefix("reward/"),
+        f"returned {details.get('count', '?')} non-finite scores of {details.get('of', '?')} "
+        f"(images {details.get('indices', [])[:10]}), expected finite numbers",
+    )
+
+
+def _skipped_summary(events: list[dict[str, Any]]) -> str:
+    """``QUANTITY at iterations [..]: C of N non-finite each`` per quantity of skip ``events``."""
+    parts = []
+    for quantity in sorted({e["quantity"] for e in events}):
+        mine = [e for e in events if e["quantity"] == quantity]
+        counts = [f"{e.get('count', '?')} of {e.get('of', '?')}" for e in mine]
+        if len(set(counts)) == 1:
+            told = f"{counts[0]} non-finite" + (" each" if len(counts) > 1 else "")
+        else:
+            told = f"{', '.join(counts)} non-finite"
+        parts.append(f"{quantity} at iterations {[e['iteration'] for e in mine]}: {told}")
+    return "; ".join(parts)
+
+
 # -- the loop ----------------------------------------------------------------------------------------------------------
 
 
@@ -172,10 +239,20 @@ def run_stage(
         consecutive_skips = resumed.consecutive_skips
     dist.broadcast_parameters(trainable_parameters(stage.policy))  # as DDP: every rank starts from rank 0's
 
+    def failed(exc: RewardFailed, iteration: int, evaluation: bool = False) -> StageRewardFailed:
+        return StageRewardFailed(
+            exc, stage=config.name, iteration=iteration, evaluation=evaluation, checkpoint=run.newest()
+        )
+
     def run_evaluation(iteration: int) -> None:
         if evaluator is None:  # the other ranks go on to wait in the next collective (within the group's timeout)
             return
-        table, images = phases("evaluate", iteration, evaluate, stage, evaluator, iteration)
+        try:
+            table, images = phases("evaluate", iteration, evaluate, stage, evaluator, iteration)
+        except RewardFailed as exc:
+            raise failed(exc, iteration, evaluation=True) from exc
+        except NonFiniteRewardError as exc:  # nothing to skip in an evaluation
+            raise failed(_nonfinite_failure(exc), iteration, evaluation=True) from exc
         result.evaluations.append(table)
         if dist.is_main:  # sharded, every rank evaluates (vgrpo.evaluation.evaluator.build_evaluator)
             report.on_evaluate(table, images, iteration)
@@ -188,6 +265,8 @@ def run_stage(
             rolled = phases("rollout", iteration, rollout, stage, config, prompts.train, iteration)
             scores = phases("score", iteration, score, stage, rolled)
             metrics = phases("update", iteration, update, stage, config, rolled, scores, iteration)
+        except RewardFailed as exc:  # nothing of this iteration was applied or written; the last checkpoint stands
+            raise failed(exc, iteration) from exc
         except NonFiniteError as exc:  # no update was applied after the check failed: skip the iteration
             consecutive_skips += 1
             event = {
@@ -211,8 +290,7 @@ def run_stage(
                 recent = result.skipped[-consecutive_skips:]
                 raise TrainingDiverged(
                     f"stage {config.name}: {consecutive_skips} consecutive iterations skipped for non-finite values "
-                    f"({', '.join(sorted({e['quantity'] for e in recent}))} at iterations "
-                    f"{[e['iteration'] for e in recent]}); the last checkpoint, {run.newest() or 'none yet'}, is "
+                    f"({_skipped_summary(recent)}); the last checkpoint, {run.newest() or 'none yet'}, is "
                     "intact. Lower optim.lr, check the rewards, or raise max_consecutive_skips."
                 ) from exc
         else:
