@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from tasks.outcome import StageOutcome
-from tasks.stage import run_tracked_stage
+from tasks.stage import run_tracked_stage, stage_dirs
 from vgrpo.atomic import write_json_atomic
 from vgrpo.config import load_curriculum, overrides_from_pairs
-from vgrpo.errors import ConfigError
+from vgrpo.errors import ConfigError, UserError
 from vgrpo.evaluation.tables import headline_metrics
+from vgrpo.outputs import Output
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.training.guards import TrainingDiverged
 from vgrpo.training.preflight import PreflightError, check_or_raise
@@ -99,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cfg = stages[args.stage - 1]
     run_root = Path(args.run_root)
+    files = {"metrics": args.metrics, "details": args.details, "plots": args.plots}
     if args.init is None:
         init = str(run_root / "stages" / stages[args.stage - 2].name) if args.stage > 1 else None
     else:
@@ -109,8 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    try:  # every input the stage reads, listed in one message before any compute
-        check_or_raise([cfg], init_lora=init, checkpoint_dir=run_root / "work")
+    out_dir, work_dir = stage_dirs(run_root, cfg.name)
+    written = [Output("stage output", out_dir), Output("--run-root work folder", work_dir, replaced=False)]
+    written += [Output(f"--{k}", Path(v), is_file=True) for k, v in files.items() if v]
+    try:  # every input the stage reads and every output it writes, listed in one message before any compute
+        check_or_raise([cfg], init_lora=init, checkpoint_dir=run_root / "work", outputs=written)
     except PreflightError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -126,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             experiment=args.experiment or spec.name,
             tags=tags,
         )
+    except UserError as exc:  # a reward that failed at run time: the message names it and the intact checkpoint
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except TrainingDiverged as exc:  # the message names the intact checkpoint a rerun resumes from
         print(f"error: {exc}", file=sys.stderr)
         return 3

@@ -136,7 +136,8 @@ def test_bad_inputs_exit_2_naming_the_culprit(tmp_path: Path, capsys: pytest.Cap
     lora = ["--lora", str(tmp_path / "no-adapter"), "--prompts", str(good), "--out", str(tmp_path / "x.json")]
     assert main(["evaluate", str(tmp_path), *lora]) == 2
     err = capsys.readouterr().err
-    assert "--lora" in err and "no-adapter" in err and "pytorch_lora_weights.safetensors" in err
+    assert "--lora" in err and "no-adapter" in err and "adapter directory not found" in err
+    assert "x.json lies inside an input (pipeline" in err  # the pipeline folder here is tmp_path itself
 
 
 def test_bad_evaluation_params_and_prompt_lines_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

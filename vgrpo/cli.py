@@ -28,17 +28,17 @@ from diffusers.utils import logging as diffusers_logging
 from transformers.utils import logging as transformers_logging
 
 from vgrpo.atomic import dir_size_mb, write_json_atomic
-from vgrpo.checkpoints.state import export_merged_pipeline
+from vgrpo.checkpoints.weight_files import adapter_problems, pipeline_problems
 from vgrpo.config import load_config, load_stage, overrides_from_pairs
 from vgrpo.errors import UserError
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.evaluation.report import evaluate_to_files, format_table
-from vgrpo.models.pipeline import load_pipeline
+from vgrpo.outputs import Output, check_outputs
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.rewards.config import reward_classes
-from vgrpo.trainer import Trainer
+from vgrpo.trainer import Trainer, export_lora_merged
 from vgrpo.training.guards import TrainingDiverged
-from vgrpo.training.preflight import check_or_raise
+from vgrpo.training.preflight import PreflightError, Problem, preflight_evaluation
 from vgrpo.training.stage import PrintProgress
 
 __all__ = ["add_params_arguments", "main", "run_command", "use_threads"]
@@ -54,6 +54,13 @@ def use_threads(threads: int, *, flush_denormal: bool = False) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
+    outputs = [Output("--out", Path(args.out), is_file=True)]
+    outputs += [Output("--grid", Path(args.grid), is_file=True)] if args.grid else []
+    problems = preflight_evaluation(cfg, args.pipeline, args.prompts, lora=args.lora, outputs=outputs)
+    if args.baseline and Path(args.baseline).resolve() in {Path(args.out).resolve()}:
+        problems = [*problems, Problem(f"--baseline {args.baseline} is --out: the baseline would be overwritten")]
+    if problems:
+        raise PreflightError(problems)
     use_threads(args.threads, flush_denormal=True)
     table = evaluate_to_files(
         cfg, args.pipeline, args.prompts, args.out, lora=args.lora, grid=args.grid, baseline=args.baseline
@@ -62,7 +69,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    export_merged_pipeline(load_pipeline(args.pipeline), Path(args.lora), Path(args.out), lora_scale=args.scale)
+    check_outputs([Output("--out", Path(args.out))], {"pipeline": args.pipeline, "--lora adapter": args.lora})
+    problems = pipeline_problems(Path(args.pipeline)) + adapter_problems(Path(args.lora))
+    if problems:
+        raise PreflightError([Problem(p) for p in problems])
+    export_lora_merged(Path(args.pipeline), Path(args.lora), Path(args.out), lora_scale=args.scale)
     print(f"wrote {args.out} ({dir_size_mb(Path(args.out)):.1f} MB): {args.pipeline} + {args.lora} merged")
 
 
@@ -72,10 +83,6 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # checked before the processes wait for each other
     cfg = load_stage(args.params, overrides_from_pairs(args.set), world_size=world_size)
-    checked = cfg if args.pipeline is None else cfg.model_copy(update={"pipeline": args.pipeline})
-    check_or_raise([checked], args.root, init_lora=args.init_lora, world_size=world_size, checkpoint_dir=args.work_dir)
-    use_threads(args.threads)
-    dist = Distributed.from_environment()
     trainer = Trainer(
         cfg,
         work_dir=Path(args.work_dir),
@@ -84,8 +91,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         init_lora=args.init_lora,
         root=Path(args.root),
         callbacks=PrintProgress(cfg.name),
-        dist=dist,
     )
+    metrics = [Output("--metrics", Path(args.metrics), is_file=True)] if args.metrics else []
+    trainer.preflight(labels=("--out", "--work-dir"), outputs=metrics)
+    use_threads(args.threads)
+    dist = trainer.dist = Distributed.from_environment()
     result = trainer.train()
     if dist.is_main:
         if args.metrics:

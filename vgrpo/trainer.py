@@ -15,8 +15,9 @@ the one the pipeline runs::
 from __future__ import annotations
 
 import inspect
+import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,19 +26,22 @@ import numpy as np
 from pydantic import ValidationError
 
 from vgrpo.atomic import atomic_dir
-from vgrpo.checkpoints.state import export_merged_pipeline
+from vgrpo.checkpoints.state import export_merged_pipeline, lora_scale_problem
+from vgrpo.checkpoints.weight_files import adapter_fit_problems, transformer_shapes
 from vgrpo.config import StageConfig, load_config, load_curriculum
 from vgrpo.errors import ConfigError
 from vgrpo.models.pipeline import load_pipeline
+from vgrpo.outputs import Output, check_outputs
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.rewards.base import Reward
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward, RewardTerm
 from vgrpo.rewards.registry import FunctionReward
 from vgrpo.training.phases import evaluate_adapter
+from vgrpo.training.preflight import check_or_raise
 from vgrpo.training.stage import PhaseRunner, StageCallbacks, StageResult, call_directly, run_stage
 
-__all__ = ["RewardLike", "Trainer"]
+__all__ = ["RewardLike", "Trainer", "export_lora_merged"]
 
 RewardLike = Reward | Callable[..., Any] | RewardTerm
 """A reward given as an object: a :class:`Reward`, a reward function (``fn(images, prompts, metadata)`` ->
@@ -111,6 +115,7 @@ class Trainer:
     phases: PhaseRunner = call_directly
     dist: Distributed | None = None
     reward_set: MultiReward | None = field(default=None, init=False, repr=False)
+    checked: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.work_dir, self.root = Path(self.work_dir), Path(self.root)
@@ -137,6 +142,31 @@ class Trainer:
             raise ConfigError(f"{path}: no stage {stage!r} (stages: {[s.name for s in stages]})")
         return cls(config=chosen[0], **kwargs)
 
+    def preflight(self, *, labels: tuple[str, str] = ("out_dir", "work_dir"), outputs: Sequence[Output] = ()) -> None:
+        """Check, before any compute, every input the stage reads (:func:`vgrpo.training.preflight.preflight`: the
+        pipeline, prompt files, rewards, starting adapter, image sides, processes, disk) and every output it writes
+        (``out_dir`` and ``work_dir``, named ``labels`` in messages, and ``outputs``: none may overwrite an input or
+        another output, each must be writable). :meth:`train` runs it first unless it has passed already.
+
+        Raises:
+            PreflightError: listing every problem found, each naming its file, folder or key.
+        """
+        assert self.pipeline is not None and self.out_dir is not None
+        config = self.config
+        if str(self.pipeline) != config.pipeline:
+            config = config.model_copy(update={"pipeline": str(self.pipeline)})
+        world_size = self.dist.world_size if self.dist is not None else int(os.environ.get("WORLD_SIZE", "1"))
+        written = [Output(labels[0], self.out_dir), Output(labels[1], self.work_dir, replaced=False), *outputs]
+        check_or_raise(
+            [config],
+            self.root,
+            init_lora=self.init_lora,
+            world_size=world_size,
+            checkpoint_dir=self.work_dir,
+            outputs=written,
+        )
+        self.checked = True
+
     def train(
         self,
         *,
@@ -144,9 +174,12 @@ class Trainer:
         run_state: Mapping[str, Any] | None = None,
         prompts: Any = None,
     ) -> StageResult:
-        """Train the stage (resuming its newest checkpoint) and export the weights to ``out_dir``; see
-        :func:`vgrpo.training.stage.run_stage` for ``final_evaluation``, ``run_state`` and ``prompts``."""
+        """Train the stage (resuming its newest checkpoint) and export the weights to ``out_dir``, after
+        :meth:`preflight`; see :func:`vgrpo.training.stage.run_stage` for ``final_evaluation``, ``run_state`` and
+        ``prompts``."""
         assert self.pipeline is not None and self.out_dir is not None
+        if not self.checked:
+            self.preflight()
         return run_stage(
             self.config,
             pipeline_dir=self.pipeline,
@@ -176,15 +209,18 @@ class Trainer:
         done = self.config.iterations if iteration is None else iteration
         return evaluate_adapter(self.config, self.root / self.pipeline, target, self.root, done)
 
-    def export(self, out_dir: str | Path, *, merged: bool = False) -> Path:
+    def export(self, out_dir: str | Path, *, merged: bool = False, lora_scale: float = 1.0) -> Path:
         """Write the trained weights to ``out_dir``: the LoRA in diffusers' format (or the whole pipeline after
-        full fine-tuning), or with ``merged`` a plain diffusers pipeline with the LoRA fused in."""
+        full fine-tuning), or with ``merged`` a plain diffusers pipeline with the LoRA fused in at ``lora_scale``.
+        ``out_dir`` may not be, contain or lie inside the pipeline, the starting adapter or the trained weights."""
         assert self.pipeline is not None and self.out_dir is not None
         source, target = self.out_dir, Path(out_dir)
         if not source.is_dir():
             raise ConfigError(f"{source}: no exported weights (train first)")
+        inputs = {"pipeline": self.root / self.pipeline, "starting adapter": self.init_lora, "trained weights": source}
+        check_outputs([Output("out_dir", target)], inputs)
         if merged and self.config.lora is not None:
-            export_merged_pipeline(load_pipeline(self.root / self.pipeline), source, target)
+            export_lora_merged(self.root / self.pipeline, source, target, lora_scale=lora_scale)
         else:
 
             def copy(tmp: Path) -> None:
@@ -192,3 +228,21 @@ class Trainer:
 
             atomic_dir(target, copy)
         return target
+
+
+def export_lora_merged(pipeline: Path, lora: Path, out_dir: Path, *, lora_scale: float = 1.0) -> None:
+    """``lora`` fused into ``pipeline`` at ``lora_scale`` and written to ``out_dir``
+    (:func:`vgrpo.checkpoints.state.export_merged_pipeline`), after checking, before the pipeline loads, the scale
+    and that every layer of the adapter fits the pipeline's transformer.
+
+    Raises:
+        ConfigError: the scale or the adapter, named.
+    """
+    problem = lora_scale_problem(lora_scale)
+    if problem:
+        raise ConfigError(problem)
+    shapes = transformer_shapes(pipeline)
+    misfit = adapter_fit_problems(lora, shapes=shapes) if (lora / "pytorch_lora_weights.safetensors").is_file() else []
+    if misfit:
+        raise ConfigError("; ".join(misfit))
+    export_merged_pipeline(load_pipeline(pipeline), lora, out_dir, lora_scale=lora_scale)

@@ -17,6 +17,7 @@ plain diffusers script.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -35,6 +36,7 @@ from vgrpo.errors import UserError
 from vgrpo.policy import ParameterSnapshot
 
 __all__ = [
+    "MAX_LORA_SCALE",
     "CheckpointError",
     "Checkpointed",
     "canonicalize_safetensors_header",
@@ -43,6 +45,7 @@ __all__ = [
     "latest_checkpoint",
     "load_lora_into",
     "load_training_state",
+    "lora_scale_problem",
     "prune_checkpoints",
     "quarantine",
     "save_lora",
@@ -253,17 +256,45 @@ def load_lora_into(transformer: nn.Module, lora_dir: Path) -> None:
         raise CheckpointError(f"{lora_dir}: LoRA weights do not fit the adapter (e.g. {unexpected[:3]})")
 
 
+MAX_LORA_SCALE = 16.0
+"""Largest ``|lora_scale|`` a merge takes: 1 is the adapter as trained, 0 the base, a negative scale subtracts it;
+beyond a few the merged weights leave the range the model was trained in."""
+
+
+def lora_scale_problem(lora_scale: float) -> str | None:
+    """Why ``lora_scale`` is no LoRA scale to merge at: not a finite number, or beyond :data:`MAX_LORA_SCALE`."""
+    if not isinstance(lora_scale, (int, float)) or isinstance(lora_scale, bool) or not math.isfinite(lora_scale):
+        return f"LoRA scale {lora_scale!r}: not a finite number"
+    if abs(lora_scale) > MAX_LORA_SCALE:
+        return f"LoRA scale {lora_scale}: |scale| is at most {MAX_LORA_SCALE:g} (1 = the adapter as trained)"
+    return None
+
+
 def export_merged_pipeline(pipe: Any, lora_dir: Path, out_dir: Path, *, lora_scale: float = 1.0) -> None:
     """Merge a :func:`save_lora` adapter into ``pipe``'s transformer and write the whole pipeline to ``out_dir``
     (``save_pretrained``, safetensors, atomically): a plain diffusers pipeline with no LoRA left, for serving or
     for the next run's base. ``pipe`` is changed in place.
 
     Uses the pipeline's own LoRA loader (``load_lora_weights`` -> ``fuse_lora`` -> ``unload_lora_weights``), so
-    it is the merge a diffusers user would do by hand.
+    it is the merge a diffusers user would do by hand. The merged weights are checked to be finite before anything
+    is written, so a NaN in the adapter (or an overflow) never reaches ``out_dir``.
+
+    Raises:
+        CheckpointError: a scale that is not finite or beyond :data:`MAX_LORA_SCALE`, a folder without the LoRA
+            file, or merged weights with NaN or Inf (naming the first tensors).
     """
+    problem = lora_scale_problem(lora_scale)
+    if problem:
+        raise CheckpointError(problem)
     if not (lora_dir / LORA_FILE).is_file():
         raise CheckpointError(f"{lora_dir}: no {LORA_FILE} (not a LoRA directory written by save_lora)")
     pipe.load_lora_weights(lora_dir)
     pipe.fuse_lora(lora_scale=lora_scale)
     pipe.unload_lora_weights()  # drops the (now fused) adapter layers; the merged weights stay
+    bad = [name for name, tensor in pipe.transformer.state_dict().items() if not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise CheckpointError(
+            f"{lora_dir} merged at scale {lora_scale:g} gives non-finite weights in {len(bad)} tensors "
+            f"(first: {bad[:3]}); nothing was written"
+        )
     atomic_dir(out_dir, lambda tmp: pipe.save_pretrained(tmp, safe_serialization=True))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,16 @@ from safetensors import safe_open
 from vgrpo.checkpoints.state import LORA_FILE
 from vgrpo.models.pipeline import PIPELINE_COMPONENTS
 
-__all__ = ["PICKLE_SUFFIXES", "adapter_problems", "folder_problems", "pipeline_problems", "weights_problem"]
+__all__ = [
+    "PICKLE_SUFFIXES",
+    "adapter_fit_problems",
+    "adapter_problems",
+    "folder_problems",
+    "lora_target_problems",
+    "pipeline_problems",
+    "transformer_shapes",
+    "weights_problem",
+]
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 """torch.save files: checked as zip archives, never unpickled."""
@@ -113,3 +123,102 @@ def adapter_problems(path: Path) -> list[str]:
         return [f"{path}: starting adapter directory not found"]
     problem = weights_problem(path / LORA_FILE)
     return [f"{path / LORA_FILE}: {problem} (not a LoRA directory written by save_lora?)"] if problem else []
+
+
+def transformer_shapes(pipeline: Path) -> dict[str, list[int]] | None:
+    """Tensor name -> shape of the pipeline's transformer, from its safetensors headers (no weight is read); None
+    when a file does not open (:func:`pipeline_problems` names it)."""
+    files = sorted((pipeline / "transformer").glob("*.safetensors"))
+    if not files or any(weights_problem(f) for f in files):
+        return None
+    shapes: dict[str, list[int]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            shapes |= {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 -- not a dict
+    return shapes
+
+
+def _targets(module: str, target: str) -> bool:
+    """Whether LoRA target name ``target`` selects layer ``module`` (peft's rule: the name, or its dotted tail)."""
+    return module == target or module.endswith(f".{target}")
+
+
+def _linear_layers(shapes: dict[str, list[int]]) -> dict[str, list[int]]:
+    return {n.removesuffix(".weight"): s for n, s in shapes.items() if n.endswith(".weight") and len(s) == 2}
+
+
+def lora_target_problems(targets: Sequence[str], shapes: dict[str, list[int]], pipeline: Path) -> list[str]:
+    """``lora.target_modules`` entries that select no linear layer of the pipeline's transformer (``shapes``:
+    :func:`transformer_shapes`)."""
+    layers = _linear_layers(shapes)
+    missing = [t for t in targets if not any(_targets(m, t) for m in layers)]
+    if not missing:
+        return []
+    names = sorted({m.split(".attn.", 1)[1] for m in layers if ".attn." in m})
+    return [
+        f"lora.target_modules: {missing} name no linear layer of {pipeline / 'transformer'} "
+        f"(its attention layers: {names[:12]})"
+    ]
+
+
+def _lora_header(file: Path) -> tuple[dict[str, list[int]], dict[str, Any]]:
+    """The shapes in a LoRA file and the peft settings in its metadata (``transformer.`` prefixes removed)."""
+    with safe_open(str(file), framework="pt") as f:
+        shapes = {name.removeprefix("transformer."): list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+        metadata = f.metadata() or {}
+    try:
+        settings = json.loads(metadata.get("lora_adapter_metadata", "{}"))
+    except ValueError:
+        settings = {}
+    return shapes, {k.removeprefix("transformer."): v for k, v in settings.items()} if isinstance(
+        settings, dict
+    ) else {}
+
+
+def adapter_fit_problems(
+    path: Path,
+    *,
+    shapes: dict[str, list[int]] | None,
+    rank: int | None = None,
+    alpha: int | None = None,
+    targets: Sequence[str] | None = None,
+) -> list[str]:
+    """Whether the LoRA directory ``path`` (already found to open) is the adapter a stage builds or a merge
+    expects: its rank and alpha, the layers it trains against ``lora.target_modules``, and each layer's shape
+    against the pipeline's transformer (``shapes``); a check is skipped when its argument is None. Loading one
+    that differs fails on a size mismatch or, for layers only one side names, silently starts them afresh."""
+    file = path / LORA_FILE
+    tensors, settings = _lora_header(file)
+    layers: dict[str, dict[str, list[int]]] = {}
+    for name, shape in tensors.items():
+        for part in ("lora_A", "lora_B"):
+            if f".{part}." in name:
+                layers.setdefault(name.split(f".{part}.", 1)[0], {})[part] = shape
+    if not layers:
+        return [f"{file}: holds no LoRA layers (lora_A / lora_B weights)"]
+    out = []
+    ranks = sorted({s["lora_A"][0] for s in layers.values() if "lora_A" in s})
+    if rank is not None and ranks != [rank]:
+        out.append(f"{path}: an adapter of rank {', '.join(map(str, ranks))}, but lora.rank is {rank}")
+    if alpha is not None and "lora_alpha" in settings and settings["lora_alpha"] != alpha:
+        out.append(f"{path}: an adapter of alpha {settings['lora_alpha']}, but lora.alpha is {alpha}")
+    if targets is not None:
+        extra = sorted(m for m in layers if not any(_targets(m, t) for t in targets))
+        if extra:
+            out.append(f"{path}: trains layers that lora.target_modules {list(targets)} does not name: {extra[:3]}")
+        unused = [t for t in targets if not any(_targets(m, t) for m in layers)]
+        if unused:
+            out.append(f"{path}: trains no layer of lora.target_modules {unused} (they would start afresh)")
+    if shapes is not None:
+        base = _linear_layers(shapes)
+        unfit = []
+        for module, pair in sorted(layers.items()):
+            if "lora_A" not in pair or "lora_B" not in pair:
+                unfit.append(f"{module} (lora_A or lora_B missing)")
+            elif module not in base:
+                unfit.append(f"{module} (no such layer)")
+            elif [pair["lora_B"][0], pair["lora_A"][1]] != base[module]:
+                unfit.append(f"{module} ({pair['lora_B'][0]} x {pair['lora_A'][1]}, the layer is {base[module]})")
+        if unfit:
+            out.append(f"{path}: does not fit the pipeline's transformer: {unfit[:3]}")
+    return out

@@ -33,18 +33,36 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
-from safetensors import safe_open
 
-from vgrpo.checkpoints.weight_files import adapter_problems, folder_problems, pipeline_problems, weights_problem
+from vgrpo.checkpoints.weight_files import (
+    adapter_fit_problems,
+    adapter_problems,
+    folder_problems,
+    lora_target_problems,
+    pipeline_problems,
+    transformer_shapes,
+    weights_problem,
+)
 from vgrpo.config import StageConfig, unset_variables
 from vgrpo.config_batch import check_batch
 from vgrpo.errors import UserError
+from vgrpo.evaluation.config import EvaluationConfig
+from vgrpo.models.geometry import read_geometry
+from vgrpo.outputs import Output, output_problems
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.config import prompt_problems
 from vgrpo.rewards.registry import resolve_reward
 from vgrpo.training.prompt_rows import evaluation_rows, training_rows
 
-__all__ = ["PreflightError", "Problem", "check_or_raise", "checkpoint_estimate", "preflight", "url_problem"]
+__all__ = [
+    "PreflightError",
+    "Problem",
+    "check_or_raise",
+    "checkpoint_estimate",
+    "preflight",
+    "preflight_evaluation",
+    "url_problem",
+]
 
 
 @dataclass(frozen=True)
@@ -126,13 +144,9 @@ def _snapshots(config: StageConfig) -> int:
 def checkpoint_estimate(config: StageConfig, pipeline: Path) -> tuple[int, str] | None:
     """Bytes a stage's checkpoints and export take, and how that was reckoned, from the shapes in the transformer's
     safetensors headers; None when they cannot be read."""
-    files = sorted((pipeline / "transformer").glob("*.safetensors"))
-    if not files or any(weights_problem(f) for f in files):
+    shapes = transformer_shapes(pipeline)
+    if shapes is None:
         return None
-    shapes: dict[str, list[int]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            shapes |= {name: f.get_slice(name).get_shape() for name in f.keys()}  # noqa: SIM118 -- not a dict
     if config.lora is None:
         params = sum(math.prod(s) for s in shapes.values())
     else:
@@ -180,6 +194,7 @@ class _Findings:
         self.found: dict[str, list[str]] = {}
         self.variables: dict[str, list[str]] = {}
         self._done: dict[tuple[str, str], list[str]] = {}
+        self.inputs: dict[str, Path] = {}
 
     def add(self, messages: Sequence[str], used_by: str) -> None:
         for message in messages:
@@ -196,8 +211,10 @@ class _Findings:
         """An input named by ``value``: ``pipeline``, ``adapter``, ``model`` (a reward's file or folder) or ``url``."""
         if self.unset(value, used_by):
             return
+        path = Path(value) if kind == "model" else self.root / value
+        if kind != "url":
+            self.inputs.setdefault(used_by, path)
         if (kind, value) not in self._done:
-            path = Path(value) if kind == "model" else self.root / value
             if kind == "url":
                 self._done[kind, value] = [f"{value}: {p}"] if (p := url_problem(value, connect=self.connect)) else []
             elif kind == "model" and path.is_dir():
@@ -234,6 +251,7 @@ class _Findings:
             used_by = f"{config.name}: {key}"
             if self.unset(file, used_by):
                 continue
+            self.inputs.setdefault(used_by, self.root / file)
             done = (key, f"{file} {alike!r}")
             if done not in self._done:
                 try:
@@ -260,6 +278,42 @@ class _Findings:
         return out
 
 
+def _model_problems(config: StageConfig, root: Path, init_lora: str | Path | None) -> list[str]:
+    """The stage's image sides against its pipelines (:mod:`vgrpo.models.geometry`), its LoRA targets against the
+    transformer's layers, and its starting adapter against the LoRA it builds; each skipped when the pipeline or
+    adapter does not open (the other checks say why)."""
+    out = []
+    pipeline = root / config.pipeline
+    geometry = read_geometry(pipeline)
+    if geometry is not None:
+        rollout = geometry.resolution_problem(config.rollout.resolution, "rollout.resolution")
+        out += [rollout] if rollout else []
+        if config.eval_prompts:
+            side = config.evaluation.resolution or config.rollout.resolution
+            key = "evaluation.resolution" if config.evaluation.resolution else "rollout.resolution (evaluated at)"
+            evaluation = geometry.resolution_problem(side, key)
+            out += [evaluation] if evaluation and evaluation != rollout else []
+    base = config.evaluation.base_pipeline
+    if base and config.eval_prompts and (other := read_geometry(root / base)) is not None:
+        side = config.evaluation.resolution or config.rollout.resolution
+        out += [p] if (p := other.resolution_problem(side, "evaluation.resolution (of base_pipeline)")) else []
+    shapes = transformer_shapes(pipeline) if pipeline.is_dir() else None
+    if config.lora is not None and shapes is not None:
+        out += lora_target_problems(config.lora.target_modules, shapes, pipeline)
+    if init_lora is not None:
+        init = root / init_lora
+        if config.lora is None and not (init / "model_index.json").is_file():
+            out.append(f"{init}: a LoRA starting adapter, but lora is null (a full fine-tune starts from `pipeline`)")
+        elif config.lora is not None and (init / "model_index.json").is_file():
+            out.append(f"{init}: a whole pipeline as the starting adapter of a LoRA stage (give it as `pipeline`)")
+        elif config.lora is not None and not adapter_problems(init):
+            lora = config.lora
+            out += adapter_fit_problems(
+                init, rank=lora.rank, alpha=lora.alpha, targets=lora.target_modules, shapes=shapes
+            )
+    return out
+
+
 def _disk_problem(stages: Sequence[StageConfig], root: Path, checkpoint_dir: Path) -> str | None:
     estimates = [e for cfg in stages if (e := checkpoint_estimate(cfg, root / cfg.pipeline)) is not None]
     need = sum(total for total, _ in estimates)
@@ -283,6 +337,7 @@ def preflight(
     world_size: int | None = None,
     checkpoint_dir: str | Path | None = None,
     connect: bool = False,
+    outputs: Sequence[Output] = (),
 ) -> list[Problem]:
     """Every problem with the inputs of ``stages`` (run in order; ``init_lora`` is the first one's starting adapter),
     before any compute (module docstring); empty when all is well.
@@ -292,6 +347,8 @@ def preflight(
         world_size: the processes that will run each stage; None reads the params' ``launch.processes`` (default 1).
         checkpoint_dir: where the checkpoints go; None skips the disk check.
         connect: also open a TCP connection to every reward server URL.
+        outputs: what the run writes (its adapter, work folder, result files): each checked against every input
+            (:func:`vgrpo.outputs.output_problems`: none may be replaced, deleted or written into) and for writing.
     """
     root = Path(root)
     findings = _Findings(root, connect)
@@ -306,8 +363,46 @@ def preflight(
         findings.add(_launch_problems(cfg, world_size), f"{cfg.name}: launch")
     if init_lora is not None and stages:
         findings.check("adapter", str(init_lora), f"{stages[0].name}: starting adapter")
+    for i, cfg in enumerate(stages):
+        findings.add(_model_problems(cfg, root, init_lora if i == 0 else None), f"{cfg.name}: model")
+    if outputs:
+        findings.add(output_problems(outputs, findings.inputs), "outputs")
     if checkpoint_dir is not None:
         findings.add([p] if (p := _disk_problem(stages, root, Path(checkpoint_dir))) else [], "checkpoints")
+    return findings.problems()
+
+
+def preflight_evaluation(
+    config: EvaluationConfig,
+    pipeline: str | Path,
+    prompts: str | Path,
+    *,
+    lora: str | Path | None = None,
+    outputs: Sequence[Output] = (),
+) -> list[Problem]:
+    """Every problem with the inputs and outputs of one evaluation (``vgrpo evaluate``), before any compute: the
+    pipeline (and ``evaluation.base_pipeline``), the adapter and its fit, the prompt file as each reward reads it,
+    the rewards' options and files, the image side, and ``outputs`` against all of them; empty when all is well."""
+    findings = _Findings(Path("."), connect=False)
+    findings.check("pipeline", str(pipeline), "pipeline")
+    if config.base_pipeline:
+        findings.check("pipeline", config.base_pipeline, "evaluation.base_pipeline")
+    if lora is not None:
+        findings.check("adapter", str(lora), "--lora")
+        if not adapter_problems(Path(lora)) and not (Path(lora) / "model_index.json").is_file():
+            findings.add(adapter_fit_problems(Path(lora), shapes=transformer_shapes(Path(pipeline))), "--lora")
+    findings.inputs.setdefault("--prompts", Path(prompts))
+    try:
+        findings.add(prompt_problems(config.rewards, load_prompts(Path(prompts)), prompts), "--prompts")
+    except (UserError, ValueError) as exc:
+        findings.add([str(exc)], "--prompts")
+    findings.rewards(config.rewards, "evaluation", "rewards")
+    for side_of in (pipeline, config.base_pipeline):
+        geometry = read_geometry(Path(side_of)) if side_of else None
+        if geometry is not None and (problem := geometry.resolution_problem(config.resolution, "resolution")):
+            findings.add([problem], "evaluation")
+    if outputs:
+        findings.add(output_problems(outputs, findings.inputs), "outputs")
     return findings.problems()
 
 
