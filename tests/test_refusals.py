@@ -147,6 +147,13 @@ CASES: list[Case] = [
     ),
     ("corrupt starting adapter", {}, {"init": "corrupt"}, ["corrupt", LORA_FILE, "does not open"]),
     ("unknown GenEval colour", {"prompts": "mauve.jsonl"}, {}, ["mauve.jsonl", "mauve"]),
+    ("a prompt tag no prompt has", {"prompt_tags": ["counting", "colour"]}, {}, ["prompt_tags ['colour']"]),
+    (
+        "a tag weight for no prompt",
+        {"prompt_tags": ["counting"], "prompt_tag_weights": {"counting": 1.0, "colors": 1.0}},
+        {},
+        ["prompt_tag_weights", "['colors']"],
+    ),
 ]
 
 
@@ -383,3 +390,24 @@ def test_a_checkpoint_that_does_not_parse_is_set_aside_by_the_trainer(
     _break_newest_state(tmp_path / "work")
     with pytest.warns(UserWarning, match=r"state\.json.*history"):
         assert trainer("second").train().resumed_from == 1
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("curriculum", sorted(p.name for p in (REPO / "params" / "curricula").glob("*.yaml")))
+def test_the_bounds_leave_every_shipped_recipe_loading(curriculum: str) -> None:
+    """Every curriculum, with every algorithm preset and every ablation merged after each stage, still loads: the
+    bounds stop typos, not the papers' SD3.5-M and FLUX.1-dev recipes."""
+    from vgrpo.config import load_curriculum
+
+    extras = [
+        None,
+        *sorted((REPO / "params" / "algorithms").glob("*.yaml")),
+        *sorted((REPO / "params" / "ablations").glob("*.yaml")),
+    ]
+    for extra in extras:
+        _, stages = load_curriculum(
+            REPO / "params" / "curricula" / curriculum, root=REPO, extra=[extra] if extra else []
+        )
+        assert stages and all(s.rollout.prompts_per_iteration * s.rollout.group_size <= 65_536 for s in stages)

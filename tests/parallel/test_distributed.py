@@ -30,6 +30,10 @@ LAUNCH_TIMEOUT_S = 300
 # ~1e-7 relative; Adam's g / sqrt(v) magnifies that for elements whose gradient is tiny. Measured after two steps
 # at lr 1e-2 (a move of ~2e-2): at most 5e-8 with one thread, 1.9e-6 with the test process's thread count.
 PARAM_ATOL = 1e-5
+# The resumed stage adds a process boundary: its ranks' kernels see other memory alignments than the one-process
+# reference, whose last bits then differ by CPU (docs/development.md, "Tolerances"); two steps at lr 1e-2 move a weight
+# by ~1e-2, which a sharding or resume bug would change.
+RESUME_ATOL = 1e-4
 
 
 def test_distributed_default_is_one_process_and_every_operation_the_identity():
@@ -279,8 +283,8 @@ def test_two_process_stage_resumes_a_one_process_checkpoint_and_matches_one_proc
     a = load_file(world / "whole_lora" / "pytorch_lora_weights.safetensors")
     b = load_file(world / "cut_lora" / "pytorch_lora_weights.safetensors")
     assert set(a) == set(b)
-    for key in a:  # measured 3.7e-9 with one thread on both sides (1.2e-5 with two threads for the reference)
-        torch.testing.assert_close(b[key], a[key], rtol=0, atol=PARAM_ATOL)
+    for key in a:  # one thread on both sides, so only the sharding and the process differ
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=RESUME_ATOL)
 
 
 @pytest.mark.parametrize("name", ["single_gpu", "ddp_8gpu", "multinode_ddp", "cpu_2proc"])

@@ -71,17 +71,23 @@ def training_rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
     """The rows of the training prompt file (relative to ``root``) checked by the training rewards, with
     ``prompt_tags`` / ``prompt_tag_weights`` applied."""
     rows = _checked_prompts(root / config.prompts, config.rewards)
+    present = sorted({str(r.get("tag")) for r in rows})
     if config.prompt_tags is not None:
+        absent = [t for t in config.prompt_tags if t not in present]
+        if absent:
+            raise ValueError(f"{config.prompts}: prompt_tags {absent} name no prompt's tag (its tags: {present})")
         rows = [r for r in rows if r.get("tag") in config.prompt_tags]
-        if not rows:
-            raise ValueError(f"{config.prompts}: no prompt has a tag in prompt_tags={list(config.prompt_tags)}")
     if config.prompt_tag_weights is not None:
-        unweighted = sorted({str(r.get("tag")) for r in rows} - set(config.prompt_tag_weights))
+        kept = {str(r.get("tag")) for r in rows}
+        unweighted = sorted(kept - set(config.prompt_tag_weights))
         if unweighted:
             raise ValueError(
                 f"{config.prompts}: prompt_tag_weights has no weight for the tags {unweighted} "
                 "(give them one, or leave them out with prompt_tags)"
             )
+        unused = sorted(set(config.prompt_tag_weights) - kept)
+        if unused:
+            raise ValueError(f"{config.prompts}: prompt_tag_weights names tags no prompt drawn has: {unused}")
     return [dict(r) for r in rows]
 
 
