@@ -64,12 +64,14 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
         err = err_file.read().decode(errors="replace")
     proc.returncode = os.waitstatus_to_exitcode(status)
     lines = err.strip().splitlines()
-    first = next((line for line in lines if line.startswith("error:")), lines[-1] if lines else "")
+    start = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
+    said = lines[start : start + 2] if start is not None and lines[start].endswith(":") else lines[start:][:1]
+    first = " ".join(line.strip() for line in said) if start is not None else ""
     return {
         "exit": proc.returncode,
         "wall_s": round(wall, 2),
         "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-        "message": first[:160],
+        "message": first[:200],
         "traceback": "Traceback" in err,
     }
 
@@ -88,7 +90,7 @@ def _workspace(tmp: Path, env: dict[str, str]) -> None:
     """The copy of the base, a one-iteration adapter of rank 32, the same padded to rank 64, a corrupt adapter, bad
     params files, a reward module that does not compile, and a prompt file with an unknown colour."""
     shutil.copytree(ROOT / "models" / "embedded-base", tmp / "base")
-    small = ["rollout.prompts_per_iteration=2", "rollout.group_size=2", "rollout.num_steps=2", "iterations=1"]
+    small = ["rollout.prompts_per_iteration=2", "rollout.group_size=2", "rollout.num_steps=4", "iterations=1"]
     train = [sys.executable, "-m", "vgrpo.cli", "train", "--params", *STAGE, "--root", str(ROOT)]
     train += ["--pipeline", str(tmp / "base"), "--out", str(tmp / "init"), "--work-dir", str(tmp / "init-work")]
     subprocess.run([*train, "--set", *small, "eval_prompts=null"], cwd=ROOT, env=env, check=True, capture_output=True)

@@ -115,7 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     written = [Output("stage output", out_dir), Output("--run-root work folder", work_dir, replaced=False)]
     written += [Output(f"--{k}", Path(v), is_file=True) for k, v in files.items() if v]
     try:  # every input the stage reads and every output it writes, listed in one message before any compute
-        check_or_raise([cfg], init_lora=init, checkpoint_dir=run_root / "work", outputs=written)
+        read = [args.curriculum, *spec.base, spec.model, *spec.stages, *args.params]
+        params = {f"params file {file}": file for file in read}
+        check_or_raise([cfg], init_lora=init, checkpoint_dir=run_root / "work", outputs=written, inputs=params)
     except PreflightError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -411,3 +411,17 @@ def test_the_bounds_leave_every_shipped_recipe_loading(curriculum: str) -> None:
             REPO / "params" / "curricula" / curriculum, root=REPO, extra=[extra] if extra else []
         )
         assert stages and all(s.rollout.prompts_per_iteration * s.rollout.group_size <= 65_536 for s in stages)
+
+
+def test_an_output_over_a_params_file_is_refused(
+    world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--metrics`` (train) or ``--out`` (evaluate) naming a params file the command read would overwrite it."""
+    monkeypatch.chdir(world)
+    params = tmp_path / "stage.yaml"
+    params.write_text((world / "stage.yaml").read_text())
+    before = params.read_bytes()
+    argv = ["train", "--params", str(params), "--root", str(world), "--out", str(tmp_path / "o"), "--work-dir", "w"]
+    assert main([*argv, "--metrics", str(params)]) == 2
+    assert f"--metrics {params} is an input (--params {params})" in capsys.readouterr().err
+    assert params.read_bytes() == before and not (tmp_path / "o").exists()

@@ -56,9 +56,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
     outputs = [Output("--out", Path(args.out), is_file=True)]
     outputs += [Output("--grid", Path(args.grid), is_file=True)] if args.grid else []
-    problems = preflight_evaluation(cfg, args.pipeline, args.prompts, lora=args.lora, outputs=outputs)
-    if args.baseline and Path(args.baseline).resolve() in {Path(args.out).resolve()}:
-        problems = [*problems, Problem(f"--baseline {args.baseline} is --out: the baseline would be overwritten")]
+    read = {f"--params {file}": file for file in args.params} | ({"--baseline": args.baseline} if args.baseline else {})
+    problems = preflight_evaluation(cfg, args.pipeline, args.prompts, lora=args.lora, outputs=outputs, inputs=read)
     if problems:
         raise PreflightError(problems)
     use_threads(args.threads, flush_denormal=True)
@@ -93,7 +92,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         callbacks=PrintProgress(cfg.name),
     )
     metrics = [Output("--metrics", Path(args.metrics), is_file=True)] if args.metrics else []
-    trainer.preflight(labels=("--out", "--work-dir"), outputs=metrics)
+    params = {f"--params {file}": file for file in args.params}
+    trainer.preflight(labels=("--out", "--work-dir"), outputs=metrics, inputs=params)
     use_threads(args.threads)
     dist = trainer.dist = Distributed.from_environment()
     result = trainer.train()

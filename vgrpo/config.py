@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
@@ -264,7 +265,8 @@ def _describe(exc: ValidationError) -> str:
         if err["type"] == "too_short" and any(len(o) > len(loc) and o[: len(loc)] == loc for o in locs):
             continue
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+        given = "" if isinstance(err.get("input"), Mapping) else f" (got {reprlib.repr(err.get('input'))})"
+        lines.append(f"  {where}: {err['msg']}{given}")
     return "\n".join(lines)
 
 

@@ -142,11 +142,18 @@ class Trainer:
             raise ConfigError(f"{path}: no stage {stage!r} (stages: {[s.name for s in stages]})")
         return cls(config=chosen[0], **kwargs)
 
-    def preflight(self, *, labels: tuple[str, str] = ("out_dir", "work_dir"), outputs: Sequence[Output] = ()) -> None:
+    def preflight(
+        self,
+        *,
+        labels: tuple[str, str] = ("out_dir", "work_dir"),
+        outputs: Sequence[Output] = (),
+        inputs: Mapping[str, str | Path] | None = None,
+    ) -> None:
         """Check, before any compute, every input the stage reads (:func:`vgrpo.training.preflight.preflight`: the
         pipeline, prompt files, rewards, starting adapter, image sides, processes, disk) and every output it writes
-        (``out_dir`` and ``work_dir``, named ``labels`` in messages, and ``outputs``: none may overwrite an input or
-        another output, each must be writable). :meth:`train` runs it first unless it has passed already.
+        (``out_dir`` and ``work_dir``, named ``labels`` in messages, and ``outputs``: none may overwrite an input,
+        ``inputs`` such as the params files included, or another output; each must be writable). :meth:`train` runs
+        it first unless it has passed already.
 
         Raises:
             PreflightError: listing every problem found, each naming its file, folder or key.
@@ -164,6 +171,7 @@ class Trainer:
             world_size=world_size,
             checkpoint_dir=self.work_dir,
             outputs=written,
+            inputs=inputs,
         )
         self.checked = True
 

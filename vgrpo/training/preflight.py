@@ -338,6 +338,7 @@ def preflight(
     checkpoint_dir: str | Path | None = None,
     connect: bool = False,
     outputs: Sequence[Output] = (),
+    inputs: Mapping[str, str | Path] | None = None,
 ) -> list[Problem]:
     """Every problem with the inputs of ``stages`` (run in order; ``init_lora`` is the first one's starting adapter),
     before any compute (module docstring); empty when all is well.
@@ -349,6 +350,8 @@ def preflight(
         connect: also open a TCP connection to every reward server URL.
         outputs: what the run writes (its adapter, work folder, result files): each checked against every input
             (:func:`vgrpo.outputs.output_problems`: none may be replaced, deleted or written into) and for writing.
+        inputs: files the caller read that the stages do not name (its params files, by label), which the outputs
+            may not overwrite either.
     """
     root = Path(root)
     findings = _Findings(root, connect)
@@ -366,7 +369,7 @@ def preflight(
     for i, cfg in enumerate(stages):
         findings.add(_model_problems(cfg, root, init_lora if i == 0 else None), f"{cfg.name}: model")
     if outputs:
-        findings.add(output_problems(outputs, findings.inputs), "outputs")
+        findings.add(output_problems(outputs, {**findings.inputs, **(inputs or {})}), "outputs")
     if checkpoint_dir is not None:
         findings.add([p] if (p := _disk_problem(stages, root, Path(checkpoint_dir))) else [], "checkpoints")
     return findings.problems()
@@ -379,10 +382,12 @@ def preflight_evaluation(
     *,
     lora: str | Path | None = None,
     outputs: Sequence[Output] = (),
+    inputs: Mapping[str, str | Path] | None = None,
 ) -> list[Problem]:
     """Every problem with the inputs and outputs of one evaluation (``vgrpo evaluate``), before any compute: the
     pipeline (and ``evaluation.base_pipeline``), the adapter and its fit, the prompt file as each reward reads it,
-    the rewards' options and files, the image side, and ``outputs`` against all of them; empty when all is well."""
+    the rewards' options and files, the image side, and ``outputs`` against all of them and ``inputs`` (files the
+    caller read: its params files, a baseline); empty when all is well."""
     findings = _Findings(Path("."), connect=False)
     findings.check("pipeline", str(pipeline), "pipeline")
     if config.base_pipeline:
@@ -402,7 +407,7 @@ def preflight_evaluation(
         if geometry is not None and (problem := geometry.resolution_problem(config.resolution, "resolution")):
             findings.add([problem], "evaluation")
     if outputs:
-        findings.add(output_problems(outputs, findings.inputs), "outputs")
+        findings.add(output_problems(outputs, {**findings.inputs, **(inputs or {})}), "outputs")
     return findings.problems()
 
 
