@@ -31,7 +31,7 @@ from vgrpo.algorithms.config import (
 )
 from vgrpo.config_base import MAX_ITERATIONS, MAX_SAMPLES_PER_ITERATION, FrozenConfig
 from vgrpo.config_batch import check_batch
-from vgrpo.errors import ConfigError
+from vgrpo.errors import ConfigError, read_user_text
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.models.config import LoraConfig, PrecisionConfig
 from vgrpo.parallel.distributed import DistributedConfig
@@ -223,15 +223,7 @@ def read_params(path: str | Path) -> dict[str, Any]:
             aliases past :data:`MAX_PARAMS_VALUES` values.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: params file not found")
-    size = path.stat().st_size
-    if size > MAX_PARAMS_BYTES:
-        raise ConfigError(f"{path}: params file of {size:,} bytes; at most {MAX_PARAMS_BYTES:,} are read")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    text = read_user_text(path, "params file", MAX_PARAMS_BYTES, ConfigError)
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()

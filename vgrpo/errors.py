@@ -7,7 +7,9 @@ bad values, ``RuntimeError`` for a checkpoint)."""
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "UserError"]
+from pathlib import Path
+
+__all__ = ["ConfigError", "UserError", "read_user_text"]
 
 
 class UserError(Exception):
@@ -16,3 +18,17 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A params file or override is invalid; the message names the file and the key."""
+
+
+def read_user_text(path: Path, what: str, max_bytes: int, error: type[UserError]) -> str:
+    """A file the user named, read as UTF-8 text; ``error`` naming the file when it is missing, over ``max_bytes``
+    (the limit in the message: read before anything parses it) or not UTF-8. ``what`` names it (``prompt file``)."""
+    if not path.is_file():
+        raise error(f"{path}: {what} not found")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise error(f"{path}: {size} bytes is over the {max_bytes}-byte limit for a {what}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({exc})") from exc

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vgrpo.errors import UserError
+from vgrpo.errors import UserError, read_user_text
 
 __all__ = ["MAX_PROMPT_FILE_BYTES", "PromptFileError", "load_prompts"]
 
@@ -32,15 +32,7 @@ def load_prompts(path: str | Path, *, max_bytes: int = MAX_PROMPT_FILE_BYTES) ->
     fields are kept as they are). Any other suffix: one prompt per non-blank line, as ``{"prompt": line}``.
     """
     p = Path(path)
-    if not p.is_file():
-        raise PromptFileError(f"{p}: prompt file not found")
-    size = p.stat().st_size
-    if size > max_bytes:
-        raise PromptFileError(f"{p}: {size} bytes is over the {max_bytes}-byte limit for a prompt file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise PromptFileError(f"{p}: not UTF-8 text ({exc})") from exc
+    text = read_user_text(p, "prompt file", max_bytes, PromptFileError)
     rows: list[dict[str, Any]] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
