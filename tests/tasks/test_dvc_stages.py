@@ -85,3 +85,18 @@ def test_the_world_stages_code_deps_are_as_dvc_lock_recorded_them() -> None:
             f"{name}: {changed} changed since dvc.lock; check that the stage's outputs are unchanged and "
             f"`dvc commit {name}`, or `dvc repro {name}`"
         )
+
+
+def test_dvc_stage_refuses_an_output_over_its_params_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--metrics`` naming a params file the stage reads is refused before any compute, and the file is kept."""
+    from tasks.dvc_stage import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("VGRPO_MODELS", str(tmp_path / "models"))
+    before = (REPO / "params" / "base.yaml").read_bytes()
+    args = ["--curriculum", "params/curricula/sd35.yaml", "--run-root", str(tmp_path), "--metrics", "params/base.yaml"]
+    assert main([*args, "--stage", "1", "--init", "none"]) == 2
+    assert "--metrics params/base.yaml is an input (params file params/base.yaml)" in capsys.readouterr().err
+    assert (REPO / "params" / "base.yaml").read_bytes() == before and not (tmp_path / "work").exists()
