@@ -292,3 +292,26 @@ def test_stage_evaluation_scores_on_the_reward_thread_only_with_overlap(
     )
     assert result.evaluations  # the stage evaluated, on the reward thread exactly when evaluation.overlap says so
     assert (sum(submitted) > 0) == overlap
+
+
+def test_a_full_fine_tune_continues_from_the_previous_stages_pipeline(world: Path) -> None:
+    """A full fine-tune exports a whole pipeline; the next stage starts from it (given as its starting weights), not
+    from the base: with the same seed and data it would otherwise export the previous stage's bytes again."""
+    from diffusers import SD3Transformer2DModel
+
+    cfg = _config(eval_prompts=None, iterations=1, lora=None, optim={"lr": 1e-4, "micro_batch_size": 8})
+    run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "ft1-work", out_dir=world / "ft1", root=world)
+    init = Path("ft1")
+    run_stage(
+        cfg, pipeline_dir=Path("base"), work_dir=world / "ft2-work", out_dir=world / "ft2", init_lora=init, root=world
+    )
+
+    def weights(name: str) -> dict[str, torch.Tensor]:
+        model = SD3Transformer2DModel.from_pretrained(world / name / "transformer")
+        return {k: v.detach() for k, v in model.state_dict().items()}
+
+    base, first, second = weights("base"), weights("ft1"), weights("ft2")
+    step = max((first[k] - base[k]).abs().max().item() for k in base)
+    assert step > 0
+    moved = max((second[k] - first[k]).abs().max().item() for k in base)
+    assert 0 < moved <= 2 * step  # one more step from the first stage's weights

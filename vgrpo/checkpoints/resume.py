@@ -40,8 +40,14 @@ changed evaluation setting re-evaluates without retraining."""
 
 
 def adapter_hash(lora_dir: Path) -> str:
-    """SHA-256 (16 hex digits) of a LoRA directory's weights file: the identity of a stage's starting adapter."""
-    return hashlib.sha256((lora_dir / LORA_FILE).read_bytes()).hexdigest()[:16]
+    """SHA-256 (16 hex digits) of a LoRA directory's weights file, or of a whole pipeline's weights files (names and
+    bytes; a full fine-tune's previous stage): the identity of a stage's starting weights."""
+    if (lora_dir / LORA_FILE).is_file():
+        return hashlib.sha256((lora_dir / LORA_FILE).read_bytes()).hexdigest()[:16]
+    h = hashlib.sha256()
+    for file in sorted(lora_dir.rglob("*.safetensors")):
+        h.update(file.relative_to(lora_dir).as_posix().encode() + b"\0" + file.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def training_hash(config: StageConfig) -> str:

@@ -109,8 +109,10 @@ class StagePolicy:
 
 
 def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None, dist: Distributed) -> Any:
-
-    pipe = load_pipeline(pipeline_dir, frozen_dtype=frozen_dtype(config.precision.frozen_dtype, dist.device))
+    # A full fine-tune's previous stage exported a whole pipeline: the stage continues from it, as a LoRA stage
+    # continues the previous adapter.
+    start = init_lora if config.lora is None and init_lora is not None else pipeline_dir
+    pipe = load_pipeline(start, frozen_dtype=frozen_dtype(config.precision.frozen_dtype, dist.device))
     if config.lora is None:
         pipe.transformer.requires_grad_(True)
         if config.distributed.strategy == "fsdp" and dist.world_size > 1:  # before moving: one block at a time moves
