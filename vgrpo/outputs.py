@@ -41,10 +41,6 @@ class Output:
     is_file: bool = False
 
 
-def _resolved(path: Path) -> Path:
-    return Path(os.path.abspath(path)).resolve()
-
-
 def _relation(a: Path, b: Path) -> str | None:
     """How ``a`` sits against ``b``: ``is``, ``contains`` or ``inside``; None when apart."""
     if a == b:
@@ -82,9 +78,9 @@ def output_problems(outputs: Sequence[Output], inputs: Mapping[str, str | Path |
     """Every output that would overwrite or delete an input (``inputs``: label -> path; None entries are skipped),
     collide with another output, or cannot be written."""
     out: list[str] = []
-    given = {label: _resolved(Path(p)) for label, p in inputs.items() if p is not None}
+    given = {label: Path(p).resolve() for label, p in inputs.items() if p is not None}
     for i, output in enumerate(outputs):
-        mine = _resolved(output.path)
+        mine = Path(output.path).resolve()
         for label, theirs in given.items():
             relation = _relation(mine, theirs)
             if relation == "is":
@@ -96,7 +92,7 @@ def output_problems(outputs: Sequence[Output], inputs: Mapping[str, str | Path |
             elif relation == "inside" and theirs.is_dir():
                 out.append(f"{output.label} {output.path} lies inside an input ({label}: {theirs})")
         for other in outputs[i + 1 :]:
-            relation = _relation(mine, _resolved(other.path))
+            relation = _relation(mine, Path(other.path).resolve())
             if (
                 relation == "is"
                 or (relation == "contains" and output.replaced)

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from vgrpo.atomic import atomic_dir
-from vgrpo.checkpoints.state import export_merged_pipeline, lora_scale_problem
+from vgrpo.checkpoints.state import LORA_FILE, export_merged_pipeline, lora_scale_problem
 from vgrpo.checkpoints.weight_files import adapter_fit_problems, transformer_shapes
 from vgrpo.config import StageConfig, load_config, load_curriculum
 from vgrpo.errors import ConfigError
@@ -250,7 +250,7 @@ def export_lora_merged(pipeline: Path, lora: Path, out_dir: Path, *, lora_scale:
     if problem:
         raise ConfigError(problem)
     shapes = transformer_shapes(pipeline)
-    misfit = adapter_fit_problems(lora, shapes=shapes) if (lora / "pytorch_lora_weights.safetensors").is_file() else []
+    misfit = adapter_fit_problems(lora, shapes=shapes) if (lora / LORA_FILE).is_file() else []
     if misfit:
         raise ConfigError("; ".join(misfit))
     export_merged_pipeline(load_pipeline(pipeline), lora, out_dir, lora_scale=lora_scale)

@@ -297,13 +297,13 @@ def _model_problems(config: StageConfig, root: Path, init_lora: str | Path | Non
     if base and config.eval_prompts and (other := read_geometry(root / base)) is not None:
         side = config.evaluation.resolution or config.rollout.resolution
         out += [p] if (p := other.resolution_problem(side, "evaluation.resolution (of base_pipeline)")) else []
-    shapes = transformer_shapes(pipeline) if pipeline.is_dir() else None
+    shapes = transformer_shapes(pipeline)
     if config.lora is not None and shapes is not None:
         out += lora_target_problems(config.lora.target_modules, shapes, pipeline)
     if init_lora is not None:
         init = root / init_lora
         if config.lora is None and not (init / "model_index.json").is_file():
-            out.append(f"{init}: a LoRA starting adapter, but lora is null (a full fine-tune starts from `pipeline`)")
+            out.append(f"{init}: a LoRA starting adapter, but lora is null (a full fine-tune starts from a pipeline)")
         elif config.lora is not None and (init / "model_index.json").is_file():
             out.append(f"{init}: a whole pipeline as the starting adapter of a LoRA stage (give it as `pipeline`)")
         elif config.lora is not None and not adapter_problems(init):
