@@ -141,10 +141,13 @@ def _snapshots(config: StageConfig) -> int:
     return int(config.ema.enabled) + int(algo.name == "diffusion_nft") + int(reference)
 
 
-def checkpoint_estimate(config: StageConfig, pipeline: Path) -> tuple[int, str] | None:
+def checkpoint_estimate(
+    config: StageConfig, pipeline: Path, shapes: dict[str, list[int]] | None = None
+) -> tuple[int, str] | None:
     """Bytes a stage's checkpoints and export take, and how that was reckoned, from the shapes in the transformer's
-    safetensors headers; None when they cannot be read."""
-    shapes = transformer_shapes(pipeline)
+    safetensors headers (``shapes`` when the caller read them: :func:`transformer_shapes`); None when they cannot
+    be read."""
+    shapes = shapes if shapes is not None else transformer_shapes(pipeline)
     if shapes is None:
         return None
     if config.lora is None:
@@ -278,10 +281,13 @@ class _Findings:
         return out
 
 
-def _model_problems(config: StageConfig, root: Path, init_lora: str | Path | None) -> list[str]:
+def _model_problems(
+    config: StageConfig, root: Path, init_lora: str | Path | None, shapes: dict[str, list[int]] | None
+) -> list[str]:
     """The stage's image sides against its pipelines (:mod:`vgrpo.models.geometry`), its LoRA targets against the
     transformer's layers, and its starting adapter against the LoRA it builds; each skipped when the pipeline or
-    adapter does not open (the other checks say why)."""
+    adapter does not open (the other checks say why). ``shapes``: the pipeline transformer's
+    (:func:`transformer_shapes`)."""
     out = []
     pipeline = root / config.pipeline
     geometry = read_geometry(pipeline)
@@ -297,7 +303,6 @@ def _model_problems(config: StageConfig, root: Path, init_lora: str | Path | Non
     if base and config.eval_prompts and (other := read_geometry(root / base)) is not None:
         side = config.evaluation.resolution or config.rollout.resolution
         out += [p] if (p := other.resolution_problem(side, "evaluation.resolution (of base_pipeline)")) else []
-    shapes = transformer_shapes(pipeline)
     if config.lora is not None and shapes is not None:
         out += lora_target_problems(config.lora.target_modules, shapes, pipeline)
     if init_lora is not None:
@@ -314,8 +319,12 @@ def _model_problems(config: StageConfig, root: Path, init_lora: str | Path | Non
     return out
 
 
-def _disk_problem(stages: Sequence[StageConfig], root: Path, checkpoint_dir: Path) -> str | None:
-    estimates = [e for cfg in stages if (e := checkpoint_estimate(cfg, root / cfg.pipeline)) is not None]
+def _disk_problem(
+    stages: Sequence[StageConfig], root: Path, checkpoint_dir: Path, shapes: Mapping[str, dict[str, list[int]] | None]
+) -> str | None:
+    estimates = [
+        e for cfg in stages if (e := checkpoint_estimate(cfg, root / cfg.pipeline, shapes[cfg.pipeline])) is not None
+    ]
     need = sum(total for total, _ in estimates)
     existing = Path(checkpoint_dir)
     while not existing.exists():
@@ -366,12 +375,15 @@ def preflight(
         findings.add(_launch_problems(cfg, world_size), f"{cfg.name}: launch")
     if init_lora is not None and stages:
         findings.check("adapter", str(init_lora), f"{stages[0].name}: starting adapter")
+    shapes = {pipeline: transformer_shapes(root / pipeline) for pipeline in {cfg.pipeline for cfg in stages}}
     for i, cfg in enumerate(stages):
-        findings.add(_model_problems(cfg, root, init_lora if i == 0 else None), f"{cfg.name}: model")
+        findings.add(
+            _model_problems(cfg, root, init_lora if i == 0 else None, shapes[cfg.pipeline]), f"{cfg.name}: model"
+        )
     if outputs:
         findings.add(output_problems(outputs, {**findings.inputs, **(inputs or {})}), "outputs")
     if checkpoint_dir is not None:
-        findings.add([p] if (p := _disk_problem(stages, root, Path(checkpoint_dir))) else [], "checkpoints")
+        findings.add([p] if (p := _disk_problem(stages, root, Path(checkpoint_dir), shapes)) else [], "checkpoints")
     return findings.problems()
 
 
