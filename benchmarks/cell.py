@@ -15,6 +15,7 @@ from diffusers import SD3Transformer2DModel
 
 from benchmarks.common import ROOT
 from benchmarks.grid import REWARDS, RunSpec, Sizes, eval_prompt_file, stage_config
+from benchmarks.provenance import MachineClock, cell_key, git_state
 from vgrpo.evaluation.evaluator import Sampling, evaluate
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.rewards.multi import MultiReward
@@ -42,6 +43,20 @@ def scores_of(table: dict[str, Any], reward: str) -> dict[str, Any]:
         "per_prompt": [float(v) for v in pp["world_pickscore"]["mean"]],
         "tags": pp["tag"],
     }
+
+
+def expected_key(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> str:
+    """The provenance key (:func:`benchmarks.provenance.cell_key`) a record of ``spec`` must carry to be reused."""
+    prompts = eval_prompt_file(out, spec.reward, spec.split, sizes)
+    if spec.phase == "base":
+        evaluation = {
+            "eval_group": sizes.eval_group,
+            "eval_steps": sizes.eval_steps,
+            "rewards": REWARDS[spec.reward]["eval_rewards"],
+        }
+        return cell_key({**asdict(spec), **evaluation}, None, threads, [prompts])
+    config = stage_config(spec, sizes, prompts).model_dump(mode="json")
+    return cell_key(asdict(spec), config, threads, [prompts, ROOT / config["prompts"]])
 
 
 def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
@@ -94,11 +109,18 @@ class CurveRecorder(StageCallbacks):
 
 
 def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, Any]:
-    """Train one cell in this process and return its record (see the module docstring)."""
+    """Run one cell in this process and return its record (see the module docstring) with its provenance: the
+    key it resumes by, the commit, the threads and what the machine was doing while it ran."""
+    clock = MachineClock()
+    key = expected_key(spec, sizes, out, threads)
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
-    if spec.phase == "base":
-        return run_base(spec, sizes, out)
+    record = run_base(spec, sizes, out) if spec.phase == "base" else train_cell(spec, sizes, out)
+    return {**record, "key": key, "git": git_state(), "threads": threads, "machine": clock.finish()}
+
+
+def train_cell(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
+    """Train one cell's stage and return its curve, costs and per-iteration statistics."""
     config = stage_config(spec, sizes, eval_prompt_file(out, spec.reward, spec.split, sizes))
     counted = {"rows": 0}
     forward = SD3Transformer2DModel.forward
@@ -141,11 +163,12 @@ def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, 
         "skipped_iterations": len(history) - len(ok),
         "samples_per_iteration": config.rollout.prompts_per_iteration * config.rollout.group_size,
         "gradient_steps_per_iteration": steps_per_iteration,
-        "threads": threads,
         "time_split_s": {k: mean(f"time/{k}_s") for k in ("rollout", "reward", "prepare", "update", "iteration")},
         "surrogate_cv": mean("surrogate/cv"),
         "surrogate_cv_within_group": mean("surrogate/cv_within_group"),
         "train_reward": [h.get("reward/total_mean") for h in history],
+        "grad_norm_per_iteration": [h.get("train/grad_norm") for h in history],
+        "surrogate_mean_per_iteration": [h.get("surrogate/mean") for h in history],
         "surrogate_cv_per_iteration": [h.get("surrogate/cv") for h in ok],
         "surrogate_cv_within_group_per_iteration": [h.get("surrogate/cv_within_group") for h in ok],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

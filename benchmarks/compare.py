@@ -38,20 +38,56 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from benchmarks.cell import run_cell
+from benchmarks.analysis import load_records
+from benchmarks.cell import expected_key, run_cell
 from benchmarks.common import ROOT
 from benchmarks.grid import PHASES, QUICK, RunSpec, Sizes, best_learning_rates, plan_phase, sweep_extensions
+from benchmarks.provenance import LOADED_CORES, other_load
 from benchmarks.report import write_report
 from vgrpo.atomic import write_json_atomic
 
 
-def run_phase(specs: list[RunSpec], args: argparse.Namespace, out: Path, started: float) -> None:
-    """Run the phase's missing cells, ``args.workers`` subprocesses at a time."""
-    todo = [s for s in specs if not (out / f"{s.name}.json").is_file()]
+def reusable(spec: RunSpec, args: argparse.Namespace, sizes: Sizes, out: Path) -> bool:
+    """Whether ``spec``'s record on disk can stand: it carries the key of this spec, config, thread count and
+    code (:mod:`benchmarks.provenance`), and (with ``--rerun-loaded``) it did not run under load. A record that
+    cannot stand is moved to ``stale/`` (kept, never overwritten) so that the cell runs again."""
+    path = out / f"{spec.name}.json"
+    if not path.is_file():
+        return False
+    record = json.loads(path.read_text())
+    key = expected_key(spec, sizes, out, args.threads)
+    loaded = args.rerun_loaded and record.get("machine", {}).get("under_load", False)
+    if record.get("key") == key and not loaded:
+        return True
+    stale = out / "stale" / f"{spec.name}.{record.get('key', 'nokey')}.{int(path.stat().st_mtime)}.json"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    path.rename(stale)
+    why = "ran under load" if record.get("key") == key else "another config, thread count or code"
+    print(f"{spec.name}: its record is stale ({why}); moved to {stale.relative_to(out)}", flush=True)
+    return False
+
+
+def wait_for_idle(args: argparse.Namespace, running: list[int]) -> None:
+    """Hold a cell back while other processes load the cores (unless ``--allow-load``: then its record says)."""
+    waited = 0.0
+    while not args.allow_load:
+        load = other_load(3.0, exclude=set(running))
+        if load <= LOADED_CORES:
+            return
+        if waited == 0.0:
+            print(f"other processes use {load:.2f} cores: waiting for the machine to be idle", flush=True)
+        time.sleep(30)
+        waited += 33
+
+
+def run_phase(specs: list[RunSpec], args: argparse.Namespace, sizes: Sizes, out: Path, started: float) -> None:
+    """Run the phase's cells that have no reusable record, ``args.workers`` subprocesses at a time."""
+    todo = [s for s in specs if not reusable(s, args, sizes, out)]
     running: list[tuple[RunSpec, subprocess.Popen[bytes], float]] = []
     (out / "logs").mkdir(parents=True, exist_ok=True)
     while todo or running:
         while todo and len(running) < args.workers:
+            wait_for_idle(args, [p.pid for _, p, _ in running])
             spec = todo.pop(0)
             cmd = [
                 sys.executable,
@@ -76,6 +112,10 @@ def run_phase(specs: list[RunSpec], args: argparse.Namespace, out: Path, started
                 continue
             running.remove(item)
             status = "ok" if proc.returncode == 0 else f"FAILED (rc {proc.returncode}; logs/{spec.name}.log)"
+            if proc.returncode == 0:
+                machine = json.loads((out / f"{spec.name}.json").read_text()).get("machine", {})
+                if machine.get("under_load"):
+                    status += f" (under load: other processes used {machine['other_load_cores']:.2f} cores)"
             print(
                 f"[{(time.perf_counter() - started) / 60:5.1f} min] {spec.name}: {status} in "
                 f"{time.perf_counter() - t0:.0f} s",
@@ -113,6 +153,14 @@ def main() -> None:
         default=os.environ.get("MLFLOW_TRACKING_URI"),
         help="MLflow store for the cells (default sqlite under the records folder)",
     )
+    parser.add_argument(
+        "--allow-load",
+        action="store_true",
+        help="start cells while other processes load the cores (each record says how much); default: wait",
+    )
+    parser.add_argument(
+        "--rerun-loaded", action="store_true", help="run again the cells whose records say they ran under load"
+    )
     parser.add_argument("--cell", help="(internal) run this cell's spec JSON in this process")
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
@@ -129,20 +177,27 @@ def main() -> None:
     planned: list[str] = []
     for phase in PHASES if args.quick else args.phases:
         needs_lr = phase in ("methods", "stability", "ablation") and not args.quick
-        if needs_lr and not any(out.glob("sweep-*.json")):
-            continue
-        specs = plan_phase(phase, sizes, best_learning_rates(out) if needs_lr else {}, args.quick)
+        best: dict[str, float] = {}
+        if needs_lr:
+            try:
+                best = best_learning_rates(load_records(out), sizes)
+            except RuntimeError as exc:  # the sweep is not finished: later phases wait for it
+                print(f"{phase}: not planned ({exc})", flush=True)
+                continue
+        specs = plan_phase(phase, sizes, best, args.quick)
         planned += [s.name for s in specs]
         if not args.report_only:
-            run_phase(specs, args, out, started)
-        while phase == "sweep" and not args.report_only:
-            extra = [s for s in sweep_extensions(out, sizes) if s.name not in planned]  # a failed cell: not again
-            if not extra:
+            run_phase(specs, args, sizes, out, started)
+        while phase == "sweep":
+            extra = [s for s in sweep_extensions(load_records(out), sizes) if s.name not in planned]
+            if not extra:  # (a rung whose cell failed is not planned again in this invocation)
                 break
             planned += [s.name for s in extra]
-            run_phase(extra, args, out, started)
+            if args.report_only:
+                break
+            run_phase(extra, args, sizes, out, started)
         if phase == "sweep" and args.report_only:
-            planned += [p.stem for p in sorted(out.glob("sweep-*.json")) if p.stem not in planned]
+            planned += [n for n, r in load_records(out).items() if r["spec"]["phase"] == "sweep" and n not in planned]
     if not args.report_only:  # the grid's elapsed time is the sum of its invocations (it resumes)
         record_elapsed(out, args, started)
     docs = Path(args.docs) if args.docs else ROOT / "docs" / ("benchmarks-quick" if args.quick else "benchmarks")

@@ -6,14 +6,13 @@ The phases (:data:`PHASES`) and what each cell records are described in :mod:`be
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import GENEVAL_TAGS, METHODS, ROOT
 from vgrpo.config import StageConfig, load_config
-from vgrpo.world import make_splits, read_jsonl, scene_to_dict, write_jsonl
+from vgrpo.world import make_splits, scene_to_dict, write_jsonl
 from vgrpo.world.config import PretrainConfig
 
 # The two reward settings: the GenEval stage (world GenEval, GenEval's strict verdict as the stage trains it) and
@@ -61,24 +60,34 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "eps_prediction": {"algorithm": {"prediction": "eps"}},
 }
 
-SWEEP_LRS = (1e-4, 2e-4, 4e-4)  # around the GenEval stage's 2e-4, a factor 2 apart
-SWEEP_BOUNDS = (5e-5, 8e-4)  # a best rate at an edge of the sweep is tried one factor 2 further, within these
+SWEEP_LADDER = (1e-4, 2e-4, 4e-4, 8e-4)  # every method's first rungs, a factor 2 apart
+SWEEP_BOUNDS = (1.25e-5, 6.4e-3)  # a best rung at an edge of the ladder adds the next rung out, within these
+SWEEP_SEED0 = 200  # sweep seeds 200, 201, ...: never a seed of another phase, so no sweep cell repeats one
+STABILITY_SEED0 = 100  # stability seeds 100, 101, ...: fresh (the methods phase uses 0, 1, ...)
+EVAL_SEEDS = {"test": 104729, "val": 7919}  # added to the world's seed: the bench's own draws of each split
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """How long each phase's cells train and what they are scored on."""
+    """How long each phase's cells train, how many seeds each runs and what they are scored on."""
 
-    iterations: int = 50  # methods, ablations
+    iterations: int = 80  # methods, ablations
     eval_every: int = 10
-    preference_iterations: int = 30
-    sweep_iterations: int = 15
-    stability_iterations: int = 20
-    seeds: int = 3
-    stability_seeds: int = 5
-    test_prompts: int = 128  # x eval_group images on the test split (GenEval tags only)
-    val_prompts: int = 64  # x eval_group images on the validation split
-    eval_group: int = 4
+    seeds: int = 5  # methods
+    ablation_seeds: int = 3
+    preference_iterations: int = 40
+    preference_seeds: int = 3
+    sweep_iterations: int = 30
+    sweep_eval_every: int = 15
+    sweep_seeds: int = 2
+    stability_iterations: int = 50
+    stability_eval_every: int = 5
+    stability_seeds: int = 3
+    stability_multipliers: tuple[float, ...] = (2.0, 4.0)  # of each method's own best rate
+    test_prompts: int = 540  # x eval_group images, GenEval tags, as many of each tag
+    preference_prompts: int = 630  # the preference evaluation adds the OCR tag
+    val_prompts: int = 240
+    eval_group: int = 1  # distinct prompts carry more information than more images of the same prompt
     eval_steps: int = 10
     prompts: int = 8  # per iteration
     group: int = 8
@@ -113,23 +122,26 @@ PHASES = ("base", "sweep", "methods", "stability", "ablation", "preference")
 
 
 def eval_prompt_file(out: Path, reward: str, split: str, sizes: Sizes) -> Path:
-    """The fixed evaluation prompts every cell of ``reward`` shares: the first test prompts of the reward's tags,
-    or a validation split drawn from the world's generator with its own seed (never the test split)."""
-    path = out / "prompts" / f"{reward}-{split}.jsonl"
+    """The fixed evaluation prompts every cell of ``reward`` shares, drawn like the world's test split (held-out
+    colour pairs included, every tag equally often) from the world's generator with a seed of the split's own
+    (:data:`EVAL_SEEDS`): the test prompts, or a validation split for the sweep that shares no draw with them."""
+    n = {"test": sizes.preference_prompts if reward == "preference" else sizes.test_prompts, "val": sizes.val_prompts}
+    path = out / "prompts" / f"{reward}-{split}-{n[split]}.jsonl"
     if path.is_file():
         return path
-    tags = REWARDS[reward]["tags"]
-    if split == "test":
-        rows = [r for r in read_jsonl(ROOT / "data/world/test.jsonl") if r["tag"] in tags][: sizes.test_prompts]
-    else:
-        world = load_config([ROOT / "params/embedded/pretrain.yaml"], section="pretrain", schema=PretrainConfig)
-        # Drawn like the test split (held-out colour pairs included) from a seed no other split uses.
-        _, records = make_splits(
-            world.seed + 7919, 0, 4 * sizes.val_prompts, held_out_pairs=world.held_out_pairs, tags=world.split_tags
-        )
-        rows = [{**md, "scene": scene_to_dict(sc)} for md, sc in records if md["tag"] in tags][: sizes.val_prompts]
-    write_jsonl(path, rows)
+    world = load_config([ROOT / "params/embedded/pretrain.yaml"], section="pretrain", schema=PretrainConfig)
+    tags = tuple(t for t in world.split_tags if t in REWARDS[reward]["tags"])
+    _, records = make_splits(
+        world.seed + EVAL_SEEDS[split], 0, n[split], held_out_pairs=world.held_out_pairs, tags=tags
+    )
+    write_jsonl(path, [{**md, "scene": scene_to_dict(sc)} for md, sc in records])
     return path
+
+
+def stage_lr(reward: str) -> float:
+    """The learning rate the reward's stage file trains at (the preference stage is not swept)."""
+    files = [ROOT / "params/base.yaml", ROOT / "params/models/embedded.yaml", ROOT / REWARDS[reward]["stage"]]
+    return float(load_config(files, schema=StageConfig).optim.lr)
 
 
 def plan_phase(phase: str, sizes: Sizes, best_lr: dict[str, float], quick: bool) -> list[RunSpec]:
@@ -148,13 +160,7 @@ def plan_phase(phase: str, sizes: Sizes, best_lr: dict[str, float], quick: bool)
             for m in ("vgrpo", "naive_elbo")
         ]
     if phase == "sweep":
-        return [
-            RunSpec(
-                "sweep", m, lr=lr, iterations=sizes.sweep_iterations, eval_every=sizes.sweep_iterations, split="val"
-            )
-            for m in METHODS
-            for lr in SWEEP_LRS
-        ]
+        return [sweep_spec(m, lr, s, sizes) for m in METHODS for lr in SWEEP_LADDER for s in range(sizes.sweep_seeds)]
     if phase == "methods":
         return [
             RunSpec("methods", m, lr=best_lr[m], seed=s, iterations=it, eval_every=every)
@@ -162,71 +168,103 @@ def plan_phase(phase: str, sizes: Sizes, best_lr: dict[str, float], quick: bool)
             for m in METHODS
         ]
     if phase == "stability":
-        lr = 2 * best_lr["vgrpo"]
-        n = sizes.stability_iterations
+        n, k = sizes.stability_iterations, sizes.stability_eval_every
+        pref_lr = stage_lr("preference")
         return [
-            RunSpec("stability", m, lr=lr, seed=s, iterations=n, eval_every=n)
+            RunSpec(
+                "stability",
+                m,
+                reward,
+                lr=mult * (best_lr[m] if reward == "geneval" else pref_lr),
+                seed=STABILITY_SEED0 + s,
+                variant=f"x{mult:g}",
+                iterations=n,
+                eval_every=k,
+            )
+            for reward in ("geneval", "preference")
+            for mult in sizes.stability_multipliers
             for s in range(sizes.stability_seeds)
             for m in ("vgrpo", "naive_elbo")
         ]
     if phase == "ablation":
         return [
-            RunSpec("ablation", "vgrpo", lr=best_lr["vgrpo"], variant=v, overrides=o, iterations=it, eval_every=every)
+            RunSpec(
+                "ablation",
+                "vgrpo",
+                lr=best_lr["vgrpo"],
+                seed=s,
+                variant=v,
+                overrides=o,
+                iterations=it,
+                eval_every=every,
+            )
+            for s in range(sizes.ablation_seeds)
             for v, o in ABLATIONS.items()
         ]
     if phase == "preference":
         n = sizes.preference_iterations
         return [
-            RunSpec("preference", m, "preference", lr=5e-4, seed=s, iterations=n, eval_every=every)
-            for s in range(sizes.seeds)
+            RunSpec("preference", m, "preference", lr=stage_lr("preference"), seed=s, iterations=n, eval_every=every)
+            for s in range(sizes.preference_seeds)
             for m in ("vgrpo", "naive_elbo")
         ]
     raise ValueError(f"unknown phase {phase!r}")
 
 
-def sweep_scores(out: Path) -> dict[str, dict[float, float]]:
-    """Each method's validation strict credit per learning rate tried, from the sweep's records."""
-    tried: dict[str, dict[float, float]] = {}
-    for path in sorted(out.glob("sweep-*.json")):
-        rec = json.loads(path.read_text())
-        score = rec["curve"][-1]["score"] if rec["curve"] else float("-inf")
-        tried.setdefault(rec["spec"]["method"], {})[rec["spec"]["lr"]] = score
-    return tried
+def sweep_spec(method: str, lr: float, seed_index: int, sizes: Sizes) -> RunSpec:
+    """One rung of a method's learning-rate ladder for one sweep seed, scored on the validation split."""
+    return RunSpec(
+        "sweep",
+        method,
+        lr=lr,
+        seed=SWEEP_SEED0 + seed_index,
+        iterations=sizes.sweep_iterations,
+        eval_every=sizes.sweep_eval_every,
+        split="val",
+    )
 
 
-def best_rate(scores: dict[float, float]) -> float:
-    """The rate with the highest score (ties: the smaller rate)."""
-    return max(scores, key=lambda lr: (scores[lr], -lr))
+def sweep_scores(records: dict[str, dict[str, Any]], sizes: Sizes) -> dict[str, dict[float, list[float]]]:
+    """Each method's final validation strict credit per rung, one value per sweep seed, for the rungs whose
+    every seed has finished (a diverged cell scores minus infinity)."""
+    tried: dict[str, dict[float, dict[int, float]]] = {}
+    for rec in records.values():
+        spec = rec["spec"]
+        if spec["phase"] != "sweep":
+            continue
+        score = rec["curve"][-1]["score"] if rec["curve"] and not rec.get("diverged") else float("-inf")
+        tried.setdefault(spec["method"], {}).setdefault(spec["lr"], {})[spec["seed"]] = score
+    return {
+        m: {lr: [v[s] for s in sorted(v)] for lr, v in by_lr.items() if len(v) >= sizes.sweep_seeds}
+        for m, by_lr in tried.items()
+    }
 
 
-def sweep_extensions(out: Path, sizes: Sizes) -> list[RunSpec]:
-    """Sweep cells one factor 2 beyond a method's best rate when that rate is at the edge of what it tried (a best
-    at the edge says the optimum may lie outside), within :data:`SWEEP_BOUNDS`."""
+def best_rate(scores: dict[float, list[float]]) -> float:
+    """The rung with the highest mean over seeds (ties: the smaller rate). Every seed of every rung scores the same
+    validation prompts with the same sampling seeds, so the means differ by the training alone."""
+    return max(scores, key=lambda lr: (sum(scores[lr]) / len(scores[lr]), -lr))
+
+
+def sweep_extensions(records: dict[str, dict[str, Any]], sizes: Sizes) -> list[RunSpec]:
+    """The next rung out (a factor 2, every sweep seed) for each method whose best rung is at an edge of what it
+    tried: a best at the edge says the optimum may lie outside. Within :data:`SWEEP_BOUNDS`."""
     specs = []
-    for method, scores in sweep_scores(out).items():
+    for method, scores in sweep_scores(records, sizes).items():
         best = best_rate(scores)
         for lr in (best * 2, best / 2):
             edge = best == (max(scores) if lr > best else min(scores))
             if edge and lr not in scores and SWEEP_BOUNDS[0] <= lr <= SWEEP_BOUNDS[1]:
-                specs.append(
-                    RunSpec(
-                        "sweep",
-                        method,
-                        lr=lr,
-                        iterations=sizes.sweep_iterations,
-                        eval_every=sizes.sweep_iterations,
-                        split="val",
-                    )
-                )
+                specs += [sweep_spec(method, lr, s, sizes) for s in range(sizes.sweep_seeds)]
     return specs
 
 
-def best_learning_rates(out: Path) -> dict[str, float]:
-    """Each method's sweep learning rate with the highest validation strict credit (ties: the smaller rate)."""
-    tried = sweep_scores(out)
+def best_learning_rates(records: dict[str, dict[str, Any]], sizes: Sizes) -> dict[str, float]:
+    """Each method's best rung (:func:`best_rate`)."""
+    tried = sweep_scores(records, sizes)
     missing = [m for m in METHODS if m not in tried]
     if missing:
-        raise RuntimeError(f"the sweep has no finished cell for {missing}: run the grid again to finish it")
+        raise RuntimeError(f"the sweep has no finished rung for {missing}: run the grid again to finish it")
     return {m: best_rate(scores) for m, scores in tried.items()}
 
 

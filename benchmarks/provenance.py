@@ -1,0 +1,161 @@
+"""Where a cell of the comparison grid came from and what the machine was doing while it ran.
+
+A cell's *key* is a hash of everything that decides its result: its spec, its fully resolved stage config, the
+torch threads, the content of every file its config names (prompt files), and the *code hash*: the code that
+trains and scores it (:mod:`benchmarks.cell` and the import closure of the library modules it imports, as
+``scripts/import_graph.py`` computes closures for the DVC stages) and the model weights under ``models/``. What
+the grid's plan decides about a cell is all in its resolved config, so the plan's own code is not in the hash; a
+module's code is hashed as its syntax tree without docstrings, so that a comment or a reformat does not count. The grid
+resumes a cell only when the record on disk carries the same key (:func:`benchmarks.compare.run_phase`), so a
+record from another config, another thread count or other code is run again, never reused under a new name.
+
+The machine's state is read from ``/proc``: the CPU time every process spent while the cell ran, less the cell's
+own, is the load other processes put on the cores (in cores, averaged over the cell's wall time).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ROOT
+
+LOADED_CORES = 0.25  # a cell ran "under load" when other processes used more than this many cores on average
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def source_digest(path: Path) -> str:
+    """sha256 of a Python module's syntax tree without its docstrings (other files: of their bytes)."""
+    if path.suffix != ".py":
+        return file_digest(path)
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+@cache
+def code_files(module: str = "benchmarks.cell") -> tuple[Path, ...]:
+    """The code a cell runs: ``module`` and the closure of the library modules (``vgrpo``) it imports."""
+    spec = importlib.util.spec_from_file_location("_import_graph", ROOT / "scripts" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    graph_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph_mod)
+    files = graph_mod.module_files(ROOT)
+    graph = graph_mod.import_graph(files)
+    library = [m for m in graph[module] if m.split(".")[0] == "vgrpo"]
+    return tuple(sorted({files[module], *(files[m] for m in graph_mod.closure(graph, library))}))
+
+
+@cache
+def code_hash() -> str:
+    """A hash of the cell's code (:func:`code_files`) and of every file under ``models/``."""
+    h = hashlib.sha256()
+    paths = [*code_files(), *sorted(p for p in (ROOT / "models").rglob("*") if p.is_file())]
+    for path in paths:
+        h.update(str(path.relative_to(ROOT)).encode())
+        h.update(source_digest(path).encode())
+    return h.hexdigest()[:16]
+
+
+def cell_key(spec: dict[str, Any], config: dict[str, Any] | None, threads: int, files: list[Path]) -> str:
+    """The hash a cell's record must carry to be reused (see the module docstring)."""
+    payload = {
+        "spec": spec,
+        "config": config,
+        "threads": threads,
+        "files": {str(p): file_digest(p) for p in files},
+        "code": code_hash(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def git_state() -> dict[str, Any]:
+    """The commit the working tree is at and whether the cell's code differs from it."""
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    rel = [str(p.relative_to(ROOT)) for p in code_files()]
+    dirty = git("status", "--porcelain", "--", *rel, "models")
+    return {"commit": git("rev-parse", "HEAD") or None, "code_dirty": bool(dirty)}
+
+
+def cpu_busy_s() -> float:
+    """Seconds of CPU every process on the machine has spent since boot (all cores, idle and iowait excluded)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+class MachineClock:
+    """The cell's start time, its own CPU time, and the other processes' load while it ran."""
+
+    def __init__(self) -> None:
+        self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.loadavg_start = os.getloadavg()[0]
+        self._wall = time.perf_counter()
+        self._busy = cpu_busy_s()
+        self._cpu = time.process_time()
+
+    def finish(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self._wall
+        own = time.process_time() - self._cpu
+        others = max(0.0, cpu_busy_s() - self._busy - own)
+        other_cores = others / wall if wall > 0 else 0.0
+        return {
+            "started_at": self.started_at,
+            "wall_s": wall,
+            "process_cpu_s": own,
+            "other_load_cores": other_cores,
+            "loadavg_start": self.loadavg_start,
+            "loadavg_end": os.getloadavg()[0],
+            "cores": os.cpu_count(),
+            "under_load": other_cores > LOADED_CORES,
+        }
+
+
+def other_load(seconds: float = 3.0, exclude: set[int] | None = None) -> float:
+    """Cores other processes use right now: the machine's CPU time over ``seconds``, less that of ``exclude``
+    (pids; the caller itself is always excluded)."""
+    pids = {os.getpid(), *(exclude or set())}
+
+    def own() -> float:
+        total = 0.0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parts = f.read().rsplit(")", 1)[1].split()
+                total += (int(parts[11]) + int(parts[12])) / CLK_TCK
+            except (OSError, IndexError, ValueError):
+                continue
+        return total
+
+    b0, o0 = cpu_busy_s(), own()
+    time.sleep(seconds)
+    return max(0.0, (cpu_busy_s() - b0 - (own() - o0)) / seconds)
