@@ -25,7 +25,8 @@ from vgrpo.world import read_jsonl
 
 
 def scores_of(table: dict[str, Any], reward: str) -> dict[str, Any]:
-    """What the report needs from an evaluation table: the headline numbers and the per-prompt scores."""
+    """What the report needs from an evaluation table: the headline numbers and the per-prompt scores (the
+    prompts' tags are in the base cell's record only: every cell of a reward scores the same prompt file)."""
     pp = table["per_prompt"]
     if reward == "geneval":
         g = table["rewards"]["geneval"]
@@ -34,14 +35,12 @@ def scores_of(table: dict[str, Any], reward: str) -> dict[str, Any]:
             "score": float(g["geneval_strict"]),
             "partial": float(g["geneval_partial"]),
             "per_prompt": [sum(map(bool, c)) / len(c) for c in credited],
-            "tags": pp["tag"],
         }
     pick = table["rewards"]["world_pickscore"]
     return {
         "score": float(pick["mean"]),
         "clipscore": float(table["rewards"]["world_clipscore"]["mean"]),
-        "per_prompt": [float(v) for v in pp["world_pickscore"]["mean"]],
-        "tags": pp["tag"],
+        "per_prompt": [round(float(v), 5) for v in pp["world_pickscore"]["mean"]],
     }
 
 
@@ -74,7 +73,14 @@ def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
         group_size=sizes.eval_group,
         sampling=Sampling(sizes.eval_steps, 0, adapter.sigma_shift(None, dynamic=False)),
     )
-    point = {"iteration": 0.0, "train_s": 0.0, "gradient_steps": 0.0, "nfe": 0.0, **scores_of(table, spec.reward)}
+    point = {
+        "iteration": 0.0,
+        "train_s": 0.0,
+        "gradient_steps": 0.0,
+        "nfe": 0.0,
+        **scores_of(table, spec.reward),
+        "tags": table["per_prompt"]["tag"],
+    }
     return {"spec": asdict(spec), "name": spec.name, "curve": [point], "wall_s": time.perf_counter() - t0}
 
 

@@ -44,7 +44,23 @@ from benchmarks.common import ROOT
 from benchmarks.grid import PHASES, QUICK, RunSpec, Sizes, best_learning_rates, plan_phase, sweep_extensions
 from benchmarks.provenance import LOADED_CORES, other_load
 from benchmarks.report import write_report
-from vgrpo.atomic import write_json_atomic
+from vgrpo.atomic import write_json_atomic, write_text_atomic
+
+
+def sync_records(out: Path, committed: Path, *, export: bool) -> None:
+    """The committed records (``cells.jsonl``, one JSON per line) and the records folder, made to agree: on start,
+    records only the committed file has are copied into the folder (the grid resumes in a fresh clone); after
+    each cell, the folder's records are written back to the file (atomically), so that a grid killed at any
+    point leaves its finished cells in the repository."""
+    if export:
+        records = load_records(out)
+        text = "".join(json.dumps(records[k], sort_keys=True) + "\n" for k in sorted(records))
+        write_text_atomic(committed, text)
+        return
+    if committed.is_file():
+        for name, record in load_records(committed).items():
+            if not (out / f"{name}.json").is_file():
+                write_json_atomic(out / f"{name}.json", record)
 
 
 def reusable(spec: RunSpec, args: argparse.Namespace, sizes: Sizes, out: Path) -> bool:
@@ -122,11 +138,13 @@ def run_phase(specs: list[RunSpec], args: argparse.Namespace, sizes: Sizes, out:
                 flush=True,
             )
             record_elapsed(out, args, started)
+            sync_records(out, args.records, export=True)
 
 
 def record_elapsed(out: Path, args: argparse.Namespace, started: float) -> None:
-    """This invocation's elapsed time in ``grid.json`` (one entry per invocation: a killed grid's time counts)."""
-    grid = out / "grid.json"
+    """This invocation's elapsed time in ``grid.json`` beside the committed records (one entry per invocation: a
+    killed grid's time counts, and the machine time of a grid run over several sessions adds up)."""
+    grid = args.records.parent / "grid.json"
     history = json.loads(grid.read_text()) if grid.is_file() else []
     entry = {
         "started_at": args.started_at,
@@ -161,6 +179,12 @@ def main() -> None:
     parser.add_argument(
         "--rerun-loaded", action="store_true", help="run again the cells whose records say they ran under load"
     )
+    parser.add_argument(
+        "--records",
+        type=Path,
+        default=None,
+        help="committed records the grid resumes from and writes back to (default <docs>/cells.jsonl)",
+    )
     parser.add_argument("--cell", help="(internal) run this cell's spec JSON in this process")
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
@@ -172,6 +196,9 @@ def main() -> None:
         write_json_atomic(out / f"{spec.name}.json", run_cell(spec, sizes, out, args.threads))
         return
     out.mkdir(parents=True, exist_ok=True)
+    docs = Path(args.docs) if args.docs else ROOT / "docs" / ("benchmarks-quick" if args.quick else "benchmarks")
+    args.records = args.records or docs / "cells.jsonl"
+    sync_records(out, args.records, export=False)
     started = time.perf_counter()
     args.started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     planned: list[str] = []
@@ -200,7 +227,6 @@ def main() -> None:
             planned += [n for n, r in load_records(out).items() if r["spec"]["phase"] == "sweep" and n not in planned]
     if not args.report_only:  # the grid's elapsed time is the sum of its invocations (it resumes)
         record_elapsed(out, args, started)
-    docs = Path(args.docs) if args.docs else ROOT / "docs" / ("benchmarks-quick" if args.quick else "benchmarks")
     command = "python -m benchmarks.compare" + (" --quick" if args.quick else "")
     tracking = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
     write_report(out, docs, command=command, planned=planned, quick=args.quick, tracking_uri=tracking, sizes=sizes)
