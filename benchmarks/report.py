@@ -18,7 +18,7 @@ from typing import Any
 
 from benchmarks.analysis import AXES, COLLAPSE_DROP, N_BOOT, Analysis, load_records
 from benchmarks.claims import claim_rows, claims_table
-from benchmarks.grid import QUICK, SWEEP_LRS, Sizes
+from benchmarks.grid import QUICK, SWEEP_LADDER, Sizes
 from benchmarks.mlflow_runs import track
 from benchmarks.plots import plot_curves
 from benchmarks.tables import methods_table, quick_table, stability_and_ablations, sweep_table
@@ -121,7 +121,7 @@ def write_report(
                 prompts=sizes.prompts,
                 group=sizes.group,
                 steps=10,
-                lrs=", ".join(f"{x:g}" for x in SWEEP_LRS),
+                lrs=", ".join(f"{x:g}" for x in SWEEP_LADDER),
                 sweep_it=sizes.sweep_iterations,
                 val_prompts=sizes.val_prompts,
                 eval_group=sizes.eval_group,
