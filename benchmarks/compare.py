@@ -59,7 +59,7 @@ def sync_records(out: Path, committed: Path, *, export: bool) -> None:
         return
     if committed.is_file():
         for name, record in load_records(committed).items():
-            if not (out / f"{name}.json").is_file():
+            if "key" in record and not (out / f"{name}.json").is_file():  # (a record without one predates keys)
                 write_json_atomic(out / f"{name}.json", record)
 
 

@@ -228,9 +228,10 @@ def sweep_scores(records: dict[str, dict[str, Any]], sizes: Sizes) -> dict[str, 
     """Each method's final validation strict credit per rung, one value per sweep seed, for the rungs whose
     every seed has finished (a diverged cell scores minus infinity)."""
     tried: dict[str, dict[float, dict[int, float]]] = {}
+    seeds = range(SWEEP_SEED0, SWEEP_SEED0 + sizes.sweep_seeds)
     for rec in records.values():
         spec = rec["spec"]
-        if spec["phase"] != "sweep":
+        if spec["phase"] != "sweep" or spec["seed"] not in seeds:
             continue
         score = rec["curve"][-1]["score"] if rec["curve"] and not rec.get("diverged") else float("-inf")
         tried.setdefault(spec["method"], {}).setdefault(spec["lr"], {})[spec["seed"]] = score
