@@ -15,7 +15,7 @@ from diffusers import SD3Transformer2DModel
 
 from benchmarks.common import ROOT
 from benchmarks.grid import REWARDS, RunSpec, Sizes, eval_prompt_file, stage_config
-from benchmarks.provenance import MachineClock, cell_key, git_state
+from benchmarks.provenance import MachineClock, cell_key, code_hash, git_state
 from vgrpo.evaluation.evaluator import Sampling, evaluate
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.rewards.multi import MultiReward
@@ -122,7 +122,8 @@ def run_cell(spec: RunSpec, sizes: Sizes, out: Path, threads: int) -> dict[str, 
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     record = run_base(spec, sizes, out) if spec.phase == "base" else train_cell(spec, sizes, out)
-    return {**record, "key": key, "git": git_state(), "threads": threads, "machine": clock.finish()}
+    provenance = {"key": key, "code_hash": code_hash(), "git": git_state(), "threads": threads}
+    return {**record, **provenance, "machine": clock.finish()}
 
 
 def train_cell(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
