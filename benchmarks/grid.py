@@ -235,10 +235,11 @@ def sweep_scores(records: dict[str, dict[str, Any]], sizes: Sizes) -> dict[str, 
             continue
         score = rec["curve"][-1]["score"] if rec["curve"] and not rec.get("diverged") else float("-inf")
         tried.setdefault(spec["method"], {}).setdefault(spec["lr"], {})[spec["seed"]] = score
-    return {
+    done = {
         m: {lr: [v[s] for s in sorted(v)] for lr, v in by_lr.items() if len(v) >= sizes.sweep_seeds}
         for m, by_lr in tried.items()
     }
+    return {m: by_lr for m, by_lr in done.items() if by_lr}
 
 
 def best_rate(scores: dict[float, list[float]]) -> float:
@@ -267,6 +268,27 @@ def best_learning_rates(records: dict[str, dict[str, Any]], sizes: Sizes) -> dic
     if missing:
         raise RuntimeError(f"the sweep has no finished rung for {missing}: run the grid again to finish it")
     return {m: best_rate(scores) for m, scores in tried.items()}
+
+
+def full_plan(records: dict[str, dict[str, Any]], sizes: Sizes, quick: bool) -> list[RunSpec]:
+    """Every cell the grid plans given the records so far: the base and the sweep (with the rungs its finished
+    cells add), and the later phases once the sweep has chosen every method's rate."""
+    specs = plan_phase("base", sizes, {}, quick) + plan_phase("sweep", sizes, {}, quick)
+    if quick:
+        return specs + plan_phase("methods", sizes, {}, quick)
+    names = {s.name for s in specs}
+    while extra := [s for s in sweep_extensions(records, sizes) if s.name not in names]:
+        specs += extra
+        names |= {s.name for s in extra}
+        if not all(s.name in records for s in extra):
+            break
+    try:
+        best = best_learning_rates(records, sizes)
+    except RuntimeError:
+        return specs
+    if any(sweep_extensions(records, sizes)):  # a best rung still at an edge: the sweep is not finished
+        return specs
+    return specs + [s for p in PHASES[2:] for s in plan_phase(p, sizes, best, quick)]
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

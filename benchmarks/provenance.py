@@ -28,6 +28,8 @@ from typing import Any
 
 from benchmarks.common import ROOT
 
+REGISTRIES = ("vgrpo.algorithms.", "vgrpo.rewards.", "vgrpo.models.")
+"""Packages whose modules the library's registries import by name (``importlib``): every one is in the code."""
 LOADED_CORES = 0.25  # a cell ran "under load" when other processes used more than this many cores on average
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -57,7 +59,8 @@ def source_digest(path: Path) -> str:
 
 @cache
 def code_files(module: str = "benchmarks.cell") -> tuple[Path, ...]:
-    """The code a cell runs: ``module`` and the closure of the library modules (``vgrpo``) it imports."""
+    """The code a cell runs: ``module`` and the closure of the library modules (``vgrpo``) it imports and of every
+    module of the packages behind the registries (:data:`REGISTRIES`)."""
     spec = importlib.util.spec_from_file_location("_import_graph", ROOT / "scripts" / "import_graph.py")
     assert spec is not None and spec.loader is not None
     graph_mod = importlib.util.module_from_spec(spec)
@@ -65,6 +68,7 @@ def code_files(module: str = "benchmarks.cell") -> tuple[Path, ...]:
     files = graph_mod.module_files(ROOT)
     graph = graph_mod.import_graph(files)
     library = [m for m in graph[module] if m.split(".")[0] == "vgrpo"]
+    library += [m for m in files if m.startswith(REGISTRIES)]  # loaded by name, so not in the import graph
     return tuple(sorted({files[module], *(files[m] for m in graph_mod.closure(graph, library))}))
 
 
