@@ -1,27 +1,41 @@
-"""The report's statistics on the cell records: the records themselves, each method's seeds as one curve with the
-base as its first point, the bootstrap draw every comparison shares (:mod:`benchmarks.bootstrap`), collapse, the
-surrogate-CV ratio and Fisher's exact test."""
+"""The report's statistics on the cell records: the records themselves, each group of seeds as one curve with the
+base as its first point, the bootstrap draw every comparison of a reward shares (:mod:`benchmarks.bootstrap`),
+curves read at a budget, collapse and spikes, the surrogate-CV ratio, Fisher's exact test and its power, and how
+many seeds a comparison would need.
+
+Every statistic is a function of per-seed curves, so one replicate is: the prompts drawn within their tags (the
+same draw for every group of a reward, which pairs the comparison on prompts and images) and each group's seeds
+drawn with replacement; the seed spread is in every interval.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import cache
+from math import comb
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.stats import fisher_exact
 
-from benchmarks.bootstrap import curve_replicates, first_crossing, interval, point_weights, prompt_weights
-from benchmarks.common import METHODS
+from benchmarks.bootstrap import prompt_weights
 
 AXES = {
+    "iteration": "iterations",
     "train_s": "training wall time (s, evaluation excluded)",
     "gradient_steps": "gradient steps",
     "nfe": "transformer evaluations in training (NFE)",
 }
-N_BOOT = 2000
-COLLAPSE_DROP = 0.10  # a GenEval cell collapsed when its final strict credit is this far below the base's
+N_BOOT = 4000
+COLLAPSE_DROP = {"geneval": 0.10, "preference": 1.0}
+"""A cell collapsed when it diverged or, at any evaluation point, scored more than this below the base on the
+same prompts: GenEval strict credit, or world PickScore (about twice what the curriculum's preference stage
+gains)."""
+SPIKE_FACTOR = 10.0
+"""A gradient-norm or surrogate spike: an iteration's value more than this many times the median of the cell's
+first ten iterations (in absolute value)."""
 
 
 def load_records(source: Path) -> dict[str, dict[str, Any]]:
@@ -55,84 +69,201 @@ def cells(
 
 
 class Group:
-    """One method's seeds: per-prompt scores ``(S, K, P)`` with the base as point 0, and the x axes ``(K,)``."""
+    """Seeds of one setting: per-prompt scores ``(S, K, P)`` with the base as point 0, and the x axes ``(K,)``.
+
+    A diverged cell (stopped by non-finite iterations) keeps its last point for the rest of the curve and is
+    marked in ``diverged``; its drop counts as the base's whole score (:meth:`worst_drop`)."""
 
     def __init__(self, runs: Sequence[dict[str, Any]], base: dict[str, Any]) -> None:
         self.runs = list(runs)
         b = base["curve"][0]
         self.tags = b["tags"]
+        self.base_score = float(b["score"])
         n_points = max(len(r["curve"]) for r in runs)
-        scores, axes = [], {a: np.zeros(n_points + 1) for a in AXES}
+        scores = []
         for r in runs:
-            curve = r["curve"] + [r["curve"][-1]] * (n_points - len(r["curve"]))  # a diverged cell keeps its last
+            curve = r["curve"] or [{"per_prompt": [0.0] * len(b["per_prompt"])}]
+            curve = curve + [curve[-1]] * (n_points - len(curve))
             scores.append([b["per_prompt"]] + [p["per_prompt"] for p in curve])
         full = [r for r in runs if len(r["curve"]) == n_points] or runs
+        self.axes = {a: np.zeros(n_points + 1) for a in AXES}
         for a in AXES:
-            axes[a][1:] = np.mean([[p[a] for p in r["curve"]] for r in full], axis=0)
+            self.axes[a][1:] = np.mean([[p[a] for p in r["curve"]] for r in full], axis=0)
         self.scores = np.asarray(scores, dtype=np.float64)
-        self.axes = axes
-        self.iterations = [0.0] + [p["iteration"] for p in max(runs, key=lambda r: len(r["curve"]))["curve"]]
+        self.diverged = np.asarray([bool(r.get("diverged")) for r in runs])
+        self.iterations = self.axes["iteration"]
 
-    def mean_curve(self) -> np.ndarray:
-        return self.scores.mean(axis=0) @ point_weights(self.tags)
+    @property
+    def seeds(self) -> int:
+        return self.scores.shape[0]
 
-    def replicates(self, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return curve_replicates(self.scores, weights, rng)
+    def per_seed(self, weights: np.ndarray) -> np.ndarray:
+        """``(B, S, K)``: each seed's curve under each prompt replicate (``weights`` ``(B, P)``; ``(P,)`` for the
+        point estimate gives ``(S, K)``)."""
+        return np.einsum("skp,...p->...sk", self.scores, weights)
 
+    def mean_curve(self, point: np.ndarray) -> np.ndarray:
+        """``(K,)``: the mean over seeds of the curve under the point weights."""
+        return self.per_seed(point).mean(axis=0)
 
-def collapsed(run: dict[str, Any], base_score: float) -> bool:
-    """Diverged, or its final GenEval strict credit more than :data:`COLLAPSE_DROP` below the base's."""
-    return bool(run.get("diverged")) or not run["curve"] or run["curve"][-1]["score"] < base_score - COLLAPSE_DROP
+    def worst_drop(self, per_seed: np.ndarray) -> np.ndarray:
+        """Each seed's largest drop below its start (the base) over the evaluation points, ``(..., S)``; a
+        diverged seed's is its start's whole score."""
+        drop = per_seed[..., :1] - per_seed[..., 1:]
+        worst = drop.max(axis=-1)
+        return np.where(self.diverged, per_seed[..., 0], worst)
 
 
 class Analysis:
-    """The shared bootstrap draw and the quantities the report's tables read."""
+    """The shared bootstrap draws (one per reward) and the quantities the report reads.
 
-    def __init__(self, records: dict[str, dict[str, Any]]) -> None:
+    A *statistic* is a function of the per-seed curves of some groups: ``fn(*per_seed) -> (...,)``. Its estimate
+    uses the point weights and every seed; each replicate uses a prompt draw shared by all groups of the reward
+    and, per group, a draw of its seeds."""
+
+    def __init__(self, records: dict[str, dict[str, Any]], n_boot: int = N_BOOT) -> None:
         self.records = records
-        self.base = records.get("base-geneval-test")
+        self.n_boot = n_boot
+        self.bases = {r: records.get(f"base-{r}-test") for r in ("geneval", "preference")}
+        self.base = self.bases["geneval"]
         self.rng = np.random.default_rng(0)
-        self.weights = prompt_weights(self.base["curve"][0]["tags"], N_BOOT, self.rng) if self.base else None
-        self._reps: dict[str, np.ndarray] = {}
+        self._weights: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._seed_draws: dict[tuple[str, int], np.ndarray] = {}
         self.groups: dict[str, Group] = {}
         if self.base:
+            from benchmarks.common import METHODS
+
             for m in METHODS:
                 runs = cells(records, "methods", m)
                 if runs:
                     self.groups[m] = Group(runs, self.base)
 
-    def reps(self, key: str, group: Group) -> np.ndarray:
-        if key not in self._reps:
-            self._reps[key] = group.replicates(self.weights, self.rng)
-        return self._reps[key]
+    def group(self, phase: str, method: str, *, reward: str = "geneval", variant: str = "default") -> Group | None:
+        """The group of a phase's cells, or None when none has run (or the reward's base has not)."""
+        runs = cells(self.records, phase, method, reward=reward, variant=variant)
+        base = self.bases.get(reward)
+        return Group(runs, base) if runs and base else None
 
-    def final_diff(self, a: tuple[str, Group], b: tuple[str, Group]) -> tuple[float, float, float]:
-        """Final point of ``a`` minus final point of ``b`` (same prompts and images): estimate and interval."""
-        est = float(a[1].mean_curve()[-1] - b[1].mean_curve()[-1])
-        low, high = interval(self.reps(*a)[:, -1] - self.reps(*b)[:, -1])
-        return est, low, high
+    def weights(self, reward: str) -> tuple[np.ndarray, np.ndarray]:
+        """The point weights ``(P,)`` and the shared prompt replicates ``(B, P)`` of ``reward``'s test prompts."""
+        if reward not in self._weights:
+            from benchmarks.bootstrap import point_weights
 
-    def time_ratio(self, other: str, axis: str) -> tuple[float, float, float] | None:
-        """Where V-GRPO's curve reaches ``other``'s best point over where ``other`` reached it (on ``axis``)."""
-        if "vgrpo" not in self.groups or other not in self.groups:
-            return None
-        v, o = self.groups["vgrpo"], self.groups[other]
+            tags = self.bases[reward]["curve"][0]["tags"]  # type: ignore[index]
+            self._weights[reward] = (point_weights(tags), prompt_weights(tags, self.n_boot, self.rng))
+        return self._weights[reward]
 
-        def ratio(vc: np.ndarray, oc: np.ndarray) -> np.ndarray:
-            best_k = np.argmax(oc[..., 1:], axis=-1) + 1  # the other method's best trained point
-            target = np.take_along_axis(oc, best_k[..., None], axis=-1)[..., 0]
-            return first_crossing(v.axes[axis], vc, target) / o.axes[axis][best_k]
+    def seed_draw(self, key: str, n: int) -> np.ndarray:
+        """``(B, n)`` seed indices for the group ``key`` (fixed per group, so every statistic of a group uses
+        the same draw)."""
+        if (key, n) not in self._seed_draws:
+            self._seed_draws[(key, n)] = self.rng.integers(0, n, size=(self.n_boot, n))
+        return self._seed_draws[(key, n)]
 
-        est = float(ratio(v.mean_curve()[None], o.mean_curve()[None])[0])
-        low, high = interval(ratio(self.reps("vgrpo", v), self.reps(other, o)))
-        return est, low, high
+    def _curves(self, g: Group, key: str, reward: str, mode: str) -> np.ndarray:
+        """``(B, S, K)`` per-seed curves of a replicate: prompts drawn (unless ``mode`` is ``seeds``), seeds drawn
+        (unless ``mode`` is ``prompts``)."""
+        point, reps = self.weights(reward)
+        per = g.per_seed(point if mode == "seeds" else reps)
+        if mode == "prompts":
+            return per
+        per = np.broadcast_to(per, (self.n_boot, *per.shape[-2:]))
+        return np.take_along_axis(per, self.seed_draw(key, g.seeds)[:, :, None], axis=1)
+
+    def statistic(
+        self,
+        groups: Sequence[tuple[str, Group]],
+        fn: Callable[..., np.ndarray],
+        reward: str = "geneval",
+        mode: str = "both",
+    ) -> tuple[float, np.ndarray]:
+        """``fn`` over the groups' per-seed curves ``(..., S, K)`` (each reduced over seeds by ``fn`` itself,
+        e.g. :func:`final`): the estimate and ``(B,)`` replicates. ``mode`` ``seeds`` or ``prompts`` draws only
+        those (the split of the variance :func:`seeds_to_resolve` reads)."""
+        point, _ = self.weights(reward)
+        est = np.asarray(fn(*(g.per_seed(point) for _, g in groups)), dtype=np.float64)
+        reps = fn(*(self._curves(g, key, reward, mode) for key, g in groups))
+        return (float(est) if est.ndim == 0 else est), np.asarray(reps, dtype=np.float64)  # type: ignore[return-value]
+
+    def seed_statistic(
+        self,
+        groups: Sequence[tuple[str, Group]],
+        per_seed_fn: Callable[[Group, np.ndarray], np.ndarray],
+        combine: Callable[..., np.ndarray],
+        reward: str = "geneval",
+        mode: str = "both",
+    ) -> tuple[float, np.ndarray]:
+        """Like :meth:`statistic` for a per-seed quantity that needs its group (``per_seed_fn(group, curves) ->
+        (..., S)``, e.g. :meth:`Group.worst_drop`): the seed means of each group, combined by ``combine``."""
+        point, _ = self.weights(reward)
+        est = float(combine(*(per_seed_fn(g, g.per_seed(point)).mean(axis=-1) for _, g in groups)))
+        reps = combine(*(per_seed_fn(g, self._curves(g, key, reward, mode)).mean(axis=-1) for key, g in groups))
+        return est, np.asarray(reps, dtype=np.float64)
+
+
+def drop_of(group: Group, c: np.ndarray) -> np.ndarray:
+    """Per-seed worst drop (:meth:`Group.worst_drop`), as :meth:`Analysis.seed_statistic` takes it."""
+    return group.worst_drop(c)
+
+
+def identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def final(c: np.ndarray) -> np.ndarray:
+    """The seed mean of the last point of per-seed curves ``(..., S, K)``."""
+    return c[..., -1].mean(axis=-1)
+
+
+def start(c: np.ndarray) -> np.ndarray:
+    return c[..., 0].mean(axis=-1)
+
+
+def curve_mean(c: np.ndarray) -> np.ndarray:
+    """The seed mean of the curve's height averaged over the evaluation points after the start."""
+    return c[..., 1:].mean(axis=(-1, -2))
+
+
+def at_budget(xs: np.ndarray, c: np.ndarray, x: float) -> np.ndarray:
+    """The seed-mean curve ``(..., S, K)`` read at ``x`` on the axis ``xs`` ``(K,)`` (linear between points;
+    NaN beyond the last point)."""
+    if x > xs[-1] + 1e-9:
+        return np.full(c.shape[:-2], np.nan)
+    k = int(np.searchsorted(xs, x, side="left"))
+    if k == 0:
+        return start(c)
+    if abs(xs[k] - x) < 1e-9:
+        return c[..., k].mean(axis=-1)
+    frac = (x - xs[k - 1]) / (xs[k] - xs[k - 1])
+    return ((1 - frac) * c[..., k - 1] + frac * c[..., k]).mean(axis=-1)
+
+
+def collapsed(run: dict[str, Any], base: dict[str, Any], margin: float) -> bool:
+    """Diverged, or at some evaluation point more than ``margin`` below the base's score."""
+    b = float(base["curve"][0]["score"])
+    return bool(run.get("diverged")) or not run["curve"] or min(p["score"] for p in run["curve"]) < b - margin
+
+
+def spikes(run: dict[str, Any]) -> dict[str, int]:
+    """Iterations whose gradient norm or surrogate magnitude exceeds :data:`SPIKE_FACTOR` times the median of the
+    cell's first ten (non-finite values count as spikes)."""
+    out = {}
+    for key, label in (("grad_norm_per_iteration", "grad_norm"), ("surrogate_mean_per_iteration", "surrogate")):
+        values = [v for v in run.get(key, []) if v is not None]
+        if len(values) < 11:
+            out[label] = 0
+            continue
+        arr = np.abs(np.asarray(values, dtype=np.float64))
+        ref = float(np.median(arr[:10][np.isfinite(arr[:10])])) if np.isfinite(arr[:10]).any() else 0.0
+        out[label] = int(np.sum(~np.isfinite(arr[10:]) | (arr[10:] > SPIKE_FACTOR * max(ref, 1e-12))))
+    return out
 
 
 def cv_ratio(
-    naive: Sequence[dict[str, Any]], ours: Sequence[dict[str, Any]], key: str, rng: np.random.Generator
-) -> tuple[float, float, float, float, float] | None:
-    """Mean per-iteration CV of each method (over seeds and iterations) and the ratio ours / naive with a
-    bootstrap over seeds and, within each drawn seed, its iterations."""
+    naive: Sequence[dict[str, Any]], ours: Sequence[dict[str, Any]], key: str, rng: np.random.Generator, n_boot: int
+) -> tuple[float, float, np.ndarray] | None:
+    """Mean per-iteration CV of each method (over seeds and iterations), and replicates of the ratio ours / naive
+    drawing seeds and, within each drawn seed, its iterations."""
     a = [np.asarray([v for v in r.get(key, []) if v is not None]) for r in naive]
     b = [np.asarray([v for v in r.get(key, []) if v is not None]) for r in ours]
     a, b = [x for x in a if x.size], [x for x in b if x.size]
@@ -144,10 +275,38 @@ def cv_ratio(
         return float(np.mean([s[rng.integers(0, s.size, s.size)].mean() for s in seeds]))
 
     ma, mb = float(np.mean([x.mean() for x in a])), float(np.mean([x.mean() for x in b]))
-    low, high = interval(np.asarray([draw(b) / draw(a) for _ in range(N_BOOT)]))
-    return ma, mb, mb / ma, low, high
+    return ma, mb, np.asarray([draw(b) / draw(a) for _ in range(n_boot)])
 
 
 def fisher_p(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float:
     """Fisher's exact test's two-sided p-value for ``a_hits`` of ``a_n`` against ``b_hits`` of ``b_n``."""
     return float(fisher_exact([[a_hits, a_n - a_hits], [b_hits, b_n - b_hits]])[1])
+
+
+def fisher_power(n: int, p_a: float, p_b: float, alpha: float = 0.05) -> float:
+    """Power of Fisher's two-sided exact test at level ``alpha`` with ``n`` seeds per arm when the true
+    collapse rates are ``p_a`` and ``p_b`` (exact: every outcome enumerated)."""
+    power = 0.0
+    for i in range(n + 1):
+        pi = comb(n, i) * p_a**i * (1 - p_a) ** (n - i)
+        for j in range(n + 1):
+            pj = comb(n, j) * p_b**j * (1 - p_b) ** (n - j)
+            if pi * pj > 0 and fisher_p(i, n, j, n) < alpha:
+                power += pi * pj
+    return power
+
+
+@cache
+def seeds_for_power(p_a: float, p_b: float, target: float = 0.8, most: int = 60) -> int | None:
+    """The fewest seeds per arm at which Fisher's test reaches ``target`` power (None beyond ``most``)."""
+    return next((n for n in range(2, most + 1) if fisher_power(n, p_a, p_b) >= target), None)
+
+
+def seeds_to_resolve(estimate: float, seed_var: float, prompt_var: float, seeds: int) -> float | None:
+    """Seeds per group at which a difference of ``estimate`` would have a 95% interval excluding 0, from the
+    variance of its replicates split into a part that shrinks with seeds (``seed_var`` at ``seeds`` seeds) and a
+    part that does not (the prompts'). None when the prompts' part alone is too wide."""
+    room = (abs(estimate) / 1.96) ** 2 - prompt_var
+    if room <= 0:
+        return None
+    return seeds * seed_var / room

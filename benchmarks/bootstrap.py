@@ -4,8 +4,9 @@ off interpolated curves.
 Every evaluation point of every cell scores the same prompts with the same sampling seeds, so a per-prompt score
 array ``(P,)`` lines up across cells. A replicate draws prompts with replacement within each tag (GenEval's
 overall score is the mean of its per-tag means, Ghosh et al. 2023) -- the same draw for every method, which pairs
-the comparison on prompts -- and, for each method, its seeds with replacement. Because the stratified mean is
-linear in the scores, a replicate of prompts is a weight vector, and a method's replicate curve is a weighted sum.
+the comparison on prompts -- and, for each group of seeds, its seeds with replacement
+(:class:`benchmarks.analysis.Analysis`). Because the stratified mean is linear in the scores, a replicate of
+prompts is a weight vector, and a seed's replicate curve is a weighted sum.
 Intervals are percentile intervals (Efron & Tibshirani 1993).
 """
 
@@ -16,12 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
-    "curve_replicates",
     "first_crossing",
     "interval",
     "point_weights",
     "prompt_weights",
-    "verdict",
 ]
 
 
@@ -47,23 +46,6 @@ def prompt_weights(tags: Sequence[str], n_boot: int, rng: np.random.Generator) -
         for b in range(n_boot):
             np.add.at(w[b], draws[b], 1.0 / (idx.size * len(kinds)))
     return w
-
-
-def curve_replicates(scores: np.ndarray, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A method's mean curve under each replicate.
-
-    Args:
-        scores: ``(S, K, P)``: seed, evaluation point, prompt.
-        weights: ``(B, P)`` from :func:`prompt_weights` (shared by the methods compared).
-        rng: draws each replicate's seeds (with replacement).
-
-    Returns:
-        ``(B, K)``: the mean over the drawn seeds of each point's weighted prompt mean.
-    """
-    per_seed = np.einsum("skp,bp->bsk", scores, weights)
-    n_boot, n_seeds = weights.shape[0], scores.shape[0]
-    pick = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
-    return np.take_along_axis(per_seed, pick[:, :, None], axis=1).mean(axis=1)
 
 
 def first_crossing(xs: np.ndarray, ys: np.ndarray, level: np.ndarray | float) -> np.ndarray:
@@ -94,13 +76,3 @@ def interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     alpha = (1 - level) / 2
     low, high = np.quantile(v, [alpha, 1 - alpha], method="inverted_cdf")
     return float(low), float(high)
-
-
-def verdict(low: float, high: float, *, at_most: float | None = None, above: float | None = None) -> str:
-    """``met`` / ``missed`` / ``unresolved`` for a target ``value <= at_most`` or ``value > above``, from the
-    interval: met when the whole interval satisfies it, missed when none of it does."""
-    if at_most is not None:
-        return "met" if high <= at_most else "missed" if low > at_most else "unresolved"
-    if above is not None:
-        return "met" if low > above else "missed" if high <= above else "unresolved"
-    raise ValueError("verdict needs at_most or above")

@@ -41,8 +41,17 @@ from pathlib import Path
 from benchmarks.analysis import load_records
 from benchmarks.cell import expected_key, run_cell
 from benchmarks.common import ROOT
-from benchmarks.grid import PHASES, QUICK, RunSpec, Sizes, best_learning_rates, plan_phase, sweep_extensions
-from benchmarks.provenance import LOADED_CORES, other_load
+from benchmarks.grid import (
+    PHASES,
+    QUICK,
+    RunSpec,
+    Sizes,
+    best_learning_rates,
+    full_plan,
+    plan_phase,
+    sweep_extensions,
+)
+from benchmarks.provenance import LOADED_CORES, code_hash, other_load
 from benchmarks.report import write_report
 from vgrpo.atomic import write_json_atomic, write_text_atomic
 
@@ -229,7 +238,17 @@ def main() -> None:
         record_elapsed(out, args, started)
     command = "python -m benchmarks.compare" + (" --quick" if args.quick else "")
     tracking = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
-    write_report(out, docs, command=command, planned=planned, quick=args.quick, tracking_uri=tracking, sizes=sizes)
+    planned = [s.name for s in full_plan(load_records(out), sizes, args.quick)]
+    write_report(
+        out,
+        docs,
+        command=command,
+        planned=planned,
+        quick=args.quick,
+        tracking_uri=tracking,
+        sizes=sizes,
+        code_now=code_hash(),
+    )
     print(f"report: {docs / 'README.md'}")
 
 

@@ -15,10 +15,11 @@ def plot_curves(analysis: Analysis, axis: str, path: Path, title: str) -> None:
     """Mean curve and band of every method against ``axis`` (a key of :data:`benchmarks.analysis.AXES`), as PNG."""
     fig = Figure(figsize=(6.5, 4))  # no pyplot: no global figure state and no interactive backend to choose
     ax = fig.subplots()
+    point, _ = analysis.weights("geneval")
     for m, g in analysis.groups.items():
-        reps = analysis.reps(m, g)
+        _, reps = analysis.statistic([(m, g)], lambda c: c.mean(axis=-2))
         low, high = np.quantile(reps, [0.025, 0.975], axis=0)
-        ax.plot(g.axes[axis], g.mean_curve(), marker="o", label=f"{LABELS[m]} ({len(g.runs)} seeds)")
+        ax.plot(g.axes[axis], g.mean_curve(point), marker="o", label=f"{LABELS[m]} ({g.seeds} seeds)")
         ax.fill_between(g.axes[axis], low, high, alpha=0.15)
     ax.set_xlabel(AXES[axis])
     ax.set_ylabel("held-out GenEval strict")

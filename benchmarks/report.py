@@ -16,42 +16,60 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.analysis import AXES, COLLAPSE_DROP, N_BOOT, Analysis, load_records
-from benchmarks.claims import claim_rows, claims_table
-from benchmarks.grid import QUICK, SWEEP_LADDER, Sizes
+from benchmarks.analysis import AXES, COLLAPSE_DROP, N_BOOT, SPIKE_FACTOR, Analysis, load_records
+from benchmarks.claims import CONVERGED_GAIN, MARGIN, Row, claim_rows, claims_table
+from benchmarks.grid import QUICK, SWEEP_BOUNDS, SWEEP_LADDER, RunSpec, Sizes, full_plan, stage_config
 from benchmarks.mlflow_runs import track
 from benchmarks.plots import plot_curves
-from benchmarks.tables import methods_table, quick_table, stability_and_ablations, sweep_table
+from benchmarks.provenance import LOADED_CORES, code_hash
+from benchmarks.tables import (
+    PLATEAU,
+    ablation_table,
+    methods_table,
+    preference_table,
+    provenance_table,
+    quick_table,
+    stability_table,
+    sweep_table,
+    time_to_reward,
+)
+from vgrpo.atomic import write_text_atomic
 
 PROTOCOL = """\
 ## Protocol
 
-- **Model and task.** Every cell trains a LoRA (r 32) on `models/embedded-base` on the GenEval stage
-  (`params/stages/embedded/2-geneval.yaml`: world GenEval, GenEval's strict verdict as the reward), with the same
-  rollout for every method: {prompts} prompts x {group} samples per iteration, {steps} sampling steps, two
-  half-batch gradient steps per iteration. Each method adds its own recipe (`params/algorithms/<method>.yaml`).
-- **Learning rates.** Each method runs at its own best learning rate, chosen by a sweep over {lrs} ({sweep_it}
-  iterations, seed 0; a best rate at an edge is tried one factor 2 further) scored on a *validation* split
-  ({val_prompts} GenEval prompts x {eval_group} images drawn from the world's generator with a seed of its own),
-  never on the test split.
-- **Seeds.** {seeds} training seeds per method; {stab_seeds} for the stability claim (V-GRPO and naive
-  ELBO-GRPO at twice V-GRPO's best learning rate, {stab_it} iterations); one seed per ablation (paired with
-  V-GRPO's seed-0 cell, so its interval is over prompts only).
-- **Evaluation.** Every {every} iterations, and for the base once, the same {test_prompts} held-out test prompts
-  (GenEval tags) x {eval_group} images = {images} images, {eval_steps} Euler steps, sampling seed 0 for every
-  method; the score is GenEval's strict credit, the mean of its per-tag means.
-- **Intervals.** 95% percentile bootstrap ({n_boot} replicates) over prompts (resampled within each tag, the
-  same draw for every method, which pairs the comparison) and over each method's seeds. A difference is
-  *resolved* only when its interval excludes 0; a target is *met* when its whole interval satisfies it, *missed*
-  when none of it does, *unresolved* otherwise.
-- **Time to reward.** Read off the piecewise-linear curve through the evaluation points (the base at 0): where
-  V-GRPO's mean curve first reaches the other method's best point, divided by where that method reached it; per
-  replicate, so the ratio carries an interval (`inf`: not reached within the budget in that share of replicates).
-- **Collapse.** A cell collapsed when it diverged (non-finite iterations stopped it) or its final strict credit
-  is more than {drop:.2f} below the base's.
-- **Wall time.** Seconds of training per iteration as measured in the cells, which ran {workers} at a time with
-  {threads} torch thread(s) each, so every method shared the machine the same way; the clean per-iteration costs
-  against the number of steps are in [speed.md](speed.md).
+- **Model and task.** Every cell trains a LoRA (r 32) on `models/embedded-base`, on the GenEval stage
+  (`params/stages/embedded/2-geneval.yaml`: world GenEval, GenEval's strict verdict as the reward) or the
+  preference stage (`1-preference.yaml`: world PickScore and CLIPScore), with the same rollout for every method:
+  {prompts} prompts x {group} samples per iteration, {steps} sampling steps. Each method adds its own recipe
+  (`params/algorithms/<method>.yaml`).
+- **Evaluation.** Every evaluation point of every cell scores the same {test_prompts} test prompts (GenEval tags,
+  as many of each; the preference stage's {pref_prompts} add OCR prompts) x {eval_group} image, {eval_steps} Euler
+  steps, sampling seed 0, so every comparison is paired on prompts and images. The prompts are drawn like the
+  world's test split from a seed of the bench's own; the sweep scores a validation draw ({val_prompts} prompts)
+  from another seed, never the test prompts. The GenEval score is the mean of the per-tag strict credits.
+- **Learning rates.** Each method's rate is a rung of a ladder ({ladder}, a factor 2 apart), {sweep_seeds} seeds x
+  {sweep_it} iterations per rung, scored on the validation prompts; the rung with the highest seed mean is chosen,
+  and while it is at an edge of the ladder the next rung out is added (within {bounds}).
+- **Seeds.** {seeds} training seeds per method ({iterations} iterations, evaluated every {every}); {abl_seeds} per
+  ablation, compared with all of V-GRPO's; {pref_seeds} per preference cell ({pref_it} iterations); {stab_seeds}
+  fresh seeds per stability cell ({stab_it} iterations, evaluated every {stab_every}) at {mults} each method's own
+  rate in both stages.
+- **Intervals.** 95% percentile bootstrap ({n_boot} replicates): prompts resampled within each tag (the same draw
+  for every group of a reward) and each group's seeds resampled, so every interval carries the seed spread.
+- **Rules, fixed before the grid ran** (`benchmarks/claims.py`, `benchmarks/analysis.py`). Non-inferiority margin
+  {margin_g} GenEval strict ({margin_p} world PickScore); *fails to converge*: a final gain over the base of at most
+  {converged}; *adds little*: less than the margin; *collapse*: a divergence, or a drop below the base of more than
+  {drop_g} GenEval strict ({drop_p} world PickScore) at any evaluation point; *spike*: an iteration's gradient norm
+  or surrogate magnitude above {spike:g}x the median of the cell's first ten; *plateaued*: the last quarter's change
+  within +-{plateau}. Efficiency: V-GRPO's score at a fraction r of the other method's budget minus the other's
+  score at its full budget, on the paper's axis (iterations for MixGRPO, gradient steps for DiffusionNFT), wall
+  time as a second row; time to reward is secondary.
+- **Verdicts.** Each row's two-sided bootstrap p-value against its threshold; the confirmatory rows (the paper's
+  main claims) are Holm-corrected together, the exploratory ones are not and say so.
+- **Machine.** {workers} cell at a time, {threads} torch threads; the runner holds a cell back while other
+  processes use more than {loaded} cores, and every cell records the load it ran under (provenance below); the
+  clean per-iteration costs against the number of steps are in [speed.md](speed.md).
 """
 
 
@@ -60,24 +78,31 @@ QUICK_PROTOCOL = """\
 
 V-GRPO and naive ELBO-GRPO on the GenEval stage (world GenEval, strict verdict as the reward), {prompts} prompts x
 {group} samples per iteration, {iterations} iterations, seed 0, at the stage's learning rate and twice it (no sweep).
-Each cell is scored once at the end on the same {test_prompts} held-out test prompts x {eval_group} images =
-{images} images as the full grid. The difference carries a 95% bootstrap interval ({n_boot} replicates) over
-prompts, resampled within each tag and paired on prompts and images; it is *resolved* when the interval excludes 0.
+Each cell is scored once at the end on the same {test_prompts} test prompts x {eval_group} image as the full grid.
+The difference carries a 95% bootstrap interval ({n_boot} replicates) over prompts, resampled within each tag and
+paired on prompts and images; it is *resolved* when the interval excludes 0.
 """
 
 
-def _machine_share(out: Path) -> dict[str, Any]:
-    """How the cells shared the machine, as the grid's last recorded invocation ran them (grid.json)."""
-    path = (out.parent if out.is_file() else out) / "grid.json"
-    last = json.loads(path.read_text())[-1] if path.is_file() else {}
-    return {"workers": last.get("workers", "n/a"), "threads": last.get("threads", "n/a")}
+def config_mismatches(records: dict[str, dict[str, Any]], sizes: Sizes) -> list[str]:
+    """The trained cells whose recorded config differs from the one this checkout's plan gives their spec."""
+    out = []
+    for name, r in sorted(records.items()):
+        if r["spec"]["phase"] == "base" or "config" not in r:
+            continue
+        spec = RunSpec(**r["spec"])
+        if stage_config(spec, sizes, Path(r["config"]["eval_prompts"])).model_dump(mode="json") != r["config"]:
+            out.append(name)
+    return out
 
 
-def _grid_time(out: Path, records: dict[str, dict[str, Any]]) -> tuple[float, float]:
-    """Elapsed seconds of the grid's invocations (grid.json) and the cells' summed wall time."""
-    path = (out.parent if out.is_file() else out) / "grid.json"
-    elapsed = sum(float(x["elapsed_s"]) for x in json.loads(path.read_text())) if path.is_file() else float("nan")
-    return elapsed, sum(float(r.get("wall_s", 0.0)) for r in records.values())
+def _grid_time(docs: Path, records: dict[str, dict[str, Any]]) -> tuple[float, float, int]:
+    """Elapsed seconds of the grid's invocations (``grid.json`` beside the records), the cells' summed wall
+    time, and the number of invocations."""
+    path = docs / "grid.json"
+    history = json.loads(path.read_text()) if path.is_file() else []
+    elapsed = sum(float(x["elapsed_s"]) for x in history) if history else float("nan")
+    return elapsed, sum(float(r.get("wall_s", 0.0)) for r in records.values()), len(history)
 
 
 def write_report(
@@ -89,21 +114,24 @@ def write_report(
     quick: bool = False,
     tracking_uri: str | None = None,
     sizes: Sizes | None = None,
-) -> None:
-    """Write ``docs/README.md`` and the plots from the cell records in ``out`` (and the MLflow runs)."""
+    code_now: str | None = None,
+) -> list[Row]:
+    """Write ``docs/README.md`` and the plots from the cell records in ``out`` (a folder or a ``cells.jsonl``),
+    and the MLflow runs; return the claim rows."""
     records = load_records(out)
+    sizes = sizes or (QUICK if quick else Sizes())
     docs.mkdir(parents=True, exist_ok=True)
     folder = "docs/benchmarks-quick" if quick else "docs/benchmarks"
     an = Analysis(records)
+    last = (json.loads((docs / "grid.json").read_text()) or [{}])[-1] if (docs / "grid.json").is_file() else {}
     lines = [
         "# Benchmarks: V-GRPO and the baselines on the embedded default",
         "",
         f"Produced by `{command}`; the report alone, from the committed records: `python -m benchmarks.report "
-        f"{folder}/cells.jsonl {folder}{' --quick' if quick else ''}`. "
-        "Machine: 2 CPU cores, no GPU.",
+        f"{folder}/cells.jsonl {folder}{' --quick' if quick else ''}`. Machine: 2 CPU cores, no GPU.",
         "",
     ]
-    if sizes is not None and quick:
+    if quick:
         lines.append(
             QUICK_PROTOCOL.format(
                 prompts=sizes.prompts,
@@ -111,69 +139,89 @@ def write_report(
                 iterations=sizes.iterations,
                 test_prompts=sizes.test_prompts,
                 eval_group=sizes.eval_group,
-                images=sizes.test_prompts * sizes.eval_group,
                 n_boot=N_BOOT,
             )
         )
-    elif sizes is not None:
+    else:
         lines.append(
             PROTOCOL.format(
                 prompts=sizes.prompts,
                 group=sizes.group,
-                steps=10,
-                lrs=", ".join(f"{x:g}" for x in SWEEP_LADDER),
-                sweep_it=sizes.sweep_iterations,
-                val_prompts=sizes.val_prompts,
+                steps=sizes.eval_steps,
+                test_prompts=sizes.test_prompts,
+                pref_prompts=sizes.preference_prompts,
                 eval_group=sizes.eval_group,
+                eval_steps=sizes.eval_steps,
+                val_prompts=sizes.val_prompts,
+                ladder=", ".join(f"{x:g}" for x in SWEEP_LADDER),
+                sweep_seeds=sizes.sweep_seeds,
+                sweep_it=sizes.sweep_iterations,
+                bounds=f"{SWEEP_BOUNDS[0]:g} to {SWEEP_BOUNDS[1]:g}",
                 seeds=sizes.seeds,
+                iterations=sizes.iterations,
+                every=sizes.eval_every,
+                abl_seeds=sizes.ablation_seeds,
+                pref_seeds=sizes.preference_seeds,
+                pref_it=sizes.preference_iterations,
                 stab_seeds=sizes.stability_seeds,
                 stab_it=sizes.stability_iterations,
-                every=sizes.eval_every,
-                test_prompts=sizes.test_prompts,
-                images=sizes.test_prompts * sizes.eval_group,
-                eval_steps=sizes.eval_steps,
+                stab_every=sizes.stability_eval_every,
+                mults=" and ".join(f"{x:g}x" for x in sizes.stability_multipliers),
                 n_boot=N_BOOT,
-                drop=COLLAPSE_DROP,
-                **_machine_share(out),
+                margin_g=MARGIN["geneval"],
+                margin_p=MARGIN["preference"],
+                converged=CONVERGED_GAIN,
+                drop_g=COLLAPSE_DROP["geneval"],
+                drop_p=COLLAPSE_DROP["preference"],
+                spike=SPIKE_FACTOR,
+                plateau=PLATEAU,
+                workers=last.get("workers", 1),
+                threads=last.get("threads", 2),
+                loaded=LOADED_CORES,
             )
         )
     done = [n for n in planned if n in records]
     missing = [n for n in planned if n not in records]
-    elapsed, cell_s = _grid_time(out, records)
+    elapsed, cell_s, invocations = _grid_time(docs, records)
     lines += [
-        f"Cells done: {len(done)} of {len(planned)}; the invocations recorded in grid.json took "
-        f"{elapsed / 60:.1f} min; the cells' own wall time (model loading, training, evaluations) sums to "
-        f"{cell_s / 60:.1f} min.",
+        f"Cells done: {len(done)} of {len(planned)} planned. Machine time: the {invocations} invocation(s) recorded "
+        f"in grid.json took {elapsed / 3600:.2f} h; the cells' own wall time (loading, training, evaluations) sums "
+        f"to {cell_s / 3600:.2f} h.",
         "",
     ]
     if missing:
         lines += [f"Not run yet ({len(missing)}; the command resumes the grid): {', '.join(missing)}", ""]
-    rows: list[dict[str, Any]] = []
-    if an.base and an.groups and not quick:
-        rows = claim_rows(an, records)
+    rows: list[Row] = []
+    if an.base and not quick:
+        rows = claim_rows(an)
         lines += claims_table(rows)
-        methods_table(an, records, lines)
-        for axis in AXES:
-            plot_curves(
-                an, axis, docs / f"geneval-vs-{axis}.png", f"held-out GenEval strict vs {AXES[axis].split(' (')[0]}"
-            )
-            lines += [f"![GenEval vs {axis}](geneval-vs-{axis}.png)", ""]
-        lines += [
-            "Bands: each method's own 95% interval over prompts and seeds at each evaluation point; they include "
-            "the prompts' shared difficulty, which the paired differences above remove.",
-            "",
-        ]
-        stability_and_ablations(an, records, lines)
-    sweep_table(records, lines)
+        if an.groups:
+            methods_table(an, lines)
+            time_to_reward(an, lines)
+            for axis in AXES:
+                plot_curves(
+                    an, axis, docs / f"geneval-vs-{axis}.png", f"test GenEval strict vs {AXES[axis].split(' (')[0]}"
+                )
+                lines += [f"![GenEval vs {axis}](geneval-vs-{axis}.png)", ""]
+            lines += [
+                "Bands: each method's own 95% interval over prompts and seeds at each evaluation point; they include "
+                "the prompts' shared difficulty, which the paired differences remove.",
+                "",
+            ]
+        stability_table(an, lines)
+        ablation_table(an, lines)
+        preference_table(an, lines)
+    sweep_table(records, sizes, lines)
     if quick:
-        quick_table(an, records, lines)
-    (docs / "README.md").write_text("\n".join(lines) + "\n")
-    # The records themselves (the report's only input), so that the numbers can be recomputed from the repository.
-    if out.is_dir() and (out / "grid.json").is_file():
-        (docs / "grid.json").write_text((out / "grid.json").read_text())
-    (docs / "cells.jsonl").write_text("".join(json.dumps(records[k], sort_keys=True) + "\n" for k in sorted(records)))
+        quick_table(an, lines)
+    provenance_table(records, code_now, config_mismatches(records, sizes), lines)
+    write_text_atomic(docs / "README.md", "\n".join(lines) + "\n")
+    if out.is_dir():  # the records themselves (the report's only input), so the numbers can be recomputed
+        text = "".join(json.dumps(records[k], sort_keys=True) + "\n" for k in sorted(records))
+        write_text_atomic(docs / "cells.jsonl", text)
     if tracking_uri:
         track(records, tracking_uri, grid="quick" if quick else "full", claims=rows)
+    return rows
 
 
 def main() -> None:
@@ -184,14 +232,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     records = load_records(args.out)
+    sizes = QUICK if args.quick else Sizes()
     write_report(
         args.out,
         args.docs,
         command="python -m benchmarks.compare" + (" --quick" if args.quick else ""),
-        planned=list(records),
+        planned=[s.name for s in full_plan(records, sizes, args.quick)],
         quick=args.quick,
         tracking_uri=args.tracking_uri,
-        sizes=QUICK if args.quick else Sizes(),
+        sizes=sizes,
+        code_now=code_hash(),
     )
 
 

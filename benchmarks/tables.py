@@ -1,19 +1,32 @@
-"""The report's tables in markdown: the methods on the GenEval reward with the budget check and V-GRPO's paired
-differences, the learning-rate sweep, stability and the ablations, and the quick grid's comparison."""
+"""The report's markdown tables: the methods on the GenEval reward (with whether each has plateaued), time to
+reward, the learning-rate sweep, stability, the ablations, the preference stage, provenance and the quick grid."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
-from benchmarks.analysis import N_BOOT, Analysis, Group, cells, collapsed
-from benchmarks.bootstrap import interval, point_weights, prompt_weights, verdict
+from benchmarks.analysis import (
+    COLLAPSE_DROP,
+    Analysis,
+    Group,
+    cells,
+    collapsed,
+    curve_mean,
+    drop_of,
+    final,
+    identity,
+    spikes,
+)
+from benchmarks.bootstrap import first_crossing, interval, point_weights, prompt_weights
 from benchmarks.common import LABELS, METHODS
-from benchmarks.grid import best_rate
+from benchmarks.grid import SWEEP_SEED0, Sizes, best_rate, sweep_scores
+from benchmarks.provenance import LOADED_CORES
 
-GAIN_TARGET = 0.15  # the budget should let the best method gain this much held-out GenEval strict
+PLATEAU = 0.02  # a curve has plateaued when its last quarter's change lies within +-PLATEAU (95% interval)
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -23,175 +36,334 @@ def fmt(x: float | None, digits: int = 3) -> str:
 
 def fmt_ci(low: float, high: float, digits: int = 3, sign: bool = False) -> str:
     """An interval as ``[low, high]`` (``inf`` where a target was never reached)."""
-    f = (
-        (lambda v: "inf" if math.isinf(v) else f"{v:+.{digits}f}")
-        if sign
-        else (lambda v: "inf" if math.isinf(v) else f"{v:.{digits}f}")
-    )
+
+    def f(v: float) -> str:
+        return "inf" if math.isinf(v) else (f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}")
+
     return f"[{f(low)}, {f(high)}]"
 
 
-def methods_table(an: Analysis, records: dict[str, dict[str, Any]], lines: list[str]) -> None:
-    """Each method's final and gain over the base, costs, the budget check and V-GRPO minus each method."""
-    base_score = an.base["curve"][0]["score"]
+def est_ci(an: Analysis, groups: list[tuple[str, Group]], fn: Any, reward: str = "geneval", digits: int = 3) -> str:
+    est, reps = an.statistic(groups, fn, reward)
+    low, high = interval(reps)
+    return f"{est:+.{digits}f} {fmt_ci(low, high, digits, sign=True)}"
+
+
+def plateau(an: Analysis, key: str, g: Group) -> str:
+    """The last quarter's change (final minus the point at 3/4 of the horizon) and what it says."""
+    k = int(np.argmin(np.abs(g.iterations - 0.75 * g.iterations[-1])))
+    if k == 0 or k == len(g.iterations) - 1:
+        return "n/a"
+    est, reps = an.statistic([(key, g)], lambda c: c[..., -1].mean(axis=-1) - c[..., k].mean(axis=-1))
+    low, high = interval(reps)
+    word = "plateaued" if low >= -PLATEAU and high <= PLATEAU else "rising" if low > 0 else "undetermined"
+    return f"{est:+.3f} {fmt_ci(low, high, sign=True)} since it {g.iterations[k]:.0f}: {word}"
+
+
+def methods_table(an: Analysis, lines: list[str]) -> None:
+    """Each method's final score and gain, whether it has plateaued, and its costs."""
+    base = an.base
+    assert base is not None
     lines += [
-        "## Methods on the GenEval reward (test split)",
+        "## Methods on the GenEval reward (test prompts)",
         "",
-        f"Base: strict {base_score:.3f} (partial {an.base['curve'][0]['partial']:.3f}) on "
-        f"{len(an.base['curve'][0]['per_prompt'])} prompts x {images_per_prompt(records)} images.",
+        f"Base: strict {base['curve'][0]['score']:.3f} on {len(base['curve'][0]['per_prompt'])} prompts. Each "
+        "method at its own learning rate (the sweep below); intervals over prompts and seeds. *Last quarter*: "
+        f"final minus the point at 3/4 of the horizon; *plateaued* when its interval lies within +-{PLATEAU}.",
         "",
-        "| method | lr | seeds | final strict [95% CI] | gain over base [95% CI] | best point | collapsed | "
-        "s/iteration (rollout / reward / prepare / update) | NFE/iteration | grad steps/iteration | "
-        "peak RSS MB |",
+        "| method | lr | seeds | final strict [95% CI] | gain over base [95% CI] | last quarter | collapsed | "
+        "s/iteration (rollout / reward / prepare / update) | NFE/iteration | grad steps/iteration | peak RSS MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, g in an.groups.items():
-        reps = an.reps(m, g)
-        curve = g.mean_curve()
-        flow, fhigh = interval(reps[:, -1])
-        glow, ghigh = interval(reps[:, -1] - reps[:, 0])
-        best = int(np.argmax(curve))
+        est, reps = an.statistic([(m, g)], final)
+        low, high = interval(reps)
         split = {
             k: float(np.mean([r["time_split_s"][k] for r in g.runs]))
             for k in ("iteration", "rollout", "reward", "prepare", "update")
         }
         nfe = g.axes["nfe"][-1] / g.iterations[-1]
         lines.append(
-            f"| {LABELS[m]} | {g.runs[0]['config']['optim']['lr']:g} | {len(g.runs)} | {curve[-1]:.3f} "
-            f"{fmt_ci(flow, fhigh)} | {curve[-1] - curve[0]:+.3f} {fmt_ci(glow, ghigh, sign=True)} | "
-            f"{curve[best]:.3f} (it {g.iterations[best]:.0f}) | "
-            f"{sum(collapsed(r, base_score) for r in g.runs)}/{len(g.runs)} | {split['iteration']:.1f} "
-            f"({split['rollout']:.1f} / {split['reward']:.1f} / {split['prepare']:.1f} / {split['update']:.1f}) | "
-            f"{nfe:.0f} | {g.runs[0]['gradient_steps_per_iteration']:.0f} | "
+            f"| {LABELS[m]} | {g.runs[0]['config']['optim']['lr']:g} | {g.seeds} | {est:.3f} {fmt_ci(low, high)} | "
+            f"{est_ci(an, [(m, g)], lambda c: final(c) - c[..., 0].mean(axis=-1))} | {plateau(an, m, g)} | "
+            f"{sum(collapsed(r, base, COLLAPSE_DROP['geneval']) for r in g.runs)}/{g.seeds} | "
+            f"{split['iteration']:.2f} ({split['rollout']:.2f} / {split['reward']:.2f} / {split['prepare']:.2f} / "
+            f"{split['update']:.2f}) | {nfe:.0f} | {g.runs[0]['gradient_steps_per_iteration']:.0f} | "
             f"{max(r['peak_rss_mb'] for r in g.runs):.0f} |"
         )
-    gains = {m: float(g.mean_curve()[-1] - g.mean_curve()[0]) for m, g in an.groups.items()}
-    top = max(gains, key=lambda m: gains[m])
-    reps = an.reps(top, an.groups[top])
-    low, high = interval(reps[:, -1] - reps[:, 0])
-    word = {"met": "met", "missed": "missed"}.get(verdict(low, high, above=GAIN_TARGET - 1e-12), "unresolved")
-    lines += [
-        "",
-        f"Budget check: the largest gain, {LABELS[top]}'s {gains[top]:+.3f} {fmt_ci(low, high, sign=True)}, "
-        f"against the protocol's +{GAIN_TARGET:.2f} for the best method: {word}.",
-        "",
-    ]
-    if "vgrpo" not in an.groups:
+    lines.append("")
+    v = an.groups.get("vgrpo")
+    if v is None:
         return
-    v = an.groups["vgrpo"]
     lines += [
-        "V-GRPO minus each method, paired on prompts and images: at the last point, and averaged over the "
-        "evaluation points after the start (the curve's mean height at equal iterations, less noisy than one "
-        "point).",
+        "V-GRPO minus each method at equal iterations, paired on prompts: at the last point and averaged over the "
+        "points after the start.",
         "",
-        "| V-GRPO minus | final [95% CI] | | curve mean [95% CI] | |",
-        "|---|---|---|---|---|",
+        "| V-GRPO minus | final [95% CI] | curve mean [95% CI] |",
+        "|---|---|---|",
+    ]
+    for m, g in an.groups.items():
+        if m != "vgrpo":
+            pair = [("vgrpo", v), (m, g)]
+            lines.append(
+                f"| {LABELS[m]} | {est_ci(an, pair, lambda a, b: final(a) - final(b))} | "
+                f"{est_ci(an, pair, lambda a, b: curve_mean(a) - curve_mean(b))} |"
+            )
+    lines.append("")
+
+
+def time_to_reward(an: Analysis, lines: list[str]) -> None:
+    """Secondary: where V-GRPO's seed-mean curve first reaches each method's final level, as a fraction of that
+    method's budget, per replicate (``inf``: not within V-GRPO's budget in that share of replicates)."""
+    v = an.groups.get("vgrpo")
+    if v is None or len(an.groups) < 2:
+        return
+    lines += [
+        "### Time to reward (secondary)",
+        "",
+        "Where V-GRPO's mean curve first reaches the other method's *final* level (piecewise linear through the "
+        "evaluation points), over that method's budget on the same axis. A ratio jumps to `inf` in a replicate "
+        "where V-GRPO never reaches the level, so the paired differences above are the primary statistics.",
+        "",
+        "| other method | iterations | gradient steps | wall time |",
+        "|---|---|---|---|",
     ]
     for m, g in an.groups.items():
         if m == "vgrpo":
             continue
-        d_reps = an.reps("vgrpo", v) - an.reps(m, g)
-        d = v.mean_curve() - g.mean_curve()
         cells_ = []
-        for est, rep in ((d[-1], d_reps[:, -1]), (d[1:].mean(), d_reps[:, 1:].mean(axis=1))):
-            low, high = interval(rep)
-            word = {"met": "V-GRPO higher", "missed": "V-GRPO lower"}.get(verdict(low, high, above=0.0), "unresolved")
-            cells_ += [f"{est:+.3f} {fmt_ci(low, high, sign=True)}", word]
+        for axis in ("iteration", "gradient_steps", "train_s"):
+
+            def ratio(a: np.ndarray, b: np.ndarray, axis: str = axis, g: Group = g) -> np.ndarray:
+                return first_crossing(v.axes[axis], a.mean(axis=-2), final(b)) / g.axes[axis][-1]
+
+            est, reps = an.statistic([("vgrpo", v), (m, g)], ratio)
+            low, high = interval(reps)
+            cells_.append(f"{fmt(est, 2) if math.isfinite(est) else 'inf'} {fmt_ci(low, high, 2)}")
         lines.append(f"| {LABELS[m]} | " + " | ".join(cells_) + " |")
     lines.append("")
 
 
-def images_per_prompt(records: dict[str, dict[str, Any]]) -> int:
-    cfg = next((r["config"] for r in records.values() if "config" in r), None)
-    return int(cfg["evaluation"]["group_size"]) if cfg else 4
-
-
-def sweep_table(records: dict[str, dict[str, Any]], lines: list[str]) -> None:
-    """Each method's validation score at each learning rate tried, the chosen rate in bold."""
-    sweep = cells(records, "sweep")
+def sweep_table(records: dict[str, dict[str, Any]], sizes: Sizes, lines: list[str]) -> None:
+    """Each method's validation score per rung (seed mean, interval over prompts and seeds), the chosen rung in
+    bold, and the chosen minus each neighbour (paired on prompts and seeds)."""
     base = records.get("base-geneval-val")
-    if not sweep or not base:
+    scores = sweep_scores(records, sizes)
+    if not base or not scores:
         return
-    lrs = sorted({r["spec"]["lr"] for r in sweep})
+    tags = base["curve"][0]["tags"]
+    w = point_weights(tags)
+    pw = prompt_weights(tags, 2000, np.random.default_rng(1))
+    lrs = sorted({lr for by_lr in scores.values() for lr in by_lr})
+    seeds = list(range(SWEEP_SEED0, SWEEP_SEED0 + sizes.sweep_seeds))
     lines += [
-        "## Learning-rate sweep (validation split)",
+        "## Learning-rate sweep (validation prompts)",
         "",
-        f"Validation strict credit after {sweep[0]['spec']['iterations']} iterations (seed 0; base "
-        f"{base['curve'][0]['score']:.3f}); 95% CI over prompts. The chosen rate is in bold.",
+        f"Validation strict credit after {sizes.sweep_iterations} iterations, mean of {sizes.sweep_seeds} seeds "
+        f"({', '.join(map(str, seeds))}; base {base['curve'][0]['score']:.3f} on "
+        f"{len(base['curve'][0]['per_prompt'])} prompts); 95% interval over prompts and seeds. The chosen rung "
+        "(highest mean) is in bold; *chosen minus neighbours* pairs the seeds and prompts.",
         "",
-        "| method | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |",
-        "|---" * (len(lrs) + 1) + "|",
+        "| method | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen minus neighbours | best interior |",
+        "|---" * (len(lrs) + 3) + "|",
     ]
-    w = point_weights(base["curve"][0]["tags"])
-    rng = np.random.default_rng(1)
-    pw = prompt_weights(base["curve"][0]["tags"], N_BOOT, rng)
+    rng = np.random.default_rng(2)
     for m in METHODS:
-        runs = {r["spec"]["lr"]: r for r in sweep if r["spec"]["method"] == m}
-        if not runs:
+        by_lr = scores.get(m)
+        if not by_lr:
             continue
-        best = best_rate({lr: r["curve"][-1]["score"] if r["curve"] else float("-inf") for lr, r in runs.items()})
+        runs = {
+            r["spec"]["lr"]: r
+            for r in records.values()
+            if r["spec"]["phase"] == "sweep" and r["spec"]["method"] == m and r["spec"]["seed"] in seeds
+        }
+
+        def per_seed(lr: float, m: str = m) -> np.ndarray:
+            rs = [
+                r
+                for r in records.values()
+                if r["spec"]["phase"] == "sweep"
+                and r["spec"]["method"] == m
+                and r["spec"]["lr"] == lr
+                and r["spec"]["seed"] in seeds
+            ]
+            return np.asarray([r["curve"][-1]["per_prompt"] if r["curve"] else [0.0] * len(w) for r in rs])
+
+        best = best_rate(by_lr)
         row = []
         for lr in lrs:
-            if lr not in runs or not runs[lr]["curve"]:
+            if lr not in by_lr or lr not in runs:
                 row.append("n/a")
                 continue
-            x = np.asarray(runs[lr]["curve"][-1]["per_prompt"])
-            low, high = interval(pw @ x)
-            text = f"{float(w @ x):.3f} {fmt_ci(low, high)}"
+            x = per_seed(lr)
+            pick = rng.integers(0, x.shape[0], size=(pw.shape[0], x.shape[0]))
+            reps = np.take_along_axis(pw @ x.T, pick, axis=1).mean(axis=1)
+            low, high = interval(reps)
+            text = f"{float((x @ w).mean()):.3f} {fmt_ci(low, high)}"
             row.append(f"**{text}**" if lr == best else text)
-        lines.append(f"| {LABELS[m]} | " + " | ".join(row) + " |")
+        ordered = sorted(by_lr)
+        i = ordered.index(best)
+        neigh = [ordered[j] for j in (i - 1, i + 1) if 0 <= j < len(ordered)]
+        diffs = []
+        for lr in neigh:
+            d = per_seed(best) - per_seed(lr)  # paired on seeds (same seed index) and prompts
+            pick = rng.integers(0, d.shape[0], size=(pw.shape[0], d.shape[0]))
+            reps = np.take_along_axis(pw @ d.T, pick, axis=1).mean(axis=1)
+            low, high = interval(reps)
+            diffs.append(f"vs {lr:g}: {float((d @ w).mean()):+.3f} {fmt_ci(low, high, sign=True)}")
+        interior = 0 < i < len(ordered) - 1
+        lines.append(
+            f"| {LABELS[m]} | " + " | ".join(row) + f" | {'; '.join(diffs)} | {'yes' if interior else 'no (edge)'} |"
+        )
     lines.append("")
 
 
-def stability_and_ablations(an: Analysis, records: dict[str, dict[str, Any]], lines: list[str]) -> None:
-    """The stability cells per seed, and each ablation against V-GRPO's seed-0 cell."""
-    base_score = an.base["curve"][0]["score"]
-    stab = [r for m in ("vgrpo", "naive_elbo") for r in cells(records, "stability", m)]
-    if stab:
-        lines += [
-            "## Stability at twice V-GRPO's learning rate",
-            "",
-            f"lr {stab[0]['config']['optim']['lr']:g}, {stab[0]['spec']['iterations']} iterations; final "
-            "held-out strict per seed (collapsed cells marked x).",
-            "",
-            "| method | per seed | collapsed |",
-            "|---|---|---|",
-        ]
-        for m in ("vgrpo", "naive_elbo"):
-            runs = cells(records, "stability", m)
-            per = ", ".join(
-                f"{r['curve'][-1]['score']:.3f}" + (" x" if collapsed(r, base_score) else "")
-                if r["curve"]
-                else "diverged"
-                for r in runs
-            )
-            lines.append(f"| {LABELS[m]} | {per} | {sum(collapsed(r, base_score) for r in runs)}/{len(runs)} |")
-        lines.append("")
-    abl = [r for r in records.values() if r["spec"]["phase"] == "ablation"]
-    ref = [r for r in cells(records, "methods", "vgrpo") if r["spec"]["seed"] == 0]
-    if abl and ref:
-        lines += [
-            "## Ablations of V-GRPO (seed 0, paired with V-GRPO's seed-0 cell)",
-            "",
-            "| variant | final strict | minus V-GRPO [95% CI over prompts] | collapsed | surrogate CV | "
-            "within-group CV | s/iteration |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        rg = ("abl-ref", Group(ref, an.base))
-        for r in [ref[0], *sorted(abl, key=lambda r: r["spec"]["variant"])]:
-            name = "reference (N_MC 4, x)" if r is ref[0] else r["spec"]["variant"]
-            g = (f"abl-{r['spec']['variant']}", Group([r], an.base)) if r is not ref[0] else rg
-            est, low, high = an.final_diff(g, rg)
-            lines.append(
-                f"| {name} | {g[1].mean_curve()[-1]:.3f} | {est:+.3f} {fmt_ci(low, high, sign=True)} | "
-                f"{'yes' if collapsed(r, base_score) else 'no'} | {fmt(r['surrogate_cv'])} | "
-                f"{fmt(r['surrogate_cv_within_group'])} | {r['time_split_s']['iteration']:.1f} |"
-            )
-        lines.append("")
+def stability_table(an: Analysis, lines: list[str]) -> None:
+    """Each raised-rate cell's worst drop, collapse and spikes, per stage, rate and method."""
+    stab = [r for r in an.records.values() if r["spec"]["phase"] == "stability"]
+    if not stab:
+        return
+    lines += [
+        "## Stability at raised learning rates",
+        "",
+        "Fresh seeds, each method at 2x and 4x its own rate (GenEval: the sweep's; preference: the stage's), "
+        "evaluated every few iterations. *Worst drop*: the largest fall below the base over the evaluation points "
+        "(a diverged cell: the base's whole score), seed mean with its 95% interval over prompts and seeds. "
+        "*Collapsed*: a drop beyond the margin at some point, or a divergence. *Spikes*: iterations whose "
+        "gradient norm or surrogate magnitude exceeds 10x the median of the cell's first ten.",
+        "",
+        "| stage | rate | method | lr | seeds | worst drop [95% CI] | per seed | collapsed | grad-norm / surrogate "
+        "spikes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for reward in ("geneval", "preference"):
+        base = an.bases.get(reward)
+        if base is None:
+            continue
+        variants = sorted({r["spec"]["variant"] for r in stab if r["spec"]["reward"] == reward})
+        for x in variants:
+            for m in ("vgrpo", "naive_elbo"):
+                g = an.group("stability", m, reward=reward, variant=x)
+                if g is None:
+                    continue
+                est, reps = an.seed_statistic([(f"st-{reward}-{x}-{m}", g)], drop_of, identity, reward)
+                low, high = interval(reps)
+                point, _ = an.weights(reward)
+                per = g.worst_drop(g.per_seed(point))
+                sp = [spikes(r) for r in g.runs]
+                lines.append(
+                    f"| {reward} | {x} | {LABELS[m]} | {g.runs[0]['spec']['lr']:g} | {g.seeds} | {est:+.3f} "
+                    f"{fmt_ci(low, high, sign=True)} | {', '.join(f'{d:+.3f}' for d in per)} | "
+                    f"{sum(collapsed(r, base, COLLAPSE_DROP[reward]) for r in g.runs)}/{g.seeds} | "
+                    f"{sum(s['grad_norm'] for s in sp)} / {sum(s['surrogate'] for s in sp)} |"
+                )
+    lines.append("")
 
 
-def quick_table(an: Analysis, records: dict[str, dict[str, Any]], lines: list[str]) -> None:
-    """``--quick``: V-GRPO against naive ELBO-GRPO at each learning rate, final minus final, paired."""
+def ablation_table(an: Analysis, lines: list[str]) -> None:
+    """Each ablation's seeds against every seed of V-GRPO."""
+    v = an.groups.get("vgrpo")
+    variants = sorted({r["spec"]["variant"] for r in an.records.values() if r["spec"]["phase"] == "ablation"})
+    if v is None or not variants or an.base is None:
+        return
+    lines += [
+        f"## Ablations of V-GRPO (against all {v.seeds} of V-GRPO's seeds)",
+        "",
+        "| variant | seeds | final strict | minus V-GRPO, final [95% CI] | minus V-GRPO, curve mean [95% CI] | worst "
+        "drop [95% CI] | collapsed | surrogate CV | within-group CV | s/iteration |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in variants:
+        g = an.group("ablation", "vgrpo", variant=x)
+        assert g is not None
+        pair = [(f"abl-{x}", g), ("vgrpo", v)]
+        est, reps = an.seed_statistic([(f"abl-{x}", g)], drop_of, identity)
+        low, high = interval(reps)
+
+        def mean_of(key: str, g: Group = g) -> float | None:
+            vals = [r[key] for r in g.runs if r.get(key) is not None]
+            return float(np.mean(vals)) if vals else None
+
+        lines.append(
+            f"| {x} | {g.seeds} | {an.statistic([(f'abl-{x}', g)], final)[0]:.3f} | "
+            f"{est_ci(an, pair, lambda a, b: final(a) - final(b))} | "
+            f"{est_ci(an, pair, lambda a, b: curve_mean(a) - curve_mean(b))} | {est:+.3f} "
+            f"{fmt_ci(low, high, sign=True)} | "
+            f"{sum(collapsed(r, an.base, COLLAPSE_DROP['geneval']) for r in g.runs)}/{g.seeds} | "
+            f"{fmt(mean_of('surrogate_cv'))} | {fmt(mean_of('surrogate_cv_within_group'))} | "
+            f"{np.mean([r['time_split_s']['iteration'] for r in g.runs]):.2f} |"
+        )
+    lines.append("")
+
+
+def preference_table(an: Analysis, lines: list[str]) -> None:
+    """V-GRPO and naive ELBO-GRPO on the preference stage's rewards at its own rate."""
+    groups = {m: an.group("preference", m, reward="preference") for m in ("vgrpo", "naive_elbo")}
+    if not any(groups.values()):
+        return
+    base = an.bases["preference"]
+    assert base is not None
+    lines += [
+        "## The preference stage (world PickScore and CLIPScore)",
+        "",
+        f"Base: world PickScore {base['curve'][0]['score']:.3f}, CLIPScore {base['curve'][0]['clipscore']:.3f} on "
+        f"{len(base['curve'][0]['per_prompt'])} prompts.",
+        "",
+        "| method | seeds | final PickScore | gain [95% CI] | final CLIPScore (seed mean) |",
+        "|---|---|---|---|---|",
+    ]
+    for m, g in groups.items():
+        if g is None:
+            continue
+        key = f"pref-{'vgrpo' if m == 'vgrpo' else 'naive'}"
+        est = an.statistic([(key, g)], final, "preference")[0]
+        gain = est_ci(an, [(key, g)], lambda c: final(c) - c[..., 0].mean(axis=-1), "preference")
+        clip = float(np.mean([r["curve"][-1]["clipscore"] for r in g.runs if r["curve"]]))
+        lines.append(f"| {LABELS[m]} | {g.seeds} | {est:.3f} | {gain} | {clip:.3f} |")
+    lines.append("")
+
+
+def provenance_table(
+    records: dict[str, dict[str, Any]], code_now: str | None, config_mismatches: list[str], lines: list[str]
+) -> None:
+    """Which commits and code the cells ran under, their threads, the cells that ran under load, and the cells
+    whose config is not the one this checkout's plan gives their spec."""
+    if not records:
+        return
+    commits = Counter((r.get("git") or {}).get("commit") or "none" for r in records.values())
+    codes = Counter(r.get("code_hash", "none") for r in records.values())
+    dirty = sorted(n for n, r in records.items() if (r.get("git") or {}).get("code_dirty"))
+    threads = Counter(r.get("threads") for r in records.values())
+    loaded = sorted(
+        (n, r["machine"]["other_load_cores"]) for n, r in records.items() if (r.get("machine") or {}).get("under_load")
+    )
+    cpu = sum((r.get("machine") or {}).get("process_cpu_s", 0.0) for r in records.values())
+    lines += [
+        "## Provenance",
+        "",
+        "Every cell records the commit it ran at, its code hash (the cell's code and its library closure, and the "
+        "models: `benchmarks/provenance.py`), the key it resumes by (that and its spec, resolved config, threads and "
+        "prompt files), its start time, its process CPU time and the load other processes put on the cores.",
+        "",
+        f"- Commits: {', '.join(f'{c[:10]} ({n} cells)' for c, n in commits.most_common())}.",
+        f"- Code hashes: {', '.join(f'{c} ({n} cells)' for c, n in codes.most_common())}"
+        + (f"; this checkout's: {code_now}" if code_now else "")
+        + ".",
+        f"- Cells whose code differed from their commit: {', '.join(dirty) if dirty else 'none'}.",
+        f"- Cells whose config is not the one this checkout's plan gives their spec: "
+        f"{', '.join(config_mismatches) if config_mismatches else 'none'}.",
+        f"- Torch threads: {', '.join(f'{t} ({n} cells)' for t, n in threads.most_common())}.",
+        f"- Process CPU time of all cells: {cpu / 3600:.2f} h.",
+        f"- Cells that ran while other processes used more than {LOADED_CORES} cores on average (their wall times "
+        "are not comparable; their scores are, as a cell's result does not depend on timing): "
+        + (", ".join(f"{n} ({c:.2f})" for n, c in loaded) if loaded else "none")
+        + ".",
+        "",
+    ]
+
+
+def quick_table(an: Analysis, lines: list[str]) -> None:
+    """``--quick``: V-GRPO against naive ELBO-GRPO at each learning rate, final minus final, paired on prompts."""
     if not an.base:
         return
     lines += [
@@ -202,18 +374,19 @@ def quick_table(an: Analysis, records: dict[str, dict[str, Any]], lines: list[st
         "| lr | V-GRPO final | naive final | V-GRPO minus naive [95% CI] | verdict |",
         "|---|---|---|---|---|",
     ]
-    lrs = sorted({r["spec"]["lr"] for r in cells(records, "methods")})
+    lrs = sorted({r["spec"]["lr"] for r in cells(an.records, "methods")})
     for lr in lrs:
-        v = [r for r in cells(records, "methods", "vgrpo") if r["spec"]["lr"] == lr]
-        n = [r for r in cells(records, "methods", "naive_elbo") if r["spec"]["lr"] == lr]
+        v = [r for r in cells(an.records, "methods", "vgrpo") if r["spec"]["lr"] == lr]
+        n = [r for r in cells(an.records, "methods", "naive_elbo") if r["spec"]["lr"] == lr]
         if not v or not n:
             continue
-        gv, gn = (f"q-v-{lr}", Group(v, an.base)), (f"q-n-{lr}", Group(n, an.base))
-        est, low, high = an.final_diff(gv, gn)
-        res = verdict(low, high, above=0.0)
-        word = {"met": "V-GRPO higher (resolved)", "missed": "naive higher (resolved)"}.get(res, "unresolved")
+        gv, gn = Group(v, an.base), Group(n, an.base)
+        pair = [(f"q-v-{lr}", gv), (f"q-n-{lr}", gn)]
+        est, reps = an.statistic(pair, lambda a, b: final(a) - final(b))
+        low, high = interval(reps)
+        word = "V-GRPO higher" if low > 0 else "naive higher" if high < 0 else "unresolved"
         lines.append(
-            f"| {lr:g} | {gv[1].mean_curve()[-1]:.3f} | {gn[1].mean_curve()[-1]:.3f} | {est:+.3f} "
-            f"{fmt_ci(low, high, sign=True)} | {word} |"
+            f"| {lr:g} | {an.statistic(pair[:1], final)[0]:.3f} | {an.statistic(pair[1:], final)[0]:.3f} | "
+            f"{est:+.3f} {fmt_ci(low, high, sign=True)} | {word} |"
         )
     lines.append("")
