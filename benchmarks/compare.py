@@ -51,7 +51,7 @@ from benchmarks.grid import (
     plan_phase,
     sweep_extensions,
 )
-from benchmarks.provenance import LOADED_CORES, code_hash, other_load
+from benchmarks.provenance import code_hash, wait_until_idle
 from benchmarks.report import write_report
 from vgrpo.atomic import write_json_atomic, write_text_atomic
 
@@ -92,19 +92,6 @@ def reusable(spec: RunSpec, args: argparse.Namespace, sizes: Sizes, out: Path) -
     return False
 
 
-def wait_for_idle(args: argparse.Namespace, running: list[int]) -> None:
-    """Hold a cell back while other processes load the cores (unless ``--allow-load``: then its record says)."""
-    waited = 0.0
-    while not args.allow_load:
-        load = other_load(3.0, exclude=set(running))
-        if load <= LOADED_CORES:
-            return
-        if waited == 0.0:
-            print(f"other processes use {load:.2f} cores: waiting for the machine to be idle", flush=True)
-        time.sleep(30)
-        waited += 33
-
-
 def run_phase(specs: list[RunSpec], args: argparse.Namespace, sizes: Sizes, out: Path, started: float) -> None:
     """Run the phase's cells that have no reusable record, ``args.workers`` subprocesses at a time."""
     todo = [s for s in specs if not reusable(s, args, sizes, out)]
@@ -112,7 +99,8 @@ def run_phase(specs: list[RunSpec], args: argparse.Namespace, sizes: Sizes, out:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     while todo or running:
         while todo and len(running) < args.workers:
-            wait_for_idle(args, [p.pid for _, p, _ in running])
+            if not args.allow_load:
+                wait_until_idle(exclude={p.pid for _, p, _ in running})
             spec = todo.pop(0)
             cmd = [
                 sys.executable,

@@ -163,3 +163,14 @@ def other_load(seconds: float = 3.0, exclude: set[int] | None = None) -> float:
     b0, o0 = cpu_busy_s(), own()
     time.sleep(seconds)
     return max(0.0, (cpu_busy_s() - b0 - (own() - o0)) / seconds)
+
+
+def wait_until_idle(exclude: set[int] | None = None, poll_s: float = 30.0) -> None:
+    """Return when other processes (not ``exclude``) use at most :data:`LOADED_CORES` cores, saying once that it
+    waits: a timing or a cell is not started while something else shares the cores."""
+    said = False
+    while (load := other_load(3.0, exclude)) > LOADED_CORES:
+        if not said:
+            print(f"other processes use {load:.2f} cores: waiting for the machine to be idle", flush=True)
+            said = True
+        time.sleep(poll_s)

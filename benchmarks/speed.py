@@ -4,15 +4,17 @@ T, on the embedded base and at the SD3.5-Medium transformer architecture (CPU sc
     python -m benchmarks.speed                      # T = 10, 20, 40 -> docs/benchmarks/speed.md and speed.json
     python -m benchmarks.speed --steps 10 --out /tmp/speed
 
-Each measurement is a separate process (:mod:`step_time` on ``models/embedded-base`` with the world GenEval
-reward, 8 prompts x 8 samples; :mod:`sd35_arch` with SD3.5-M's blocks, LoRA r 32 and a latent reward), each
-method with its own recipe (params/algorithms). Run nothing else alongside: the numbers are wall-clock.
+Each measurement is a separate process, repeated (:mod:`step_time` on ``models/embedded-base`` with the
+comparison grid's stage config of each method and the world GenEval reward, 8 prompts x 8 samples, 5 timed
+iterations; :mod:`sd35_arch` with SD3.5-M's blocks, LoRA r 32 and a latent reward). Run nothing else alongside:
+the numbers are wall-clock.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -20,97 +22,129 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import LABELS, ROOT, TIMED_METHODS, flags
+from benchmarks.provenance import wait_until_idle
 
 METHODS = TIMED_METHODS
-SD35_SCALE = flags(device="cpu", layers=2, resolution=128, group=2, text_tokens=77, precision="fp32", iterations=1)
+SD35_SCALE = flags(device="cpu", layers=2, resolution=128, group=2, text_tokens=77, precision="fp32")
+EMBEDDED_PHASES = ("total", "rollout", "reward", "prepare", "update")
 
 
-def measure(steps: int, out: Path, embedded_iterations: int) -> dict[str, Any]:
-    """Both measurements at ``steps`` sampling steps (cached in ``out``: a killed run resumes)."""
-    result: dict[str, Any] = {}
-    for name, cmd in (
-        (
-            "embedded",
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.step_time",
-                "--pipeline",
-                "models/embedded-base",
-                "--prompts",
-                "8",
-                "--group",
-                "8",
-                "--steps",
-                str(steps),
-                "--iterations",
-                str(embedded_iterations),
-                "--only",
-                *METHODS,
-            ],
-        ),
-        ("sd35_arch", [sys.executable, "-m", "benchmarks.sd35_arch", *SD35_SCALE, "--steps", str(steps)]),
-    ):
-        path = out / f"{name}-T{steps}.json"
-        if not path.is_file():
-            t0 = time.perf_counter()
-            subprocess.run([*cmd, "--json", str(path)], cwd=ROOT, check=True)
-            print(f"{name} T={steps}: {time.perf_counter() - t0:.0f} s", flush=True)
-        result[name] = json.loads(path.read_text())
+def measure(steps: int, out: Path, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Every repeat of both measurements at ``steps`` sampling steps, each a fresh process (cached in ``out``, one
+    file per repeat: a killed run resumes and a committed one is not measured again)."""
+    result: dict[str, list[dict[str, Any]]] = {"embedded": [], "sd35_arch": []}
+    for repeat in range(args.repeats):
+        for name, cmd in (
+            (
+                "embedded",
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.step_time",
+                    "--pipeline",
+                    "models/embedded-base",
+                    "--grid",
+                    "--prompts",
+                    "8",
+                    "--group",
+                    "8",
+                    "--steps",
+                    str(steps),
+                    "--iterations",
+                    str(args.embedded_iterations),
+                    "--only",
+                    *METHODS,
+                ],
+            ),
+            (
+                "sd35_arch",
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.sd35_arch",
+                    *SD35_SCALE,
+                    "--iterations",
+                    str(args.sd35_iterations),
+                    "--steps",
+                    str(steps),
+                ],
+            ),
+        ):
+            path = out / f"{name}-T{steps}-r{repeat}.json"
+            if not path.is_file():
+                wait_until_idle()
+                t0 = time.perf_counter()
+                subprocess.run([*cmd, "--json", str(path)], cwd=ROOT, check=True)
+                print(f"{name} T={steps} repeat {repeat}: {time.perf_counter() - t0:.0f} s", flush=True)
+            result[name].append(json.loads(path.read_text()))
     return result
 
 
-def table(results: dict[int, dict[str, Any]]) -> list[str]:
+def spread(values: list[float]) -> str:
+    """The median of the repeats and their range."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def table(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.Namespace) -> list[str]:
     lines = [
         "# Speed and memory against the number of sampling steps",
         "",
-        "Produced by `python -m benchmarks.speed` on 2 CPU cores, one process per cell, nothing else running. "
-        "Each method with its own recipe: V-GRPO one gradient step on N_MC 4 timestep-noise pairs after an "
-        "ODE rollout; Flow-GRPO an SDE rollout and two gradient steps over 0.99 of the steps; MixGRPO SDE "
-        "and training in a 4-step window.",
+        "Produced by `python -m benchmarks.speed` on 2 CPU cores, one process per measurement, nothing else "
+        f"running. Each cell is the median over {args.repeats} repeats (fresh processes) of the median of "
+        f"{args.embedded_iterations} timed iterations after a warm-up one, with the repeats' range in brackets. "
+        "The embedded rows train each method with the comparison grid's own stage config (`benchmarks/grid.py`: "
+        "its recipe, two half-batch gradient steps per iteration, LoRA r 32, the world GenEval reward), at T "
+        "sampling steps.",
         "",
-        "## Embedded base (8 prompts x 8 samples, LoRA r 32, world GenEval reward)",
+        "## Embedded base (8 prompts x 8 samples)",
         "",
         "| T | method | s/iteration | rollout | reward | prepare | update | peak RSS MB |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for steps, r in sorted(results.items()):
         for m in METHODS:
-            x = r["embedded"]["results"][m]
+            reps = [x["results"][m] for x in r["embedded"]]
+            cells = [spread([x[f"time/{k}_s"] for x in reps]) for k in EMBEDDED_PHASES]
             lines.append(
-                f"| {steps} | {LABELS[m]} | {x['time/total_s']:.2f} | {x['time/rollout_s']:.2f} | "
-                f"{x['time/reward_s']:.2f} | {x['time/prepare_s']:.2f} | {x['time/update_s']:.2f} | "
-                f"{x['peak_rss_mb']:.0f} |"
+                f"| {steps} | {LABELS[m]} | " + " | ".join(cells) + f" | {max(x['peak_rss_mb'] for x in reps):.0f} |"
             )
-    args = next(iter(results.values()))["sd35_arch"]["args"]
+    sd35 = next(iter(results.values()))["sd35_arch"][0]["args"]
     lines += [
         "",
-        f"## SD3.5-M transformer architecture ({args['layers']} of 24 blocks, {args['resolution']} px, "
-        f"1 prompt x {args['group']}, {args['text_tokens']} text tokens, fp32, CPU)",
+        f"## SD3.5-M transformer architecture ({sd35['layers']} of 24 blocks, {sd35['resolution']} px, "
+        f"1 prompt x {sd35['group']}, {sd35['text_tokens']} text tokens, fp32, CPU; median of "
+        f"{args.sd35_iterations} iterations per repeat)",
         "",
         "| T | method | s/iteration | rollout | prepare | update | peak RSS GB | params (M) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for steps, r in sorted(results.items()):
         for m in METHODS:
-            x = r["sd35_arch"]["results"].get(m)
-            if x is None or "error" in x:
+            reps = [x["results"].get(m) for x in r["sd35_arch"]]
+            if any(x is None or "error" in x for x in reps):
                 lines.append(f"| {steps} | {LABELS[m]} | failed | | | | | |")
                 continue
+            cells = [
+                spread([x[k] for x in reps]) for k in ("wall_s", "time/rollout_s", "time/prepare_s", "time/update_s")
+            ]
             lines.append(
-                f"| {steps} | {LABELS[m]} | {x['wall_s']:.2f} | {x['time/rollout_s']:.2f} | "
-                f"{x['time/prepare_s']:.2f} | {x['time/update_s']:.2f} | {x['peak_mem_gb']:.2f} | "
-                f"{x['params_m']:.0f} |"
+                f"| {steps} | {LABELS[m]} | " + " | ".join(cells) + f" | {max(x['peak_mem_gb'] for x in reps):.2f} | "
+                f"{reps[0]['params_m']:.0f} |"
             )
-    lines += ["", "## Update time relative to the smallest T", ""]
+    lines += ["", "## Update time relative to the smallest T (medians)", ""]
     lo = min(results)
     for where, key in (("embedded", "time/update_s"), ("sd35_arch", "time/update_s")):
         parts = []
         for m in METHODS:
-            base = results[lo][where]["results"].get(m, {}).get(key)
-            ratios = [results[t][where]["results"].get(m, {}).get(key) for t in sorted(results)]
+
+            def med(t: int, m: str = m, where: str = where, key: str = key) -> float | None:
+                vals = [x["results"].get(m, {}).get(key) for x in results[t][where]]
+                return statistics.median(vals) if vals and all(v is not None for v in vals) else None
+
+            base = med(lo)
+            ratios = [med(t) for t in sorted(results)]
             if base and all(ratios):
-                parts.append(f"{LABELS[m]} " + " / ".join(f"{v / base:.2f}" for v in ratios))
+                parts.append(f"{LABELS[m]} " + " / ".join(f"{v / base:.2f}" for v in ratios if v))
         lines.append(f"- {where}, T = {' / '.join(str(t) for t in sorted(results))}: " + "; ".join(parts))
     return [*lines, ""]
 
@@ -119,12 +153,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 20, 40])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
-    parser.add_argument("--embedded-iterations", type=int, default=2, help="timed iterations (after a warm-up)")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per measurement")
+    parser.add_argument("--embedded-iterations", type=int, default=5, help="timed iterations (after a warm-up)")
+    parser.add_argument("--sd35-iterations", type=int, default=2, help="timed iterations at the SD3.5-M scale")
     args = parser.parse_args()
     raw = args.out / "speed"
     raw.mkdir(parents=True, exist_ok=True)
-    results = {t: measure(t, raw, args.embedded_iterations) for t in args.steps}
-    (args.out / "speed.md").write_text("\n".join(table(results)))
+    results = {t: measure(t, raw, args) for t in args.steps}
+    (args.out / "speed.md").write_text("\n".join(table(results, args)))
     print(f"report: {args.out / 'speed.md'}")
 
 

@@ -101,14 +101,24 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     algorithm: dict[str, object] = {"name": preset}
     if method == "vgrpo_full_graph":
         algorithm["memory_bounded"] = False
-    # The model file's training sections (its pipeline and evaluation keys belong to a stage, not a run).
-    model = yaml.safe_load((ROOT / "params" / "models" / "embedded.yaml").read_text())
-    model = {k: v for k, v in model.items() if k in ("rollout", "optim", "lora", "precision")}
     rollout = {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps}
-    config = load_config(
-        [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{preset}.yaml"],
-        merge_overrides(model, {"rollout": rollout, "algorithm": algorithm}),
-    )
+    if args.grid:  # the comparison grid's stage config for the method (benchmarks.grid), at this T and batch
+        from benchmarks.grid import RunSpec, Sizes, stage_config
+
+        grid_config = stage_config(RunSpec("methods", preset), Sizes(), ROOT / "data/world/test.jsonl")
+        config = load_config(
+            [],
+            merge_overrides(grid_config.model_dump(mode="json"), {"rollout": rollout, "algorithm": algorithm}),
+            schema=type(grid_config),
+        )
+    else:
+        # The model file's training sections (its pipeline and evaluation keys belong to a stage, not a run).
+        model = yaml.safe_load((ROOT / "params" / "models" / "embedded.yaml").read_text())
+        model = {k: v for k, v in model.items() if k in ("rollout", "optim", "lora", "precision")}
+        config = load_config(
+            [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{preset}.yaml"],
+            merge_overrides(model, {"rollout": rollout, "algorithm": algorithm}),
+        )
     pipe = load_pipeline(args.pipeline)
     assert config.lora is not None
     add_lora(
@@ -156,6 +166,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--pipeline", help="time on this pipeline (LoRA, world GenEval reward) instead of tiny SD3")
+    parser.add_argument(
+        "--grid", action="store_true", help="with --pipeline: the comparison grid's stage config for each method"
+    )
     parser.add_argument("--method", choices=METHODS, help="run one method in this process (internal)")
     parser.add_argument("--only", nargs="+", choices=METHODS, default=list(METHODS), help="methods to time")
     parser.add_argument("--json", help="also write the results here")
@@ -177,6 +190,8 @@ def main() -> None:
         ]
         if args.pipeline:
             cmd.append(f"--pipeline={args.pipeline}")
+        if args.grid:
+            cmd.append("--grid")
         result = json.loads(
             subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
         )
