@@ -86,9 +86,14 @@ class Group:
             curve = curve + [curve[-1]] * (n_points - len(curve))
             scores.append([b["per_prompt"]] + [p["per_prompt"] for p in curve])
         full = [r for r in runs if len(r["curve"]) == n_points] or runs
+        # Wall time from the cells that ran with the cores to themselves, when there are any.
+        clean = [r for r in full if not (r.get("machine") or {}).get("under_load")] or full
+        self.timed_cells = len(clean)
         self.axes = {a: np.zeros(n_points + 1) for a in AXES}
         for a in AXES:
-            self.axes[a][1:] = np.mean([[p[a] for p in r["curve"]] for r in full], axis=0)
+            self.axes[a][1:] = np.mean(
+                [[p[a] for p in r["curve"]] for r in (clean if a == "train_s" else full)], axis=0
+            )
         self.scores = np.asarray(scores, dtype=np.float64)
         self.diverged = np.asarray([bool(r.get("diverged")) for r in runs])
         self.iterations = self.axes["iteration"]

@@ -239,6 +239,9 @@ def claim_rows(an: Analysis) -> list[Row]:
             "V-GRPO at 0.5 x the other's training seconds minus the other at its full budget > 0",
             [("vgrpo", v), (other, o)],
             lambda a, b, vx=vx, x=0.5 * budget: at_budget(vx, a, x) - final(b),
+            note=f"seconds from {v.timed_cells} and {o.timed_cells} cells that ran with the cores to themselves"
+            if v and o
+            else "",
         )
 
     # -- Naive ELBO-GRPO at each method's own rate (GenEval stage).

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.claims import Row
 
 
-def track(
-    records: dict[str, dict[str, Any]], tracking_uri: str, *, grid: str, claims: Sequence[dict[str, Any]] = ()
-) -> None:
+def track(records: dict[str, dict[str, Any]], tracking_uri: str, *, grid: str, claims: Sequence[Row] = ()) -> None:
     """One MLflow run per cell under one parent run of the grid: the spec as params (the columns to compare),
     the held-out curve as a metric history (step = iteration), the costs as metrics. Idempotent: a cell already
     logged (tag ``bench.cell``) is skipped, so a resumed grid adds only its new cells."""
@@ -62,10 +63,9 @@ def track(
                 metrics.append(mlflow.entities.Metric(f"time/{key}_s", float(v), 0, 0))
         client.log_batch(rid, metrics=metrics, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
         client.set_terminated(rid, "FAILED" if rec.get("diverged") else "FINISHED")
-    for i, row in enumerate(claims):  # the claims table on the parent, so the grid reads at the top level
-        if "value" in row:
-            est, low, high = row["value"]
-            for suffix, v in (("", est), ("_low", low), ("_high", high)):
+    for row in claims:  # the claims table on the parent, so the grid reads at the top level
+        if row.estimate is not None:
+            for suffix, v in (("", row.estimate), ("_low", row.low), ("_high", row.high)):
                 if math.isfinite(v):
-                    client.log_metric(parent, f"claim{i:02d}{suffix}", float(v))
-            client.set_tag(parent, f"claim{i:02d}", f"{row['claim']}: {row['verdict']}")
+                    client.log_metric(parent, f"claim_{row.id}{suffix}", float(v))
+        client.set_tag(parent, f"claim_{row.id}", f"{row.claim}: {row.verdict}")

@@ -318,7 +318,8 @@ def test_each_cell_becomes_one_mlflow_run_under_one_parent(tmp_path: Path) -> No
     ]
     records = {n: full[n] for n in names}
     uri = tracking_uri(tmp_path / "mlflow")
-    mlflow_runs.track(records, uri, grid="full")
+    row = claims.Row("E1", "faster", "2x", "rule", estimate=0.1, low=0.02, high=0.18, verdict="reproduced")
+    mlflow_runs.track(records, uri, grid="full", claims=[row])
     mlflow_runs.track(records, uri, grid="full")  # idempotent: a resumed grid adds only new cells
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("vgrpo-benchmarks")
@@ -327,6 +328,8 @@ def test_each_cell_becomes_one_mlflow_run_under_one_parent(tmp_path: Path) -> No
     children = {r.info.run_name: r for r in runs if r.data.tags.get("bench.role") == "cell"}
     assert len(parent) == 1 and len(children) == 3
     assert all(r.data.tags["mlflow.parentRunId"] == parent[0].info.run_id for r in children.values())
+    assert parent[0].data.tags["claim_E1"] == "faster: reproduced"
+    assert parent[0].data.metrics["claim_E1_low"] == pytest.approx(0.02)
     v = children[names[1]]
     assert v.data.params["method"] == "vgrpo" and v.data.params["lr"] == "0.0002"
     history = client.get_metric_history(v.info.run_id, "heldout/score")
