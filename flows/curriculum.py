@@ -31,7 +31,9 @@ from flows.devices import device_slot
 from tasks.callbacks import log_evaluation
 from tasks.outcome import StageOutcome
 from tasks.stage import code_version, output_is_intact
+from tasks.stage_store import restore_stage
 from tasks.stage_tasks import evaluate_task, prepare_prompts_task, train_task
+from tasks.store import Store
 from tasks.tracking import Tracking, end_run, log_json, log_metrics, log_params, start_run
 from vgrpo.config import CurriculumConfig, StageConfig, load_curriculum, read_params
 from vgrpo.errors import ConfigError
@@ -104,6 +106,7 @@ def run_curriculum(
 ) -> list[StageOutcome]:
     """Every stage in order through the cached tasks; returns each stage's outcome with its final evaluation."""
     logger = get_run_logger()
+    store = Store.from_env()
     results: list[StageOutcome] = []
     previous: StageOutcome | None = None
     for cfg in stages:
@@ -113,6 +116,10 @@ def run_curriculum(
             run_name = f"{variant}/{cfg.name}" if variant else cfg.name
             tracking = Tracking(tracking_uri, experiment, run_name, parent, run_tags(variant))
         prompts = prepare_prompts_task(cfg, root)
+        # Another machine may have finished this stage: its manifest, and the adapter it names by content hash.
+        local = store is None or output_is_intact(cfg, str(run_dir), init_hash)
+        if store is not None and not local and restore_stage(store, run_dir, cfg.name, root):
+            logger.info("stage %s: its output from the store (%s)", cfg.name, store.url)
         intact = output_is_intact(cfg, str(run_dir), init_hash)
         if not intact:
             logger.info("stage %s: no intact output under %s; training (or resuming) it", cfg.name, run_dir)

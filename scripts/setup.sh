@@ -14,4 +14,4 @@ fi
 . .venv/bin/activate
 # A current pip resolves the ~230 locked pins much faster than the 23.x that venv seeds.
 python -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25"
-python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[pipeline,dev]"
+python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[pipeline,cluster,dev]"

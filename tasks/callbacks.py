@@ -40,6 +40,29 @@ def system_metrics_interval() -> float:
     return float(os.environ.get("VGRPO_SYSTEM_METRICS_INTERVAL_S", SYSTEM_METRICS_INTERVAL_S))
 
 
+class FanOut(StageCallbacks):
+    """Every report to each of ``callbacks`` in turn (a tracker and the store's checkpoint upload)."""
+
+    def __init__(self, *callbacks: StageCallbacks) -> None:
+        self.callbacks = callbacks
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        for c in self.callbacks:
+            c.on_log(metrics, iteration)
+
+    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
+        for c in self.callbacks:
+            c.on_evaluate(table, images, iteration)
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        for c in self.callbacks:
+            c.on_skip(event)
+
+    def on_checkpoint(self, path: Path, iteration: int) -> None:
+        for c in self.callbacks:
+            c.on_checkpoint(path, iteration)
+
+
 class StageTracker(StageCallbacks):
     """Progress bar and, with a run, MLflow logging of one stage (rank 0); each evaluation's grid shows its first
     ``grid_prompts`` prompts (``evaluation.grid_prompts``; none with 0)."""

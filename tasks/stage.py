@@ -20,9 +20,12 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
-from tasks.callbacks import StageTracker, log_evaluation
+from tasks.callbacks import FanOut, StageTracker, log_evaluation
 from tasks.launch import launch_stage
 from tasks.outcome import StageEvaluation, StageOutcome
+from tasks.stage_layout import MANIFEST, dir_hash, stage_dirs
+from tasks.stage_store import CheckpointUpload, publish_stage, restore_checkpoints
+from tasks.store import Store
 from tasks.tracking import Tracking
 from vgrpo.atomic import write_json_atomic
 from vgrpo.checkpoints.resume import ResumableRun, training_hash
@@ -32,7 +35,7 @@ from vgrpo.evaluation.tables import flat_metrics
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.trainer import Trainer
 from vgrpo.training.prompt_rows import StagePrompts
-from vgrpo.training.stage import PhaseRunner, call_directly
+from vgrpo.training.stage import PhaseRunner, StageCallbacks, call_directly
 
 __all__ = [
     "MANIFEST",
@@ -50,30 +53,11 @@ __all__ = [
 CODE = tuple(Path(__file__).resolve().parents[1] / name for name in ("vgrpo", "tasks"))
 """The code that decides a stage's result and its shape: the library and these task bodies."""
 
-MANIFEST = "export.json"
-"""Beside the checkpoints: which training produced the stage's output, and the output's hash."""
-
 
 @lru_cache(maxsize=1)
 def code_version() -> str:
     """Hash of the Python sources of :data:`CODE` (what decides a stage's result besides its params)."""
     return hashlib.sha256("".join(dir_hash(path, "*.py") for path in CODE).encode()).hexdigest()[:16]
-
-
-def dir_hash(path: Path, pattern: str = "*") -> str:
-    """SHA-256 (16 hex digits) over the names and bytes of the files under ``path`` matching ``pattern``: the
-    identity of a stage's output."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob(pattern) if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def stage_dirs(run_root: str | Path, name: str) -> tuple[Path, Path]:
-    """A stage's output folder (``run_root/stages/<name>``) and its work folder with the checkpoints
-    (``run_root/work/<name>``)."""
-    return Path(run_root) / "stages" / name, Path(run_root) / "work" / name
 
 
 def output_is_intact(cfg: StageConfig, run_root: str, init_hash: str | None) -> bool:
@@ -102,6 +86,11 @@ def train(
     """Train one stage with its MLflow run (continued when its checkpoint names one). When the stage's
     ``launch`` asks for more than one process, ``accelerate launch`` runs it (:mod:`tasks.launch`; each output
     line goes to ``log``, and ``phases`` and ``prompts`` are not used: the processes call the phases directly)."""
+    store = Store.from_env()
+    if store is not None:  # another machine may have checkpointed this stage: resume from its newest
+        fetched = restore_checkpoints(store, run_root, cfg.name, root)
+        if fetched:
+            log(f"{cfg.name}: checkpoints {', '.join(fetched)} from the store ({store.url})")
     if cfg.launch.launched:
         started = time.perf_counter()
         launched = launch_stage(cfg, init_lora, run_root, root, tracking, log)
@@ -130,6 +119,10 @@ def train_and_track(
     if dist is None or dist.is_main:
         previous = ResumableRun.for_stage(cfg, work_dir, init).peek()
         tracker = StageTracker.open(cfg, tracking, previous.run.get("mlflow_run_id") if previous else None)
+    store = Store.from_env()
+    callbacks: StageCallbacks | None = tracker
+    if store is not None and tracker is not None:
+        callbacks = FanOut(tracker, CheckpointUpload(store, run_root, cfg.name, root))
     started = time.perf_counter()
     try:
         trainer = Trainer(
@@ -138,7 +131,7 @@ def train_and_track(
             out_dir=out_dir,
             init_lora=Path(init_lora) if init_lora else None,
             root=Path(root),
-            callbacks=tracker,
+            callbacks=callbacks,
             phases=phases,
             dist=dist,
         )
@@ -154,6 +147,8 @@ def train_and_track(
     init_hash = dir_hash(init) if init is not None else None
     manifest = {"fingerprint": training_hash(cfg), "init_hash": init_hash, "code_version": code_version()}
     write_json_atomic(work_dir / MANIFEST, {**manifest, "hash": out_hash})
+    if store is not None:  # the adapter by its hash, then the manifest naming it: what other machines restore
+        publish_stage(store, run_root, cfg.name, root)
     tracker.finish_training(out_dir, out_hash, result.resumed_from, len(result.skipped), base=Path(root) / cfg.pipeline)
     return StageOutcome(
         name=cfg.name,
