@@ -37,6 +37,7 @@ from benchmarks.analysis import (
 )
 from benchmarks.bootstrap import interval
 from benchmarks.common import LABELS
+from benchmarks.tables import plateau
 
 MARGIN = {"geneval": 0.02, "preference": 0.2}
 """Non-inferiority and "adds little" margins: GenEval strict credit, world PickScore."""
@@ -215,7 +216,7 @@ def claim_rows(an: Analysis) -> list[Row]:
         budget = float(o.axes[axis][-1]) if o else float("nan")
         vx = v.axes[axis] if v else np.zeros(1)
         kind = "superiority" if margin == 0 else f"non-inferiority, margin {margin}"
-        row(
+        r = row(
             id_,
             words,
             paper,
@@ -228,6 +229,8 @@ def claim_rows(an: Analysis) -> list[Row]:
             if other == "diffusion_nft"
             else "",
         )
+        if o is not None:  # whether the level compared has settled: a rising one makes the comparison a lower bound
+            r.note = "; ".join(n for n in (r.note, f"{LABELS[other]}'s last quarter {plateau(an, other, o)}") if n)
     for id_, other in (("E4", "mixgrpo"), ("E5", "flow_grpo")):
         o = g.get(other)
         budget = float(o.axes["train_s"][-1]) if o else float("nan")

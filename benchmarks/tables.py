@@ -57,7 +57,7 @@ def plateau(an: Analysis, key: str, g: Group) -> str:
     est, reps = an.statistic([(key, g)], lambda c: c[..., -1].mean(axis=-1) - c[..., k].mean(axis=-1))
     low, high = interval(reps)
     word = "plateaued" if low >= -PLATEAU and high <= PLATEAU else "rising" if low > 0 else "undetermined"
-    return f"{est:+.3f} {fmt_ci(low, high, sign=True)} since it {g.iterations[k]:.0f}: {word}"
+    return f"{est:+.3f} {fmt_ci(low, high, sign=True)} since iteration {g.iterations[k]:.0f}: {word}"
 
 
 def methods_table(an: Analysis, lines: list[str]) -> None:
