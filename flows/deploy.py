@@ -13,7 +13,13 @@
 The serving process runs up to ``VGRPO_SERVE_LIMIT`` (default 4) flow runs at once: a sweep's own run waits for its
 cells, so it needs at least ``devices + 1``.
 
-    python -m flows.deploy        # needs PREFECT_API_URL (scripts/services-env.sh sets it)
+    python -m flows.deploy                 # serve them from this process (PREFECT_API_URL: scripts/services-env.sh)
+    python -m flows.deploy --pool vgrpo    # or register them to a Prefect work pool, for workers (docs/cluster.md)
+
+Registered to a pool, every deployment runs on whichever worker takes it: a process worker started in its own
+checkout (``scripts/worker.sh``), whose ``VGRPO_ROOT`` the deployment's pull step changes into. The sweep's own
+run only waits for its cells, so it goes to the pool's ``control`` queue (a worker without devices); everything
+that trains goes to the ``gpu`` queue, which the machines' workers poll with one slot per device.
 
 Parameters given with ``prefect deployment run ... -p overrides='{"rollout": {"group_size": 4}}'`` override
 every stage's params.
@@ -21,12 +27,16 @@ every stage's params.
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import Any, cast
 
-from prefect import Flow, serve
+from prefect import Flow, get_client, serve
+from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.deployments.runner import RunnerDeployment
+from prefect.exceptions import ObjectNotFound
+from prefect.runner.storage import LocalStorage
 
 from flows.curriculum import curriculum_flow
 from flows.sweep import CELL_DEPLOYMENT, ablation_sweep
@@ -56,7 +66,53 @@ def deployments() -> list[RunnerDeployment]:
     ]
 
 
+ENTRYPOINTS: dict[str, str] = {"curriculum_flow": "flows/curriculum.py:curriculum_flow"}
+ENTRYPOINTS["ablation_sweep"] = "flows/sweep.py:ablation_sweep"
+QUEUES = {"ablation-sweep": "control"}
+"""Each deployment's work queue in the pool (default ``gpu``)."""
+
+
+class CheckoutStorage(LocalStorage):
+    """The code is already on every machine, in the checkout its worker serves: the pull step changes into
+    ``$VGRPO_ROOT``, which Prefect resolves on the worker's machine when the flow run starts."""
+
+    def to_pull_step(self) -> dict[str, Any]:
+        return {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $VGRPO_ROOT }}"}}
+
+
+def deploy_to_pool(pool: str) -> list[str]:
+    """Register :data:`DEPLOYMENTS` to the work pool ``pool`` (created as a process pool when missing); returns
+    the deployments' names."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+    names = []
+    for name, (flow, parameters) in DEPLOYMENTS.items():
+        # from_source is sync outside an event loop, as here (it returns a coroutine only inside one).
+        remote = cast(Flow[..., Any], flow.from_source(CheckoutStorage(str(ROOT)), ENTRYPOINTS[flow.fn.__name__]))
+        remote.deploy(
+            name=name,
+            work_pool_name=pool,
+            work_queue_name=QUEUES.get(name, "gpu"),
+            parameters=parameters,
+            build=False,
+            push=False,
+            print_next_steps=False,
+        )
+        names.append(f"{flow.name}/{name}")
+    return names
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pool", help="register the deployments to this work pool instead of serving them")
+    args = parser.parse_args()
+    if args.pool:
+        for name in deploy_to_pool(args.pool):
+            print(f"{name} -> work pool {args.pool}")
+        return
     serve(*deployments(), limit=int(os.environ.get("VGRPO_SERVE_LIMIT", "4")))
 
 
