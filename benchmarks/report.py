@@ -18,7 +18,18 @@ from typing import Any
 
 from benchmarks.analysis import AXES, COLLAPSE_DROP, N_BOOT, SPIKE_FACTOR, Analysis, load_records
 from benchmarks.claims import CONVERGED_GAIN, MARGIN, Row, claim_rows, claims_table
-from benchmarks.grid import QUICK, SWEEP_BOUNDS, SWEEP_LADDER, RunSpec, Sizes, full_plan, stage_config
+from benchmarks.common import METHODS
+from benchmarks.grid import (
+    PHASES,
+    QUICK,
+    SWEEP_BOUNDS,
+    SWEEP_LADDER,
+    RunSpec,
+    Sizes,
+    full_plan,
+    plan_phase,
+    stage_config,
+)
 from benchmarks.mlflow_runs import track
 from benchmarks.plots import plot_curves
 from benchmarks.provenance import LOADED_CORES, code_hash
@@ -191,6 +202,15 @@ def write_report(
     ]
     if missing:
         lines += [f"Not run yet ({len(missing)}; the command resumes the grid): {', '.join(missing)}", ""]
+    later = PHASES[2:]
+    if not quick and not any(n.startswith(tuple(f"{p}-" for p in later)) for n in planned):
+        every = {m: 1e-4 for m in METHODS}  # the count does not depend on the rates
+        count = sum(len(plan_phase(p, sizes, every, False)) for p in later)
+        lines += [
+            f"The phases after the sweep ({', '.join(later)}: {count} cells at these sizes) are planned when the "
+            "sweep has chosen every method's rate.",
+            "",
+        ]
     rows: list[Row] = []
     if an.base and not quick:
         rows = claim_rows(an)
