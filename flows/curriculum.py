@@ -27,7 +27,7 @@ from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_stage, publish_summary, summary_table
-from flows.devices import device_slot
+from flows.devices import device_slot, local_devices
 from tasks.callbacks import log_evaluation
 from tasks.outcome import StageOutcome
 from tasks.stage import code_version, output_is_intact
@@ -192,7 +192,9 @@ def run_cell(
     if tracking_uri:
         parent = _parent_run(tracking_uri, spec, variant, ablation, overrides, sweep_run_id, root)
     try:
-        with device_slot() if variant else nullcontext():  # a sweep's cell holds a device while it trains
+        # A sweep's cell holds a slot of the sweep's devices; every run holds this machine's devices it trains on.
+        per_machine = max(cfg.launch.processes // cfg.launch.machines for cfg in stages)
+        with device_slot() if variant else nullcontext(), local_devices(per_machine):
             results = run_curriculum(stages, run_dir, root, tracking_uri, spec.name, parent, variant)
     except BaseException:
         if tracking_uri and parent:

@@ -1,19 +1,30 @@
-"""The devices an ablation sweep's cells share: a Prefect global concurrency limit with one slot per GPU.
+"""The devices flow runs share.
 
-The sweep (:mod:`flows.sweep`) sets the limit to its ``devices``; each cell (a run of the curriculum flow,
+Across machines, an ablation sweep's cells share a Prefect global concurrency limit with one slot per GPU: the
+sweep (:mod:`flows.sweep`) sets the limit to its ``devices``; each cell (a run of the curriculum flow,
 :mod:`flows.curriculum`) holds one slot while it trains, so whatever serves or works the cells' deployment never
 trains more cells at once than there are devices.
+
+On one machine, the flow runs a worker starts side by side (``scripts/worker.sh``, one slot per device) each hold
+their own devices of ``VGRPO_DEVICES`` (:func:`local_devices`): an exclusive lock file per device, and
+``CUDA_VISIBLE_DEVICES`` set to the ones held, so two runs never train on the same GPU.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import IO
 
 from prefect import get_client
 from prefect.concurrency.sync import concurrency
 
-__all__ = ["DEVICE_LIMIT", "device_slot", "set_device_limit"]
+__all__ = ["DEVICE_LIMIT", "device_slot", "local_devices", "set_device_limit"]
 
 DEVICE_LIMIT = "vgrpo-devices"
 """The global concurrency limit's name."""
@@ -31,3 +42,55 @@ def set_device_limit(devices: int) -> None:
     """Create or resize :data:`DEVICE_LIMIT` to ``devices`` slots."""
     with get_client(sync_client=True) as client:
         client.upsert_global_concurrency_limit_by_name(DEVICE_LIMIT, devices)
+
+
+def _devices(spec: str | None) -> list[str]:
+    """The GPUs ``VGRPO_DEVICES`` lists (``0,1,2,3``); none for ``cpu:N`` or when it is unset."""
+    if not spec or spec.startswith("cpu"):
+        return []
+    return [d.strip() for d in spec.split(",") if d.strip()]
+
+
+@contextmanager
+def local_devices(
+    count: int = 1, spec: str | None = None, lock_dir: Path | None = None, poll_s: float = 2.0
+) -> Iterator[list[str]]:
+    """Hold ``count`` of this machine's devices (``spec``, default ``VGRPO_DEVICES``), waiting until that many
+    are free, with ``CUDA_VISIBLE_DEVICES`` set to them while held; yields their ids (none, and nothing set, when
+    the machine lists no GPU). Raises ValueError when the machine has fewer than ``count``."""
+    devices = _devices(spec if spec is not None else os.environ.get("VGRPO_DEVICES"))
+    if not devices:
+        yield []
+        return
+    if count > len(devices):
+        raise ValueError(f"a run needs {count} devices; VGRPO_DEVICES lists {len(devices)}: {','.join(devices)}")
+    folder = lock_dir or Path(tempfile.gettempdir()) / "vgrpo-devices"
+    folder.mkdir(parents=True, exist_ok=True)
+    while True:  # all at once or none: a run holding some while waiting for more could deadlock another
+        stack = ExitStack()
+        held: list[str] = []
+        for device in devices:
+            if len(held) == count:
+                break
+            handle: IO[str] = open(folder / f"{device}.lock", "w")  # noqa: SIM115 -- closed by the stack
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            stack.enter_context(handle)  # closing the file releases its lock
+            held.append(device)
+        if len(held) == count:
+            break
+        stack.close()
+        time.sleep(poll_s)
+    with stack:
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(held)
+        try:
+            yield held
+        finally:
+            if saved is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
