@@ -15,6 +15,7 @@ files. MLflow logging is on when ``MLFLOW_TRACKING_URI`` is set.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -31,7 +32,7 @@ from flows.devices import device_slot, local_devices
 from tasks.callbacks import log_evaluation
 from tasks.outcome import StageOutcome
 from tasks.stage import code_version, output_is_intact
-from tasks.stage_store import restore_stage
+from tasks.stage_store import restore_stage, run_key
 from tasks.stage_tasks import evaluate_task, prepare_prompts_task, train_task
 from tasks.store import Store
 from tasks.tracking import Tracking, end_run, log_json, log_metrics, log_params, start_run
@@ -202,6 +203,10 @@ def run_cell(
         raise
     table = summary_table(stages, results)
     publish_summary(spec.name, variant, stages, results, run_dir, table)
+    store = Store.from_env()
+    if store is not None:  # a sweep's run may read it on another machine
+        summary = json.loads((run_dir / "results.json").read_text())
+        store.put_json(f"{run_key(run_dir, root)}/results.json", summary)
     named = f"{spec.name} ({variant})" if variant else spec.name
     get_run_logger().info("%s, final evaluation of each stage:\n%s", named, table)
     if tracking_uri and parent:

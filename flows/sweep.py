@@ -28,6 +28,8 @@ from prefect.runtime import flow_run
 
 from flows.curriculum import curriculum_flow, load_cells, run_tags
 from flows.devices import set_device_limit
+from tasks.stage_store import run_key
+from tasks.store import Store
 from tasks.tracking import end_run, log_json, log_params, start_run
 from vgrpo.errors import ConfigError
 
@@ -108,10 +110,18 @@ def ablation_sweep(
                 logger.error("cell %s failed: %s", a, exc)
                 failed.append(a)
     out: dict[str, Any] = {"curriculum": name, "ablations": {}, "run_id": sweep}
+    store = Store.from_env()
     for a in ablations:
-        results = Path(root) / run_root / name / "ablations" / Path(a).stem / "results.json"
-        if a not in failed and results.is_file():
+        cell_dir = Path(root) / run_root / name / "ablations" / Path(a).stem
+        results = cell_dir / "results.json"
+        if a in failed:
+            continue
+        if results.is_file():
             out["ablations"][Path(a).stem] = json.loads(results.read_text())
+        elif store is not None:  # the cell ran on another machine: its summary from the store
+            summary = store.get_json(f"{run_key(cell_dir, root)}/results.json")
+            if summary is not None:
+                out["ablations"][Path(a).stem] = summary
     if tracking_uri and sweep:
         end_run(MlflowClient(tracking_uri), sweep, "FAILED" if failed else "FINISHED")
     if failed:
