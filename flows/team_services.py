@@ -10,7 +10,9 @@ environment file they write.
 under ``root/postgres``, created on the first start; ``--database-url`` uses an existing server instead), then
 ``prefect server start`` with ``PREFECT_API_DATABASE_CONNECTION_URL`` on its database, then ``mlflow server`` with
 its backend store on its database and its artifacts under the store (served by the tracking server, so clients
-need no store credentials for them). The one-machine default stays what it was: sqlite files, no servers.
+need no store credentials for them). The environment file points Prefect's result storage (the cached tasks'
+results and cache records) at ``<store>/prefect-results``. The one-machine default stays what it was: sqlite
+files, no servers.
 """
 
 from __future__ import annotations
@@ -71,15 +73,36 @@ class TeamServices:
         return f"http://{self.host}:{self.mlflow_port}"
 
 
+RESULTS_BLOCK = "vgrpo-results"
+"""The Prefect block (``remote-file-system/vgrpo-results``) that keeps the flows' cached results in an object store."""
+
+
 def team_env(services: TeamServices) -> dict[str, str]:
-    """What a client on any machine exports: the servers' addresses and the store."""
-    return {
+    """What a client on any machine exports: the servers' addresses, the store, and where Prefect persists the
+    tasks' results and cache records (in the store, so that a cached stage means the same on every machine)."""
+    env = {
         **_QUIET,
         "PREFECT_API_URL": services.prefect_api_url,
         "MLFLOW_TRACKING_URI": services.mlflow_tracking_uri,
         "VGRPO_STORE": services.store,
         "HF_HUB_OFFLINE": "1",
     }
+    if "://" in services.store:
+        env["PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK"] = f"remote-file-system/{RESULTS_BLOCK}"
+    else:
+        env["PREFECT_LOCAL_STORAGE_PATH"] = str(Path(services.store) / "prefect-results")
+    return env
+
+
+def save_results_block(services: TeamServices) -> None:
+    """For an object store, the block that points Prefect's result storage at ``<store>/prefect-results``."""
+    if "://" not in services.store:
+        return
+    from prefect.filesystems import RemoteFileSystem
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: services.prefect_api_url}):
+        RemoteFileSystem(basepath=services.store.rstrip("/") + "/prefect-results").save(RESULTS_BLOCK, overwrite=True)
 
 
 def _as_postgres(cmd: Sequence[str]) -> list[str]:
@@ -226,6 +249,7 @@ def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[st
         )
         _wait_healthy("Prefect's server", services.prefect_api_url + "/health", prefect, root / "prefect.log", timeout)
         _wait_healthy("MLflow's server", services.mlflow_tracking_uri + "/health", mlflow, root / "mlflow.log", timeout)
+        save_results_block(services)
     except BaseException:
         team_down(root)
         raise

@@ -1,6 +1,7 @@
 """Team services, really started: PostgreSQL on 127.0.0.1, Prefect's server and MLflow's tracking server on it,
-with the artifacts under a shared store; two "machines" (processes in separate working directories that share
-only the servers and the store) land their runs in one experiment."""
+with the artifacts and Prefect's cached results under a shared store; two "machines" (processes in separate
+working directories that share only the servers and the store) land their runs in one experiment, and the second
+finds the first's cached task result."""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ pytestmark = pytest.mark.slow
 
 CLIENT = """
 import mlflow, pathlib, sys
-from prefect import flow
+from prefect import flow, task
+
+@task(persist_result=True, cache_key_fn=lambda context, parameters: "team-cache-check")
+def expensive(x: int) -> int:
+    pathlib.Path("computed-here").write_text(str(x))
+    return 2 * x
 
 @flow(name="team-check")
-def check(machine: str) -> str:
-    return machine
+def check(machine: str) -> int:
+    return expensive(21)
 
 machine = sys.argv[1]
 check(machine)
@@ -68,6 +74,9 @@ def test_two_machines_share_one_tracking_server_and_one_prefect_server(team, tmp
         cwd.mkdir()
         client_env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))} | env
         subprocess.run([sys.executable, "-c", CLIENT, machine], cwd=cwd, env=client_env, check=True, timeout=300)
+    # The cached task ran on machine a only: b found its result in the store (Prefect's result storage).
+    assert (tmp_path / "a" / "computed-here").is_file() and not (tmp_path / "b" / "computed-here").exists()
+    assert any(Path(services.store, "prefect-results").iterdir())
     from mlflow import MlflowClient
 
     client = MlflowClient(services.mlflow_tracking_uri)
