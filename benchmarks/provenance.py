@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT
+from tasks.store import file_sha256
 
 REGISTRIES = ("vgrpo.algorithms.", "vgrpo.rewards.", "vgrpo.models.")
 """Packages whose modules the library's registries import by name (``importlib``): every one is in the code."""
@@ -34,19 +35,10 @@ LOADED_CORES = 0.25  # a cell ran "under load" when other processes used more th
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def source_digest(path: Path) -> str:
     """sha256 of a Python module's syntax tree without its docstrings (other files: of their bytes)."""
     if path.suffix != ".py":
-        return file_digest(path)
+        return file_sha256(path)
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -89,7 +81,7 @@ def cell_key(spec: dict[str, Any], config: dict[str, Any] | None, threads: int, 
         "spec": spec,
         "config": config,
         "threads": threads,
-        "files": {str(p): file_digest(p) for p in files},
+        "files": {str(p): file_sha256(p) for p in files},
         "code": code_hash(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -27,7 +27,7 @@ from typing import Any
 
 import fsspec
 
-__all__ = ["COMPLETE", "Store", "StoreError"]
+__all__ = ["COMPLETE", "Store", "StoreError", "file_sha256"]
 
 COMPLETE = ".complete"
 
@@ -36,7 +36,8 @@ class StoreError(RuntimeError):
     """The store is unreachable, or a folder in it is incomplete or corrupted; the message names the key."""
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -71,7 +72,7 @@ class Store:
     def put_dir(self, local: Path, key: str) -> None:
         """Upload the files under ``local`` to ``key``, then its ``.complete`` listing (sizes and hashes)."""
         files = sorted(p for p in local.rglob("*") if p.is_file())
-        listing = {p.relative_to(local).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+        listing = {p.relative_to(local).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files}
         if self.has(key) and self._listing(key) == listing:
             return  # already there, byte for byte
         for rel in listing:
@@ -98,7 +99,7 @@ class Store:
                 dest = tmp / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 self.fs.get_file(self.path(key) + "/" + rel, str(dest))
-                if dest.stat().st_size != meta["size"] or _sha256(dest) != meta["sha256"]:
+                if dest.stat().st_size != meta["size"] or file_sha256(dest) != meta["sha256"]:
                     raise StoreError(f"{self.url}: {key}/{rel} does not match its listing (corrupted upload?)")
             if local.exists():
                 shutil.rmtree(local)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from tests.models.test_embedded import TINY
 from vgrpo.config import StageConfig
@@ -35,6 +36,32 @@ def write_tiny_world(root: Path, n_train: int = 40, n_test: int = 8) -> Path:
     write_jsonl(root / "test.jsonl", [md for md, _ in test])
     prompts = [md["prompt"] for md, _ in train + test] + [""]
     build_pipeline(TINY, train_clip_tokenizer(prompts, TINY), seed=0).save_pretrained(root / "base")
+    return root
+
+
+SWEEP_ABLATIONS = {"no_shared_pairs": "algorithm: {share: none}\n", "v_prediction": "algorithm: {prediction: v}\n"}
+"""The two ablation files :func:`write_sweep_project` writes under ``ablations/``."""
+
+
+def write_sweep_project(root: Path) -> Path:
+    """Beside a tiny world in ``root``: a one-stage curriculum ``one.yaml`` (six iterations on world PickScore,
+    checkpoints every three) and :data:`SWEEP_ABLATIONS`; returns root."""
+    stage = {
+        "name": "s1-pick",
+        "prompts": "train.jsonl",
+        "iterations": 6,
+        "checkpoint_every": 3,
+        "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
+        "algorithm": {"name": "vgrpo", "n_mc": 2},
+    }
+    (root / "base.yaml").write_text("seed: 0\n")
+    (root / "model.yaml").write_text(yaml.safe_dump(TINY_MODEL_PARAMS))
+    (root / "a.yaml").write_text(yaml.safe_dump(stage))
+    curriculum = {"name": "one", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml"]}
+    (root / "one.yaml").write_text(yaml.safe_dump({"curriculum": curriculum}))
+    (root / "ablations").mkdir()
+    for name, text in SWEEP_ABLATIONS.items():
+        (root / "ablations" / f"{name}.yaml").write_text(text)
     return root
 
 

@@ -12,16 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.tiny_world import TINY_MODEL_PARAMS, WORLD_PICK, write_tiny_world
+from tests.tiny_world import SWEEP_ABLATIONS, write_sweep_project, write_tiny_world
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-ABLATIONS = {"no_shared_pairs": "algorithm: {share: none}\n", "v_prediction": "algorithm: {prediction: v}\n"}
+ABLATIONS = SWEEP_ABLATIONS
 
 
 def _machine(root: Path, world: Path) -> Path:
@@ -30,23 +29,7 @@ def _machine(root: Path, world: Path) -> Path:
     (root / "flows").symlink_to(REPO / "flows")
     for item in world.iterdir():
         (root / item.name).symlink_to(item)
-    stage = {
-        "name": "s1-pick",
-        "prompts": "train.jsonl",
-        "iterations": 6,
-        "checkpoint_every": 3,
-        "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
-        "algorithm": {"name": "vgrpo", "n_mc": 2},
-    }
-    (root / "base.yaml").write_text("seed: 0\n")
-    (root / "model.yaml").write_text(yaml.safe_dump(TINY_MODEL_PARAMS))
-    (root / "a.yaml").write_text(yaml.safe_dump(stage))
-    curriculum = {"name": "one", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml"]}
-    (root / "one.yaml").write_text(yaml.safe_dump({"curriculum": curriculum}))
-    (root / "ablations").mkdir()
-    for name, text in ABLATIONS.items():
-        (root / "ablations" / f"{name}.yaml").write_text(text)
-    return root
+    return write_sweep_project(root)
 
 
 def _worker(name: str, machine: Path, queue: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

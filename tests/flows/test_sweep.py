@@ -11,14 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.tiny_world import TINY_MODEL_PARAMS, WORLD_PICK, write_tiny_world
+from tests.tiny_world import write_sweep_project, write_tiny_world
 
 pytestmark = pytest.mark.slow
 
@@ -31,23 +30,7 @@ SERVE = (  # the sweep's own run and its two cells at once, from the project's s
 
 def _project(root: Path) -> Path:
     write_tiny_world(root, n_test=4)
-    stage = {
-        "name": "s1-pick",
-        "prompts": "train.jsonl",
-        "iterations": 6,
-        "checkpoint_every": 3,
-        "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
-        "algorithm": {"name": "vgrpo", "n_mc": 2},
-    }
-    (root / "base.yaml").write_text("seed: 0\n")
-    (root / "model.yaml").write_text(yaml.safe_dump(TINY_MODEL_PARAMS))
-    (root / "a.yaml").write_text(yaml.safe_dump(stage))
-    curriculum = {"name": "one", "base": ["base.yaml"], "model": "model.yaml", "stages": ["a.yaml"]}
-    (root / "one.yaml").write_text(yaml.safe_dump({"curriculum": curriculum}))
-    (root / "ablations").mkdir()
-    (root / "ablations/no_shared_pairs.yaml").write_text("algorithm: {share: none}\n")
-    (root / "ablations/v_prediction.yaml").write_text("algorithm: {prediction: v}\n")
-    return root
+    return write_sweep_project(root)
 
 
 def test_two_ablation_cells_train_at_once_under_a_device_limit_of_two(tmp_path: Path) -> None:
