@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import fisher_exact
 
-from benchmarks.bootstrap import prompt_weights
+from benchmarks.bootstrap import point_weights, prompt_weights
+from benchmarks.common import METHODS
+from vgrpo.atomic import write_text_atomic
 
 AXES = {
     "iteration": "iterations",
@@ -44,6 +46,11 @@ def load_records(source: Path) -> dict[str, dict[str, Any]]:
         rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
         return {r["name"]: r for r in rows}
     return {p.stem: json.loads(p.read_text()) for p in sorted(source.glob("*.json")) if p.stem != "grid"}
+
+
+def write_records(path: Path, records: dict[str, dict[str, Any]]) -> None:
+    """The records as ``cells.jsonl`` (one JSON per line, by name; atomically): what :func:`load_records` reads."""
+    write_text_atomic(path, "".join(json.dumps(records[k], sort_keys=True) + "\n" for k in sorted(records)))
 
 
 def cells(
@@ -120,7 +127,8 @@ class Group:
 
 
 class Analysis:
-    """The shared bootstrap draws (one per reward) and the quantities the report reads.
+    """The shared bootstrap draws (one per reward's test prompts, and one for the sweep's validation prompts,
+    ``geneval-val``) and the quantities the report reads.
 
     A *statistic* is a function of the per-seed curves of some groups: ``fn(*per_seed) -> (...,)``. Its estimate
     uses the point weights and every seed; each replicate uses a prompt draw shared by all groups of the reward
@@ -130,14 +138,13 @@ class Analysis:
         self.records = records
         self.n_boot = n_boot
         self.bases = {r: records.get(f"base-{r}-test") for r in ("geneval", "preference")}
+        self.bases["geneval-val"] = records.get("base-geneval-val")  # the sweep's validation prompts
         self.base = self.bases["geneval"]
         self.rng = np.random.default_rng(0)
         self._weights: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._seed_draws: dict[tuple[str, int], np.ndarray] = {}
         self.groups: dict[str, Group] = {}
         if self.base:
-            from benchmarks.common import METHODS
-
             for m in METHODS:
                 runs = cells(records, "methods", m)
                 if runs:
@@ -152,8 +159,6 @@ class Analysis:
     def weights(self, reward: str) -> tuple[np.ndarray, np.ndarray]:
         """The point weights ``(P,)`` and the shared prompt replicates ``(B, P)`` of ``reward``'s test prompts."""
         if reward not in self._weights:
-            from benchmarks.bootstrap import point_weights
-
             tags = self.bases[reward]["curve"][0]["tags"]  # type: ignore[index]
             self._weights[reward] = (point_weights(tags), prompt_weights(tags, self.n_boot, self.rng))
         return self._weights[reward]

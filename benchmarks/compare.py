@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from benchmarks.analysis import load_records
+from benchmarks.analysis import load_records, write_records
 from benchmarks.cell import expected_key, run_cell
 from benchmarks.common import ROOT
 from benchmarks.grid import (
@@ -53,7 +53,7 @@ from benchmarks.grid import (
 )
 from benchmarks.provenance import code_hash, wait_until_idle
 from benchmarks.report import write_report
-from vgrpo.atomic import write_json_atomic, write_text_atomic
+from vgrpo.atomic import write_json_atomic
 
 
 def sync_records(out: Path, committed: Path, *, export: bool) -> None:
@@ -62,9 +62,7 @@ def sync_records(out: Path, committed: Path, *, export: bool) -> None:
     each cell, the folder's records are written back to the file (atomically), so that a grid killed at any
     point leaves its finished cells in the repository."""
     if export:
-        records = load_records(out)
-        text = "".join(json.dumps(records[k], sort_keys=True) + "\n" for k in sorted(records))
-        write_text_atomic(committed, text)
+        write_records(committed, load_records(out))
         return
     if committed.is_file():
         for name, record in load_records(committed).items():
@@ -138,6 +136,26 @@ def run_phase(specs: list[RunSpec], args: argparse.Namespace, sizes: Sizes, out:
             sync_records(out, args.records, export=True)
 
 
+def run_grid(args: argparse.Namespace, sizes: Sizes, out: Path, started: float) -> None:
+    """Every phase in order (``--phases``), each planned when the phases it needs are done; the sweep adds the
+    next rung out while a method's best rung is at an edge of its ladder."""
+    tried: list[str] = []  # a rung whose cell failed is not planned again in this invocation
+    for phase in PHASES if args.quick else args.phases:
+        best: dict[str, float] = {}
+        if phase in ("methods", "stability", "ablation") and not args.quick:
+            try:
+                best = best_learning_rates(load_records(out), sizes)
+            except RuntimeError as exc:  # the sweep is not finished: later phases wait for it
+                print(f"{phase}: not planned ({exc})", flush=True)
+                continue
+        specs = plan_phase(phase, sizes, best, args.quick)
+        while specs:
+            tried += [s.name for s in specs]
+            run_phase(specs, args, sizes, out, started)
+            extensions = sweep_extensions(load_records(out), sizes) if phase == "sweep" else []
+            specs = [s for s in extensions if s.name not in tried]
+
+
 def record_elapsed(out: Path, args: argparse.Namespace, started: float) -> None:
     """This invocation's elapsed time in ``grid.json`` beside the committed records (one entry per invocation: a
     killed grid's time counts, and the machine time of a grid run over several sessions adds up)."""
@@ -198,32 +216,9 @@ def main() -> None:
     sync_records(out, args.records, export=False)
     started = time.perf_counter()
     args.started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
-    planned: list[str] = []
-    for phase in PHASES if args.quick else args.phases:
-        needs_lr = phase in ("methods", "stability", "ablation") and not args.quick
-        best: dict[str, float] = {}
-        if needs_lr:
-            try:
-                best = best_learning_rates(load_records(out), sizes)
-            except RuntimeError as exc:  # the sweep is not finished: later phases wait for it
-                print(f"{phase}: not planned ({exc})", flush=True)
-                continue
-        specs = plan_phase(phase, sizes, best, args.quick)
-        planned += [s.name for s in specs]
-        if not args.report_only:
-            run_phase(specs, args, sizes, out, started)
-        while phase == "sweep":
-            extra = [s for s in sweep_extensions(load_records(out), sizes) if s.name not in planned]
-            if not extra:  # (a rung whose cell failed is not planned again in this invocation)
-                break
-            planned += [s.name for s in extra]
-            if args.report_only:
-                break
-            run_phase(extra, args, sizes, out, started)
-        if phase == "sweep" and args.report_only:
-            planned += [n for n, r in load_records(out).items() if r["spec"]["phase"] == "sweep" and n not in planned]
-    if not args.report_only:  # the grid's elapsed time is the sum of its invocations (it resumes)
-        record_elapsed(out, args, started)
+    if not args.report_only:
+        run_grid(args, sizes, out, started)
+        record_elapsed(out, args, started)  # the grid's elapsed time is the sum of its invocations (it resumes)
     command = "python -m benchmarks.compare" + (" --quick" if args.quick else "")
     tracking = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
     planned = [s.name for s in full_plan(load_records(out), sizes, args.quick)]

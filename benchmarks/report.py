@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.analysis import AXES, COLLAPSE_DROP, N_BOOT, SPIKE_FACTOR, Analysis, load_records
+from benchmarks.analysis import AXES, COLLAPSE_DROP, N_BOOT, SPIKE_FACTOR, Analysis, load_records, write_records
 from benchmarks.claims import CONVERGED_GAIN, MARGIN, Row, claim_rows, claims_table
 from benchmarks.common import METHODS
 from benchmarks.grid import (
@@ -107,13 +107,10 @@ def config_mismatches(records: dict[str, dict[str, Any]], sizes: Sizes) -> list[
     return out
 
 
-def _grid_time(docs: Path, records: dict[str, dict[str, Any]]) -> tuple[float, float, int]:
-    """Elapsed seconds of the grid's invocations (``grid.json`` beside the records), the cells' summed wall
-    time, and the number of invocations."""
+def _invocations(docs: Path) -> list[dict[str, Any]]:
+    """The grid's invocations as ``grid.json`` beside the records lists them (elapsed seconds, workers, threads)."""
     path = docs / "grid.json"
-    history = json.loads(path.read_text()) if path.is_file() else []
-    elapsed = sum(float(x["elapsed_s"]) for x in history) if history else float("nan")
-    return elapsed, sum(float(r.get("wall_s", 0.0)) for r in records.values()), len(history)
+    return list(json.loads(path.read_text())) if path.is_file() else []
 
 
 def write_report(
@@ -134,7 +131,8 @@ def write_report(
     docs.mkdir(parents=True, exist_ok=True)
     folder = "docs/benchmarks-quick" if quick else "docs/benchmarks"
     an = Analysis(records)
-    last = (json.loads((docs / "grid.json").read_text()) or [{}])[-1] if (docs / "grid.json").is_file() else {}
+    history = _invocations(docs)
+    last = history[-1] if history else {}
     lines = [
         "# Benchmarks: V-GRPO and the baselines on the embedded default",
         "",
@@ -193,9 +191,10 @@ def write_report(
         )
     done = [n for n in planned if n in records]
     missing = [n for n in planned if n not in records]
-    elapsed, cell_s, invocations = _grid_time(docs, records)
+    elapsed = sum(float(x["elapsed_s"]) for x in history) if history else float("nan")
+    cell_s = sum(float(r.get("wall_s", 0.0)) for r in records.values())
     lines += [
-        f"Cells done: {len(done)} of {len(planned)} planned. Machine time: the {invocations} invocation(s) recorded "
+        f"Cells done: {len(done)} of {len(planned)} planned. Machine time: the {len(history)} invocation(s) recorded "
         f"in grid.json took {elapsed / 3600:.2f} h; the cells' own wall time (loading, training, evaluations) sums "
         f"to {cell_s / 3600:.2f} h.",
         "",
@@ -231,14 +230,13 @@ def write_report(
         stability_table(an, lines)
         ablation_table(an, lines)
         preference_table(an, lines)
-    sweep_table(records, sizes, lines)
+    sweep_table(an, sizes, lines)
     if quick:
         quick_table(an, lines)
     provenance_table(records, code_now, config_mismatches(records, sizes), lines)
     write_text_atomic(docs / "README.md", "\n".join(lines) + "\n")
     if out.is_dir():  # the records themselves (the report's only input), so the numbers can be recomputed
-        text = "".join(json.dumps(records[k], sort_keys=True) + "\n" for k in sorted(records))
-        write_text_atomic(docs / "cells.jsonl", text)
+        write_records(docs / "cells.jsonl", records)
     if tracking_uri:
         track(records, tracking_uri, grid="quick" if quick else "full", claims=rows)
     return rows

@@ -21,7 +21,7 @@ from benchmarks.analysis import (
     identity,
     spikes,
 )
-from benchmarks.bootstrap import first_crossing, interval, point_weights, prompt_weights
+from benchmarks.bootstrap import first_crossing, interval
 from benchmarks.common import LABELS, METHODS
 from benchmarks.grid import SWEEP_SEED0, Sizes, best_rate, sweep_scores
 from benchmarks.provenance import LOADED_CORES
@@ -144,18 +144,15 @@ def time_to_reward(an: Analysis, lines: list[str]) -> None:
     lines.append("")
 
 
-def sweep_table(records: dict[str, dict[str, Any]], sizes: Sizes, lines: list[str]) -> None:
+def sweep_table(an: Analysis, sizes: Sizes, lines: list[str]) -> None:
     """Each method's validation score per rung (seed mean, interval over prompts and seeds), the chosen rung in
     bold, and the chosen minus each neighbour (paired on prompts and seeds)."""
-    base = records.get("base-geneval-val")
-    scores = sweep_scores(records, sizes)
+    base = an.bases.get("geneval-val")
+    scores = sweep_scores(an.records, sizes)
     if not base or not scores:
         return
-    tags = base["curve"][0]["tags"]
-    w = point_weights(tags)
-    pw = prompt_weights(tags, 2000, np.random.default_rng(1))
     lrs = sorted({lr for by_lr in scores.values() for lr in by_lr})
-    seeds = list(range(SWEEP_SEED0, SWEEP_SEED0 + sizes.sweep_seeds))
+    seeds = range(SWEEP_SEED0, SWEEP_SEED0 + sizes.sweep_seeds)
     lines += [
         "## Learning-rate sweep (validation prompts)",
         "",
@@ -167,50 +164,39 @@ def sweep_table(records: dict[str, dict[str, Any]], sizes: Sizes, lines: list[st
         "| method | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen minus neighbours | best interior |",
         "|---" * (len(lrs) + 3) + "|",
     ]
-    rng = np.random.default_rng(2)
     for m in METHODS:
         by_lr = scores.get(m)
         if not by_lr:
             continue
-        runs = {
-            r["spec"]["lr"]: r
-            for r in records.values()
-            if r["spec"]["phase"] == "sweep" and r["spec"]["method"] == m and r["spec"]["seed"] in seeds
-        }
+        key = f"sweep-{m}"  # one seed draw for every rung of a method: rungs are compared seed by seed
 
-        def per_seed(lr: float, m: str = m) -> np.ndarray:
-            rs = [
+        def rung(lr: float, m: str = m) -> Group:
+            runs = [
                 r
-                for r in records.values()
+                for r in an.records.values()
                 if r["spec"]["phase"] == "sweep"
                 and r["spec"]["method"] == m
                 and r["spec"]["lr"] == lr
                 and r["spec"]["seed"] in seeds
             ]
-            return np.asarray([r["curve"][-1]["per_prompt"] if r["curve"] else [0.0] * len(w) for r in rs])
+            return Group(sorted(runs, key=lambda r: r["spec"]["seed"]), base)
 
         best = best_rate(by_lr)
         row = []
         for lr in lrs:
-            if lr not in by_lr or lr not in runs:
+            if lr not in by_lr:
                 row.append("n/a")
                 continue
-            x = per_seed(lr)
-            pick = rng.integers(0, x.shape[0], size=(pw.shape[0], x.shape[0]))
-            reps = np.take_along_axis(pw @ x.T, pick, axis=1).mean(axis=1)
-            low, high = interval(reps)
-            text = f"{float((x @ w).mean()):.3f} {fmt_ci(low, high)}"
+            est, reps = an.statistic([(key, rung(lr))], final, "geneval-val")
+            text = f"{est:.3f} {fmt_ci(*interval(reps))}"
             row.append(f"**{text}**" if lr == best else text)
         ordered = sorted(by_lr)
         i = ordered.index(best)
-        neigh = [ordered[j] for j in (i - 1, i + 1) if 0 <= j < len(ordered)]
-        diffs = []
-        for lr in neigh:
-            d = per_seed(best) - per_seed(lr)  # paired on seeds (same seed index) and prompts
-            pick = rng.integers(0, d.shape[0], size=(pw.shape[0], d.shape[0]))
-            reps = np.take_along_axis(pw @ d.T, pick, axis=1).mean(axis=1)
-            low, high = interval(reps)
-            diffs.append(f"vs {lr:g}: {float((d @ w).mean()):+.3f} {fmt_ci(low, high, sign=True)}")
+        diffs = [
+            f"vs {lr:g}: "
+            + est_ci(an, [(key, rung(best)), (key, rung(lr))], lambda a, b: final(a) - final(b), "geneval-val")
+            for lr in (ordered[j] for j in (i - 1, i + 1) if 0 <= j < len(ordered))
+        ]
         interior = 0 < i < len(ordered) - 1
         lines.append(
             f"| {LABELS[m]} | " + " | ".join(row) + f" | {'; '.join(diffs)} | {'yes' if interior else 'no (edge)'} |"
