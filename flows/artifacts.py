@@ -107,9 +107,10 @@ def publish_summary(
     results: Sequence[StageOutcome],
     run_dir: Path,
     table: str,
-) -> None:
+) -> list[dict[str, Any]]:
     """Every stage's headline numbers: a table artifact, ``results.md`` (the plain-text table) and
-    ``results.json`` (every outcome but its per-iteration history) beside the stage outputs."""
+    ``results.json`` (every outcome but its per-iteration history) beside the stage outputs; returns what
+    ``results.json`` holds."""
     columns = summary_columns(stages)
     rows = [
         {
@@ -128,3 +129,4 @@ def publish_summary(
     summary = [r.to_json(history=False) for r in results]
     write_text_atomic(run_dir / "results.md", table + "\n")
     write_text_atomic(run_dir / "results.json", json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    return summary

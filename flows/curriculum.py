@@ -15,7 +15,6 @@ files. MLflow logging is on when ``MLFLOW_TRACKING_URI`` is set.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -117,11 +116,11 @@ def run_curriculum(
             run_name = f"{variant}/{cfg.name}" if variant else cfg.name
             tracking = Tracking(tracking_uri, experiment, run_name, parent, run_tags(variant))
         prompts = prepare_prompts_task(cfg, root)
-        # Another machine may have finished this stage: its manifest, and the adapter it names by content hash.
-        local = store is None or output_is_intact(cfg, str(run_dir), init_hash)
-        if store is not None and not local and restore_stage(store, run_dir, cfg.name, root):
-            logger.info("stage %s: its output from the store (%s)", cfg.name, store.url)
         intact = output_is_intact(cfg, str(run_dir), init_hash)
+        # Another machine may have finished this stage: its manifest, and the adapter it names by content hash.
+        if not intact and store is not None and restore_stage(store, run_dir, cfg.name, root):
+            logger.info("stage %s: its output from the store (%s)", cfg.name, store.url)
+            intact = output_is_intact(cfg, str(run_dir), init_hash)
         if not intact:
             logger.info("stage %s: no intact output under %s; training (or resuming) it", cfg.name, run_dir)
         quoted = cast(StagePrompts, quote(prompts))  # Prefect would otherwise walk every row of it
@@ -202,10 +201,9 @@ def run_cell(
             end_run(MlflowClient(tracking_uri), parent, "FAILED")
         raise
     table = summary_table(stages, results)
-    publish_summary(spec.name, variant, stages, results, run_dir, table)
+    summary = publish_summary(spec.name, variant, stages, results, run_dir, table)
     store = Store.from_env()
     if store is not None:  # a sweep's run may read it on another machine
-        summary = json.loads((run_dir / "results.json").read_text())
         store.put_json(f"{run_key(run_dir, root)}/results.json", summary)
     named = f"{spec.name} ({variant})" if variant else spec.name
     get_run_logger().info("%s, final evaluation of each stage:\n%s", named, table)

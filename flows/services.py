@@ -19,15 +19,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.process_group import stop_group
+from tasks.process_group import log_tail, stop_group
 
-__all__ = ["LocalServices", "ServiceError", "local_services", "service_env"]
+__all__ = ["QUIET_ENV", "LocalServices", "ServiceError", "local_services", "service_env", "wait_healthy"]
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 # Telemetry off: MLflow accepts only "true" for these two.
-_QUIET_ENV = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
+QUIET_ENV = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
 
 
 class ServiceError(RuntimeError):
@@ -46,7 +46,7 @@ def service_env(
 ) -> dict[str, str]:
     """Client environment; ``mlflow_tracking_uri`` must be absolute (``sqlite:////ABS/mlflow.db`` or ``http://``)
     because DVC stages and flow runs start in different directories."""
-    env = {**_QUIET_ENV, "PREFECT_RUNNER_POLL_FREQUENCY": "2", "HF_HUB_OFFLINE": "1"}
+    env = {**QUIET_ENV, "PREFECT_RUNNER_POLL_FREQUENCY": "2", "HF_HUB_OFFLINE": "1"}
     if prefect_api_url is not None:
         env["PREFECT_API_URL"] = prefect_api_url
     if prefect_home is not None:
@@ -72,7 +72,7 @@ def local_services(root: Path, timeout: float = START_TIMEOUT_S) -> Iterator[Loc
         port = int(sock.getsockname()[1])
     url = f"http://{HOST}:{port}/api"
     server_env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}  # no inherited API URL or DB
-    server_env.update(_QUIET_ENV, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    server_env.update(QUIET_ENV, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)]
     log = home / "server.log"
     with log.open("wb") as out:
@@ -86,18 +86,23 @@ def local_services(root: Path, timeout: float = START_TIMEOUT_S) -> Iterator[Loc
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + timeout
-        while not _healthy(url + "/health"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-                raise ServiceError(
-                    f"the Prefect server did not answer {url}/health within {timeout:.0f} s "
-                    f"(exit code {proc.returncode}); log {log}:\n{tail}"
-                )
-            time.sleep(0.25)
+        wait_healthy("the Prefect server", url + "/health", proc, log, timeout)
         yield LocalServices(service_env(url, f"sqlite:///{store / 'mlflow.db'}", home), proc.pid, log)
     finally:
         stop_group(proc, STOP_TIMEOUT_S)
+
+
+def wait_healthy(what: str, url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Poll ``url`` until it answers 200; a :class:`ServiceError` naming ``what`` with the tail of its ``log`` when
+    ``proc`` exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not _healthy(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise ServiceError(
+                f"{what} did not answer {url} within {timeout:.0f} s (exit code {proc.returncode}); log {log}:\n"
+                + log_tail(log)
+            )
+        time.sleep(0.25)
 
 
 def _healthy(url: str) -> bool:

@@ -21,14 +21,14 @@ import argparse
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from flows.services import QUIET_ENV, ServiceError, wait_healthy
+from tasks.process_group import log_tail, stop_process_group
 
 __all__ = ["TeamServices", "team_down", "team_env", "team_up"]
 
@@ -36,11 +36,7 @@ HOST = "127.0.0.1"
 PG_USER = "vgrpo"
 DATABASES = ("prefect", "mlflow")
 START_TIMEOUT_S = 180.0
-_QUIET = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-
-
-class ServiceError(RuntimeError):
-    """A service did not start; the message names it and ends with its log's tail."""
+_QUIET = {**QUIET_ENV, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
 @dataclass(frozen=True)
@@ -144,7 +140,7 @@ def start_postgres(services: TeamServices) -> None:
         text=True,
     )
     if result.returncode != 0:
-        raise ServiceError(f"PostgreSQL did not start on port {services.pg_port}: {result.stderr}\n{_tail(log)}")
+        raise ServiceError(f"PostgreSQL did not start on port {services.pg_port}: {result.stderr}\n{log_tail(log)}")
     psql = [_pg_bin("psql"), "-h", services.host, "-p", str(services.pg_port), "-U", PG_USER, "-d", "postgres"]
     existing = subprocess.run(
         [*psql, "-tAc", "SELECT datname FROM pg_database"], check=True, capture_output=True, text=True
@@ -175,26 +171,6 @@ def _spawn(name: str, cmd: Sequence[str], env: dict[str, str], root: Path) -> su
         )
     (root / f"{name}.pid").write_text(str(proc.pid))
     return proc
-
-
-def _wait_healthy(name: str, url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise ServiceError(
-                f"{name} did not answer {url} within {timeout:.0f} s (exit {proc.returncode}):\n{_tail(log)}"
-            )
-        time.sleep(0.5)
-
-
-def _tail(log: Path, lines: int = 30) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.is_file() else ""
 
 
 def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[str, str]:
@@ -247,8 +223,8 @@ def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[st
             base,
             root,
         )
-        _wait_healthy("Prefect's server", services.prefect_api_url + "/health", prefect, root / "prefect.log", timeout)
-        _wait_healthy("MLflow's server", services.mlflow_tracking_uri + "/health", mlflow, root / "mlflow.log", timeout)
+        wait_healthy("Prefect's server", services.prefect_api_url + "/health", prefect, root / "prefect.log", timeout)
+        wait_healthy("MLflow's server", services.mlflow_tracking_uri + "/health", mlflow, root / "mlflow.log", timeout)
         save_results_block(services)
     except BaseException:
         team_down(root)
@@ -259,23 +235,14 @@ def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[st
 
 
 def team_down(root: Path, timeout: float = 15.0) -> None:
-    """Stop the servers' process groups (SIGTERM, then SIGKILL after ``timeout``) and PostgreSQL."""
+    """Stop the servers' process groups (SIGTERM, then SIGKILL after ``timeout``: :func:`stop_process_group`) and
+    PostgreSQL."""
     root = root.resolve()
     for name in ("mlflow", "prefect"):
         pid_file = root / f"{name}.pid"
-        if not pid_file.is_file():
-            continue
-        pgid = int(pid_file.read_text())
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                os.killpg(pgid, 0)
-                time.sleep(0.1)
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        pid_file.unlink()
+        if pid_file.is_file():
+            stop_process_group(int(pid_file.read_text()), timeout)
+            pid_file.unlink()
     stop_postgres(root)
 
 

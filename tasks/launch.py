@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tasks.outcome import StageOutcome
-from tasks.process_group import stop_group
+from tasks.process_group import log_tail, stop_group
 from tasks.tracking import Tracking
 from vgrpo.atomic import write_json_atomic
 from vgrpo.config import StageConfig
@@ -130,13 +130,6 @@ def read_result(path: Path) -> StageOutcome | None:
     return StageOutcome.from_json(result)
 
 
-def _tail(path: Path) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-_TAIL_LINES:])
-    except OSError:
-        return ""
-
-
 def launch_stage(
     cfg: StageConfig,
     init_lora: str | None,
@@ -184,7 +177,7 @@ def launch_stage(
     returned = read_result(result)  # raises what rank 0 reported
     if code == 0 and returned is not None:
         return returned
-    ranks = "".join(f"\n--- {p.name}:\n{_tail(p)}" for p in sorted(folder.glob("rank-*.log")))
+    ranks = "".join(f"\n--- {p.name}:\n{log_tail(p, _TAIL_LINES)}" for p in sorted(folder.glob("rank-*.log")))
     raise LaunchFailed(
         f"stage {name}: accelerate launch exited with {code}"
         f"{'' if returned is None else ' after rank 0 wrote its result'}; the end of its output:\n"

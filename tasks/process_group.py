@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ProcessGroupError", "process_group_members", "stop_group"]
+__all__ = ["ProcessGroupError", "log_tail", "process_group_members", "stop_group", "stop_process_group"]
 
 
 class ProcessGroupError(RuntimeError):
@@ -20,19 +21,30 @@ class ProcessGroupError(RuntimeError):
 def stop_group(proc: subprocess.Popen[Any], timeout: float = 15.0, kill_timeout: float = 5.0) -> None:
     """SIGTERM the process group led by ``proc``, wait up to ``timeout`` seconds for every member to exit, then
     SIGKILL it (waiting up to ``kill_timeout``); raise :class:`ProcessGroupError` if anything survives."""
+    stop_process_group(proc.pid, timeout, kill_timeout, reap=proc.poll)
+
+
+def stop_process_group(
+    pgid: int, timeout: float = 15.0, kill_timeout: float = 5.0, reap: Callable[[], object] = lambda: None
+) -> None:
+    """:func:`stop_group` by the group's id, for a group this process did not start (a pid file's); ``reap``
+    collects the leader when it is this process's child, so that it does not count as a member."""
     for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, kill_timeout)):
-        proc.poll()  # reap the leader so that it does not count as a member
-        if not process_group_members(proc.pid):
+        reap()
+        if not process_group_members(pgid):
             return
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(pgid, sig)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and (proc.poll() is None or process_group_members(proc.pid)):
+        while time.monotonic() < deadline:
+            reap()  # a live leader is a member; a dead one, once reaped, is not
+            if not process_group_members(pgid):
+                break
             time.sleep(0.1)
-    if process_group_members(proc.pid):
-        raise ProcessGroupError(f"process group {proc.pid} survived SIGKILL: {process_group_members(proc.pid)}")
+    if process_group_members(pgid):
+        raise ProcessGroupError(f"process group {pgid} survived SIGKILL: {process_group_members(pgid)}")
 
 
 def process_group_members(pgid: int) -> list[int]:
@@ -47,3 +59,11 @@ def process_group_members(pgid: int) -> list[int]:
         if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a child process's log (empty when it cannot be read): what an error shows."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

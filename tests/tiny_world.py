@@ -3,6 +3,9 @@ callbacks the tests listen with."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,22 @@ def write_sweep_project(root: Path) -> Path:
     for name, text in SWEEP_ABLATIONS.items():
         (root / "ablations" / f"{name}.yaml").write_text(text)
     return root
+
+
+def run_sweep_deployment(root: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``prefect deployment run vgrpo/ablation-sweep`` on :func:`write_sweep_project`'s curriculum and ablations in
+    ``root`` (two devices: both cells at once), watched until it ends."""
+    params = {
+        "curriculum": "one.yaml",
+        "root": root,
+        "run_root": "runs",
+        "devices": 2,
+        "ablations": [f"ablations/{name}.yaml" for name in SWEEP_ABLATIONS],
+    }
+    cmd = [sys.executable, "-m", "prefect", "deployment", "run", "vgrpo/ablation-sweep", "--params", json.dumps(params)]
+    return subprocess.run(
+        [*cmd, "--watch", "--watch-timeout", "600"], env=env, capture_output=True, text=True, timeout=660
+    )
 
 
 def tiny_stage_config(**overrides: object) -> StageConfig:

@@ -4,24 +4,17 @@ S3-compatible object store (moto's server, ``moto_server`` from the ``moto[serve
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from flows.services import wait_healthy
+from tasks.launch import free_port
 from tasks.process_group import stop_group
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -39,15 +32,7 @@ def s3_server(log_dir: Path, bucket: str = "vgrpo") -> Iterator[dict[str, str]]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/moto-api/", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's S3 server did not start: {log.read_text()[-2000:]}") from None
-                time.sleep(0.2)
+        wait_healthy("moto's S3 server", url + "/moto-api/", proc, log, 60)
         env = {**S3_ENV, "AWS_ENDPOINT_URL": url}
         import boto3
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flows.team_services import TeamServices, team_down, team_up
-from tests.cluster.servers import free_port
+from tasks.launch import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.tiny_world import SWEEP_ABLATIONS, write_sweep_project, write_tiny_world
+from tests.tiny_world import SWEEP_ABLATIONS, run_sweep_deployment, write_sweep_project, write_tiny_world
 
 pytestmark = pytest.mark.slow
 
@@ -63,32 +63,7 @@ def test_a_sweeps_cells_land_one_on_each_machine(tmp_path: Path) -> None:
             _worker("control", a, "control", env, tmp_path / "worker-control.log"),
         ]
         try:
-            params = {
-                "curriculum": "one.yaml",
-                "root": ".",
-                "run_root": "runs",
-                "devices": 2,
-                "ablations": [f"ablations/{n}.yaml" for n in ABLATIONS],
-            }
-            run = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "prefect",
-                    "deployment",
-                    "run",
-                    "vgrpo/ablation-sweep",
-                    "--params",
-                    json.dumps(params),
-                    "--watch",
-                    "--watch-timeout",
-                    "600",
-                ],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=660,
-            )
+            run = run_sweep_deployment(".", env)
             logs = "".join((tmp_path / f"worker-{n}.log").read_text()[-2000:] for n in ("a", "b", "control"))
             assert run.returncode == 0, run.stdout[-3000:] + logs
         finally:

@@ -3,7 +3,6 @@ deployment, and two cells train at the same time under a device concurrency limi
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ pytest.importorskip("mlflow")
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.tiny_world import write_sweep_project, write_tiny_world
+from tests.tiny_world import run_sweep_deployment, write_sweep_project, write_tiny_world
 
 pytestmark = pytest.mark.slow
 
@@ -57,30 +56,7 @@ def test_two_ablation_cells_train_at_once_under_a_device_limit_of_two(tmp_path: 
             ):
                 assert serve.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
                 time.sleep(2)
-            params = {
-                "curriculum": "one.yaml",
-                "root": str(project),
-                "run_root": "runs",
-                "devices": 2,
-                "ablations": ["ablations/no_shared_pairs.yaml", "ablations/v_prediction.yaml"],
-            }
-            run = subprocess.run(
-                [
-                    *prefect,
-                    "deployment",
-                    "run",
-                    "vgrpo/ablation-sweep",
-                    "--params",
-                    json.dumps(params),
-                    "--watch",
-                    "--watch-timeout",
-                    "600",
-                ],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=660,
-            )
+            run = run_sweep_deployment(str(project), env)
             assert run.returncode == 0, run.stdout[-3000:] + (tmp_path / "serve.log").read_text()[-3000:]
             api = {PREFECT_API_URL: services.env["PREFECT_API_URL"]}
             with temporary_settings(api), get_client(sync_client=True) as client:
