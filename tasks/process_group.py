@@ -22,6 +22,9 @@ def stop_group(proc: subprocess.Popen[Any], timeout: float = 15.0, kill_timeout:
     """SIGTERM the process group led by ``proc``, wait up to ``timeout`` seconds for every member to exit, then
     SIGKILL it (waiting up to ``kill_timeout``); raise :class:`ProcessGroupError` if anything survives."""
     stop_process_group(proc.pid, timeout, kill_timeout, reap=proc.poll)
+    # The group's members are gone, but the leader may have died after the last poll: a zombie is not a member,
+    # so collect it here, or its return code stays unset.
+    proc.wait(timeout=kill_timeout)
 
 
 def stop_process_group(
