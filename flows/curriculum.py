@@ -28,6 +28,7 @@ from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_stage, publish_summary, summary_table
 from flows.devices import device_slot, local_devices
+from flows.recovery import check_attempts
 from tasks.callbacks import log_evaluation
 from tasks.outcome import StageOutcome
 from tasks.stage import code_version, output_is_intact
@@ -223,6 +224,7 @@ def curriculum_flow(
 ) -> dict[str, Any]:
     """Run every stage of ``curriculum`` (with ``ablation``: one cell of a sweep, that file merged after each
     stage's files). Returns each stage's outcome (output, hash, MLflow runs, final evaluation) as JSON."""
+    check_attempts()
     cells = load_cells(curriculum, overrides, [ablation] if ablation else [], root, run_root)
     ((variant, cell),) = cells.items()
     return run_cell(cell, variant, ablation, overrides or {}, run_root, root, sweep_run_id)

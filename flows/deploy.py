@@ -39,6 +39,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runner.storage import LocalStorage
 
 from flows.curriculum import curriculum_flow
+from flows.recovery import SILENCE_S, install_recovery
 from flows.sweep import CELL_DEPLOYMENT, ablation_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,9 +81,10 @@ class CheckoutStorage(LocalStorage):
         return {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $VGRPO_ROOT }}"}}
 
 
-def deploy_to_pool(pool: str) -> list[str]:
-    """Register :data:`DEPLOYMENTS` to the work pool ``pool`` (created as a process pool when missing); returns
-    the deployments' names."""
+def deploy_to_pool(pool: str, silence_s: int = SILENCE_S) -> list[str]:
+    """Register :data:`DEPLOYMENTS` to the work pool ``pool`` (created as a process pool when missing) and the
+    automations that run a crashed flow run again on another worker (:mod:`flows.recovery`); returns the
+    deployments' names."""
     with get_client(sync_client=True) as client:
         try:
             client.read_work_pool(pool)
@@ -102,16 +104,24 @@ def deploy_to_pool(pool: str) -> list[str]:
             print_next_steps=False,
         )
         names.append(f"{flow.name}/{name}")
+    install_recovery(silence_s)
     return names
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pool", help="register the deployments to this work pool instead of serving them")
+    parser.add_argument(
+        "--silence",
+        type=int,
+        default=SILENCE_S,
+        help="with --pool: seconds without a heartbeat after which a flow run counts as crashed and runs again",
+    )
     args = parser.parse_args()
     if args.pool:
-        for name in deploy_to_pool(args.pool):
+        for name in deploy_to_pool(args.pool, args.silence):
             print(f"{name} -> work pool {args.pool}")
+        print(f"automations: a flow run silent for {args.silence} s is crashed and scheduled again")
         return
     serve(*deployments(), limit=int(os.environ.get("VGRPO_SERVE_LIMIT", "4")))
 

@@ -28,6 +28,7 @@ from prefect.runtime import flow_run
 
 from flows.curriculum import curriculum_flow, load_cells, run_tags
 from flows.devices import set_device_limit
+from flows.recovery import check_attempts
 from tasks.stage_store import run_key
 from tasks.store import Store
 from tasks.tracking import end_run, log_json, log_params, start_run
@@ -40,13 +41,27 @@ CELL_DEPLOYMENT = "vgrpo/ablation-cell"
 
 POLL_S = 2.0
 
+RETRY_WAIT_S = 60.0
+"""Seconds a crashed cell may stay ``Crashed`` before the sweep counts it failed: the pool's recovery automation
+(:mod:`flows.recovery`) schedules it again within seconds, and it then runs on another worker."""
+
 
 def _wait(run_ids: list[UUID]) -> dict[UUID, State[Any]]:
-    """Poll the cells' flow runs until every one is final; returns their last states."""
+    """Poll the cells' flow runs until every one is final; returns their last states. A crashed cell is final
+    only once it has stayed crashed for :data:`RETRY_WAIT_S` (not retried)."""
+    crashed_since: dict[UUID, float] = {}
     with get_client(sync_client=True) as client:
         while True:
             runs = {rid: client.read_flow_run(rid) for rid in run_ids}
-            if all(r.state is not None and r.state.is_final() for r in runs.values()):
+            now = time.monotonic()
+            for rid, r in runs.items():
+                if r.state is not None and r.state.is_crashed():
+                    crashed_since.setdefault(rid, now)
+                else:
+                    crashed_since.pop(rid, None)
+
+            retried = {rid for rid, since in crashed_since.items() if now - since < RETRY_WAIT_S}
+            if all(r.state is not None and r.state.is_final() and rid not in retried for rid, r in runs.items()):
                 return {rid: r.state for rid, r in runs.items() if r.state is not None}
             time.sleep(POLL_S)
 
@@ -75,6 +90,7 @@ def ablation_sweep(
     ``devices`` cells training at once, under one MLflow sweep run; returns each cell's stage outcomes, read
     from the ``results.json`` each cell writes. From a deployment, each cell is a run of ``cell_deployment``
     (``flow/deployment``: a deployment of :func:`flows.curriculum.curriculum_flow`)."""
+    check_attempts()
     ablations = list(ablations or [])
     if not ablations:
         raise ConfigError("ablations: give at least one ablation params file")

@@ -16,6 +16,8 @@ case "$DEVICES" in
     cpu:*) LIMIT=${DEVICES#cpu:} ;;
     *) LIMIT=$(echo "$DEVICES" | tr ',' '\n' | grep -c .) ;;
 esac
+# Each flow run sends a heartbeat this often: a run that goes silent is crashed and retried (flows/recovery.py).
+export PREFECT_FLOWS_HEARTBEAT_FREQUENCY=${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}
 export VGRPO_ROOT=$PWD VGRPO_DEVICES=$DEVICES HF_HUB_OFFLINE=1
 exec prefect worker start --pool "${VGRPO_POOL:-vgrpo}" --work-queue "${VGRPO_QUEUE:-gpu}" --type process \
     --limit "$LIMIT" --name "$(hostname)-$(basename "$PWD")" "$@"

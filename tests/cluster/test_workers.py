@@ -15,40 +15,17 @@ import pytest
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.tiny_world import SWEEP_ABLATIONS, run_sweep_deployment, write_sweep_project, write_tiny_world
+from tests.cluster.pool import REPO, machine, worker
+from tests.tiny_world import SWEEP_ABLATIONS, run_sweep_deployment, write_tiny_world
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 ABLATIONS = SWEEP_ABLATIONS
-
-
-def _machine(root: Path, world: Path) -> Path:
-    """A checkout on one machine: the code (the flows the deployments' entrypoints name) and the project files."""
-    root.mkdir(parents=True)
-    (root / "flows").symlink_to(REPO / "flows")
-    for item in world.iterdir():
-        (root / item.name).symlink_to(item)
-    return write_sweep_project(root)
-
-
-def _worker(name: str, machine: Path, queue: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "vgrpo", "--work-queue", queue]
-    cmd += ["--type", "process", "--limit", "1", "--name", name]
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            cmd,
-            cwd=machine,
-            env={**env, "VGRPO_ROOT": str(machine), "VGRPO_DEVICES": "cpu:1"},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
 
 def test_a_sweeps_cells_land_one_on_each_machine(tmp_path: Path) -> None:
     world = write_tiny_world(tmp_path / "world", n_test=4)
-    a, b = _machine(tmp_path / "a", world), _machine(tmp_path / "b", world)
+    a, b = machine(tmp_path / "a", world), machine(tmp_path / "b", world)
     store = tmp_path / "store"
     with local_services(tmp_path / "services") as services:
         env = {**os.environ, **services.env, "VGRPO_STORE": str(store), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
@@ -58,9 +35,9 @@ def test_a_sweeps_cells_land_one_on_each_machine(tmp_path: Path) -> None:
         )
         assert deployed.returncode == 0, deployed.stderr[-3000:]
         workers = [
-            _worker("machine-a", a, "gpu", env, tmp_path / "worker-a.log"),
-            _worker("machine-b", b, "gpu", env, tmp_path / "worker-b.log"),
-            _worker("control", a, "control", env, tmp_path / "worker-control.log"),
+            worker("machine-a", a, "gpu", env, tmp_path / "worker-a.log"),
+            worker("machine-b", b, "gpu", env, tmp_path / "worker-b.log"),
+            worker("control", a, "control", env, tmp_path / "worker-control.log"),
         ]
         try:
             run = run_sweep_deployment(".", env)
@@ -69,9 +46,7 @@ def test_a_sweeps_cells_land_one_on_each_machine(tmp_path: Path) -> None:
         finally:
             for w in workers:
                 stop_group(w)
-    trained = {
-        machine.name: sorted(p.name for p in (machine / "runs" / "one" / "ablations").glob("*")) for machine in (a, b)
-    }
+    trained = {c.name: sorted(p.name for p in (c / "runs" / "one" / "ablations").glob("*")) for c in (a, b)}
     # One cell on each machine's worker, each in that machine's checkout, and both published to the store.
     assert sorted(trained["a"] + trained["b"]) == sorted(ABLATIONS) and len(trained["a"]) == 1, trained
     for name in ABLATIONS:
