@@ -8,7 +8,9 @@
 * ``ablation-sweep`` -- the sweep flow (:mod:`flows.sweep`): the embedded GenEval stage once per file of
   ``params/ablations/`` (the paper's ablation grid), each cell a flow run of ``ablation-cell``, at most
   ``devices`` training at once (``-p devices=8`` on 8 GPUs), all nested under one sweep run in MLflow;
-* ``ablation-cell`` -- the curriculum flow on the ablation curriculum: one cell, ``-p ablation=FILE``.
+* ``ablation-cell`` -- the curriculum flow on the ablation curriculum: one cell, ``-p ablation=FILE``;
+* ``stage-machine`` (flow ``vgrpo-machine``) -- machine r > 0 of a stage that spans machines, submitted by
+  machine 0's train task (:mod:`flows.machine`).
 
 The serving process runs up to ``VGRPO_SERVE_LIMIT`` (default 4) flow runs at once: a sweep's own run waits for its
 cells, so it needs at least ``devices + 1``.
@@ -39,8 +41,10 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runner.storage import LocalStorage
 
 from flows.curriculum import curriculum_flow
+from flows.machine import stage_machine_flow
 from flows.recovery import SILENCE_S, install_recovery
 from flows.sweep import CELL_DEPLOYMENT, ablation_sweep
+from tasks.stage_tasks import MACHINE_DEPLOYMENT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +58,7 @@ DEPLOYMENTS: dict[str, tuple[Flow[..., Any], dict[str, Any]]] = {
     "flux-multireward": (curriculum_flow, {"curriculum": "params/curricula/flux.yaml"}),
     CELL_DEPLOYMENT.partition("/")[2]: (curriculum_flow, {"curriculum": ABLATION_CURRICULUM}),
     "ablation-sweep": (ablation_sweep, {"curriculum": ABLATION_CURRICULUM, "ablations": ABLATIONS}),
+    MACHINE_DEPLOYMENT.partition("/")[2]: (stage_machine_flow, {}),
 }
 """Deployment name -> the flow it runs and its default parameters."""
 
@@ -69,6 +74,7 @@ def deployments() -> list[RunnerDeployment]:
 
 ENTRYPOINTS: dict[str, str] = {"curriculum_flow": "flows/curriculum.py:curriculum_flow"}
 ENTRYPOINTS["ablation_sweep"] = "flows/sweep.py:ablation_sweep"
+ENTRYPOINTS["stage_machine_flow"] = "flows/machine.py:stage_machine_flow"
 QUEUES = {"ablation-sweep": "control"}
 """Each deployment's work queue in the pool (default ``gpu``)."""
 

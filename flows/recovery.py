@@ -38,25 +38,31 @@ RETRY_CRASHED = "vgrpo: retry crashed flow runs"
 FLOW_NAME = "vgrpo"
 """The project's flows' name (both the curriculum and the sweep): the automations act on their runs only."""
 
+MACHINE_FLOW_NAME = "vgrpo-machine"
+"""The flow of machine r > 0 of a stage spanning machines: crashed when silent, never retried by itself (machine
+0's train task starts the machines again when it retries the stage)."""
+
 MAX_ATTEMPTS = 4
 """Starts of one flow run (the first and the retries after crashes) before it fails instead of starting again."""
 
-SILENCE_S = 120
-"""Default seconds without a heartbeat before a run counts as crashed: several heartbeats at the worker's 30 s."""
+SILENCE_S = 300
+"""Default seconds without a heartbeat before a run counts as crashed: above Prefect's default heartbeat period
+(180 s) as well as ``scripts/worker.sh``'s (30 s). A silence shorter than the workers' period crashes live runs,
+and another worker then runs them a second time."""
 
 FINAL = ("prefect.flow-run.Completed", "prefect.flow-run.Failed", "prefect.flow-run.Cancelled")
 
 
-def _runs_of_the_project() -> tuple[ResourceSpecification, ResourceSpecification]:
+def _runs_of(*flows: str) -> tuple[ResourceSpecification, ResourceSpecification]:
     return (
         ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
-        ResourceSpecification({"prefect.resource.role": "flow", "prefect.resource.name": FLOW_NAME}),
+        ResourceSpecification({"prefect.resource.role": "flow", "prefect.resource.name": list(flows)}),
     )
 
 
 def automations(silence_s: int = SILENCE_S) -> list[Automation]:
     """The two automations (:data:`CRASH_SILENT`, :data:`RETRY_CRASHED`), not yet saved."""
-    match, related = _runs_of_the_project()
+    match, related = _runs_of(FLOW_NAME, MACHINE_FLOW_NAME)
     crash = Automation(
         name=CRASH_SILENT,
         description="A vgrpo flow run that stopped sending heartbeats lost its machine: mark it Crashed.",
@@ -77,6 +83,7 @@ def automations(silence_s: int = SILENCE_S) -> list[Automation]:
             )
         ],
     )
+    match, related = _runs_of(FLOW_NAME)
     retry = Automation(
         name=RETRY_CRASHED,
         description="A crashed vgrpo flow run starts again on whichever worker is free, from its checkpoints.",

@@ -5,7 +5,8 @@ stage command (:func:`tasks.stage.train`), and its outcome read back.
 ``<run_root>/work/<stage>/launch/spec.json`` and starts, in its own process group::
 
     python -m accelerate.commands.launch --num_processes N --num_machines M --mixed_precision P
-        (--config_file F | --multi_gpu) [--main_process_port PORT] -m tasks.launched_stage spec.json
+        (--config_file F | --multi_gpu) [--machine_rank 0 --main_process_ip IP] [--main_process_port PORT]
+        -m tasks.launched_stage spec.json
 
 Each process trains its share of every batch (:mod:`vgrpo.parallel.distributed`; gloo on CPU, NCCL on GPUs). Every
 line rank 0 prints (and the launcher's own) goes to ``log`` (the Prefect task's logger, or stdout under DVC); the
@@ -13,6 +14,13 @@ other ranks write to ``launch/rank-<r>.log``. Rank 0 writes its :class:`tasks.ou
 evaluations, resumed_from, the output's hash) atomically to ``launch/result.json``; a rank that meets an error a
 user can fix writes it there. When the caller is interrupted (a cancelled flow run, Ctrl-C) the whole group is
 stopped; when a process fails, torchrun stops the others.
+
+With ``launch.machines > 1`` this machine is machine 0 (global rank 0, the rendezvous: torchrun's static
+rendezvous at ``IP:PORT``, as ``accelerate launch`` starts it). IP is ``VGRPO_HOST`` (the address the other
+machines reach this one at; the port is then one free here) or else the accelerate config's ``main_process_ip``
+and port. The other machines' processes are started with the same rendezvous by ``start_machines`` (the Prefect
+train task submits a flow run per machine to the pool, :mod:`tasks.stage_machine`), or by a user who runs the
+command :func:`launch_stage` logs on each of them.
 """
 
 from __future__ import annotations
@@ -26,9 +34,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from tasks.outcome import StageOutcome
 from tasks.process_group import log_tail, stop_group
+from tasks.stage_layout import dir_hash
+from tasks.store import Store
 from tasks.tracking import Tracking
 from vgrpo.atomic import write_json_atomic
 from vgrpo.config import StageConfig
@@ -36,7 +49,19 @@ from vgrpo.errors import ConfigError, UserError
 from vgrpo.parallel.launch import LaunchConfig
 from vgrpo.training.guards import TrainingDiverged
 
-__all__ = ["ERRORS", "LaunchFailed", "accelerate_command", "launch_stage", "read_result", "run_streaming"]
+__all__ = [
+    "ERRORS",
+    "LaunchFailed",
+    "MachineJob",
+    "MachinesLaunchFailed",
+    "StartMachines",
+    "accelerate_command",
+    "launch_stage",
+    "read_result",
+    "run_launcher",
+    "run_streaming",
+    "write_spec",
+]
 
 PROJECT = Path(__file__).resolve().parents[1]
 """The folder holding ``tasks`` and ``vgrpo``: on the launched processes' ``PYTHONPATH``."""
@@ -55,18 +80,41 @@ class LaunchFailed(RuntimeError):
     """The launched processes exited with an error; the message holds the end of their output."""
 
 
-def free_port() -> int:
-    """A TCP port free on this machine now: the processes' rendezvous (concurrent stages never share one)."""
+class MachinesLaunchFailed(LaunchFailed):
+    """A stage that spans machines failed outside its ranks' own errors: a machine, its processes or the network
+    between them lost. The Prefect train task retries it (from its checkpoints, with machines started again)."""
+
+
+MachineJob = dict[str, Any]
+"""What machine r > 0 of a stage needs to start its processes (:mod:`tasks.stage_machine`): the stage's params,
+its run folder and starting adapter relative to the project root (with the adapter's hash, to restore it from the
+store), and the rendezvous (``main_ip``, ``main_port``). JSON: a Prefect flow run's parameter, or a file."""
+
+StartMachines = Callable[[MachineJob, Sequence[int]], None]
+"""Starts machines ``1 .. launch.machines - 1`` of a stage on the job (the Prefect train task's submits one flow run
+of the pool per machine); it returns once they are submitted, not when they finish."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now: the processes' rendezvous (concurrent stages never share one)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def accelerate_command(launch: LaunchConfig, spec: Path, root: Path, port: int | None = None) -> list[str]:
+def accelerate_command(
+    launch: LaunchConfig,
+    spec: Path,
+    root: Path,
+    port: int | None = None,
+    machine_rank: int = 0,
+    main_ip: str | None = None,
+) -> list[str]:
     """The ``accelerate launch`` command line (this interpreter's accelerate) that runs :mod:`tasks.launched_stage`
     on ``spec``. Without ``launch.accelerate_config`` the processes are accelerate's multi-GPU kind (torchrun);
     without CUDA they join with gloo on CPU (:meth:`vgrpo.parallel.distributed.Distributed.from_environment`). ``port``
-    (one machine only) overrides the config file's rendezvous port."""
+    and ``main_ip`` override the config file's rendezvous; ``machine_rank`` is this machine's of
+    ``launch.machines``."""
     cmd = [
         sys.executable,
         "-m",
@@ -85,7 +133,9 @@ def accelerate_command(launch: LaunchConfig, spec: Path, root: Path, port: int |
     else:
         cmd.append("--multi_gpu")
     if launch.machines > 1:
-        cmd += ["--machine_rank", "0"]
+        cmd += ["--machine_rank", str(machine_rank)]
+        if main_ip is not None:
+            cmd += ["--main_process_ip", main_ip]
     if port is not None:
         cmd += ["--main_process_port", str(port)]
     return [*cmd, "-m", "tasks.launched_stage", str(spec)]
@@ -130,26 +180,29 @@ def read_result(path: Path) -> StageOutcome | None:
     return StageOutcome.from_json(result)
 
 
-def launch_stage(
-    cfg: StageConfig,
-    init_lora: str | None,
-    run_root: str,
-    root: str,
-    tracking: Tracking | None,
-    log: Callable[[str], None] = print,
-) -> StageOutcome:
-    """Train stage ``cfg`` on the processes its ``launch`` asks for and return rank 0's outcome:
-    :func:`tasks.stage.train_and_track`'s. Paths are passed as given: the processes run in this directory.
+def rendezvous(launch: LaunchConfig, root: Path) -> tuple[str | None, int | None]:
+    """Machine 0's rendezvous for a stage on ``launch.machines > 1``: ``VGRPO_HOST`` and a port free on it (a pool's
+    worker, whichever machine it is), else the accelerate config's ``main_process_ip`` and port (``None``: the
+    file's own)."""
+    host = os.environ.get("VGRPO_HOST")
+    if host:
+        return host, free_port("")
+    config = yaml.safe_load((root / str(launch.accelerate_config)).read_text()) or {}
+    if not config.get("main_process_ip"):
+        raise ConfigError(
+            f"launch.machines={launch.machines}: set VGRPO_HOST to this machine's address, or main_process_ip in "
+            f"{launch.accelerate_config}"
+        )
+    return None, None
 
-    Raises:
-        ConfigError, UserError, TrainingDiverged: as a rank raised them.
-        LaunchFailed: any other failure, with the end of the processes' output.
-    """
-    launch, name = cfg.launch, cfg.name
-    folder = Path(run_root) / "work" / name / "launch"
-    spec, result = folder / "spec.json", folder / "result.json"
+
+def write_spec(
+    folder: Path, cfg: StageConfig, init_lora: str | None, run_root: str, root: str, tracking: Tracking | None
+) -> Path:
+    """Write the spec :mod:`tasks.launched_stage` reads to ``folder/spec.json``, clearing the previous result and
+    rank logs there; returns the spec's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in (result, *folder.glob("rank-*.log")):
+    for stale in (folder / "result.json", *folder.glob("rank-*.log")):
         stale.unlink(missing_ok=True)
     written = {
         "stage": cfg.model_dump(mode="json"),
@@ -157,14 +210,23 @@ def launch_stage(
         "run_root": run_root,
         "root": root,
         "tracking": asdict(tracking) if tracking is not None else None,
-        "result": str(result),
+        "result": str(folder / "result.json"),
         "logs": str(folder),
     }
-    write_json_atomic(spec, written)
-    cmd = accelerate_command(launch, spec.resolve(), Path(root), port=free_port() if launch.machines == 1 else None)
-    log(f"{name}: launching {launch.processes} processes: {' '.join(cmd)}")
-    if launch.machines > 1:
-        log(f"{name}: on machine r of 1..{launch.machines - 1}, run the same command with --machine_rank r")
+    write_json_atomic(folder / "spec.json", written)
+    return folder / "spec.json"
+
+
+def run_launcher(
+    cmd: list[str], folder: Path, name: str, log: Callable[[str], None], holds_rank_0: bool
+) -> StageOutcome | None:
+    """Run ``cmd`` (:func:`accelerate_command`) with the project on ``PYTHONPATH``, each line to ``log``; returns
+    rank 0's outcome when this machine ``holds_rank_0`` (``None`` on the other machines).
+
+    Raises:
+        ConfigError, UserError, TrainingDiverged: as a rank raised them.
+        LaunchFailed: any other failure, with the end of the processes' output.
+    """
     paths = os.pathsep.join(p for p in (str(PROJECT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": paths, "PYTHONUNBUFFERED": "1"}
     output: deque[str] = deque(maxlen=_TAIL_LINES)
@@ -174,8 +236,8 @@ def launch_stage(
         log(line)
 
     code = run_streaming(cmd, keep, env)
-    returned = read_result(result)  # raises what rank 0 reported
-    if code == 0 and returned is not None:
+    returned = read_result(folder / "result.json")  # raises what a rank reported
+    if code == 0 and (returned is not None or not holds_rank_0):
         return returned
     ranks = "".join(f"\n--- {p.name}:\n{log_tail(p, _TAIL_LINES)}" for p in sorted(folder.glob("rank-*.log")))
     raise LaunchFailed(
@@ -184,3 +246,80 @@ def launch_stage(
         + "\n".join(output)
         + ranks
     )
+
+
+def launch_stage(
+    cfg: StageConfig,
+    init_lora: str | None,
+    run_root: str,
+    root: str,
+    tracking: Tracking | None,
+    log: Callable[[str], None] = print,
+    start_machines: StartMachines | None = None,
+) -> StageOutcome:
+    """Train stage ``cfg`` on the processes its ``launch`` asks for and return rank 0's outcome:
+    :func:`tasks.stage.train_and_track`'s. Paths are passed as given: the processes run in this directory. On
+    several machines, this is machine 0 and ``start_machines`` starts the others (without it, the command to run
+    on each is logged); with a store, the starting adapter goes to it by content hash, for them to restore.
+
+    Raises:
+        ConfigError, UserError, TrainingDiverged: as a rank raised them.
+        LaunchFailed: any other failure, with the end of the processes' output (:class:`MachinesLaunchFailed`
+            when the stage spans machines).
+    """
+    launch, name = cfg.launch, cfg.name
+    folder = Path(run_root) / "work" / name / "launch"
+    spec = write_spec(folder, cfg, init_lora, run_root, root, tracking)
+    if launch.machines == 1:
+        cmd = accelerate_command(launch, spec.resolve(), Path(root), port=free_port())
+        log(f"{name}: launching {launch.processes} processes: {' '.join(cmd)}")
+        returned = run_launcher(cmd, folder, name, log, holds_rank_0=True)
+    else:
+        main_ip, main_port = rendezvous(launch, Path(root))
+        cmd = accelerate_command(launch, spec.resolve(), Path(root), port=main_port, main_ip=main_ip)
+        log(f"{name}: launching machine 0 of {launch.machines}: {' '.join(cmd)}")
+        init_hash = dir_hash(Path(init_lora)) if init_lora else None
+        store = Store.from_env()
+        if store is not None and init_hash is not None and not store.has(f"adapters/{init_hash}"):
+            store.put_dir(Path(init_lora or ""), f"adapters/{init_hash}")
+        job = machine_job(cfg, init_lora, init_hash, run_root, root, main_ip, main_port)
+        job_file = folder / "machine-job.json"
+        write_json_atomic(job_file, job)
+        if start_machines is not None:
+            start_machines(job, range(1, launch.machines))
+        else:
+            log(f"{name}: on machine r of 1..{launch.machines - 1}, run: python -m tasks.stage_machine {job_file} r")
+        try:
+            returned = run_launcher(cmd, folder, name, log, holds_rank_0=True)
+        except LaunchFailed as exc:
+            raise MachinesLaunchFailed(str(exc)) from exc
+    assert returned is not None  # holds_rank_0: run_launcher raised otherwise
+    return returned
+
+
+def machine_job(
+    cfg: StageConfig,
+    init_lora: str | None,
+    init_hash: str | None,
+    run_root: str,
+    root: str,
+    main_ip: str | None,
+    main_port: int | None,
+) -> MachineJob:
+    """The :data:`MachineJob` of a stage whose machine 0 runs here: paths relative to the project root, the same
+    on every machine."""
+
+    def relative(path: str) -> str:
+        rel = Path(os.path.relpath(Path(path).resolve(), Path(root).resolve())).as_posix()
+        if rel.startswith(".."):
+            raise ConfigError(f"{path} must lie inside the project root {root} for the other machines to find it")
+        return rel
+
+    return {
+        "stage": cfg.model_dump(mode="json"),
+        "run_root": relative(run_root),
+        "init_lora": relative(init_lora) if init_lora else None,
+        "init_hash": init_hash,
+        "main_ip": main_ip,
+        "main_port": main_port,
+    }

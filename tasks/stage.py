@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tasks.callbacks import FanOut, StageTracker, log_evaluation
-from tasks.launch import launch_stage
+from tasks.launch import StartMachines, launch_stage
 from tasks.outcome import StageEvaluation, StageOutcome
 from tasks.stage_layout import MANIFEST, dir_hash, stage_dirs
 from tasks.stage_store import CheckpointUpload, publish_stage, restore_checkpoints
@@ -82,10 +82,12 @@ def train(
     phases: PhaseRunner = call_directly,
     prompts: StagePrompts | None = None,
     log: Callable[[str], None] = print,
+    start_machines: StartMachines | None = None,
 ) -> StageOutcome:
     """Train one stage with its MLflow run (continued when its checkpoint names one). When the stage's
     ``launch`` asks for more than one process, ``accelerate launch`` runs it (:mod:`tasks.launch`; each output
-    line goes to ``log``, and ``phases`` and ``prompts`` are not used: the processes call the phases directly)."""
+    line goes to ``log``, and ``phases`` and ``prompts`` are not used: the processes call the phases directly);
+    on several machines, ``start_machines`` starts the others' processes."""
     store = Store.from_env()
     if store is not None:  # another machine may have checkpointed this stage: resume from its newest
         fetched = restore_checkpoints(store, run_root, cfg.name, root)
@@ -93,7 +95,7 @@ def train(
             log(f"{cfg.name}: checkpoints {', '.join(fetched)} from the store ({store.url})")
     if cfg.launch.launched:
         started = time.perf_counter()
-        launched = launch_stage(cfg, init_lora, run_root, root, tracking, log)
+        launched = launch_stage(cfg, init_lora, run_root, root, tracking, log, start_machines)
         return launched.replace(wall_s=time.perf_counter() - started)  # with the processes' start
     trained = train_and_track(cfg, init_lora, run_root, root, tracking, phases, prompts)
     assert trained is not None  # one process is rank 0

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
+from prefect.client.schemas.objects import State, TaskRun
 from prefect.context import TaskRunContext
-from prefect.runtime import flow_run
+from prefect.deployments import run_deployment
+from prefect.runtime import deployment, flow_run
 
+from tasks.launch import MachineJob, MachinesLaunchFailed
 from tasks.outcome import StageEvaluation, StageOutcome
 from tasks.phase_tasks import PrefectPhases
 from tasks.stage import code_version, evaluate, grid_path, train
@@ -31,7 +35,10 @@ from vgrpo.checkpoints.resume import training_hash
 from vgrpo.config import StageConfig
 from vgrpo.training.prompt_rows import StagePrompts, prepare_prompts
 
-__all__ = ["evaluate_task", "prepare_prompts_task", "train_task"]
+__all__ = ["MACHINE_DEPLOYMENT", "evaluate_task", "prepare_prompts_task", "submit_machines", "train_task"]
+
+MACHINE_DEPLOYMENT = "vgrpo-machine/stage-machine"
+"""The deployment that runs machine r > 0 of a stage spanning machines (:mod:`flows.machine`)."""
 
 
 def _digest(*parts: Any) -> str:
@@ -68,11 +75,31 @@ def _train_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     return "train-stage-" + _digest(fingerprint, parameters["init_hash"], parameters["run_root"], code_version())
 
 
+def submit_machines(job: MachineJob, ranks: Sequence[int]) -> None:
+    """Machines ``ranks`` of a stage that spans machines, each a flow run of :data:`MACHINE_DEPLOYMENT`: the
+    pool's free workers take them."""
+    for rank in ranks:
+        name = f"{job['stage']['name']}/machine-{rank}"
+        run_deployment(MACHINE_DEPLOYMENT, parameters={"job": job, "machine_rank": rank}, timeout=0, flow_run_name=name)
+
+
+def _lost_a_machine(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """Whether the stage failed because it spans machines and one of them (or the network) was lost."""
+    try:
+        state.result()
+    except MachinesLaunchFailed:
+        return True
+    except Exception:
+        return False
+    return False
+
+
 @task(
     name="train-stage",
     cache_key_fn=_train_key,
     persist_result=True,
-    retries=0,
+    retries=2,
+    retry_condition_fn=_lost_a_machine,
     task_run_name="{stage.name}/train",
 )
 def train_task(
@@ -86,10 +113,14 @@ def train_task(
 ) -> StageOutcome:
     """Train one stage, each phase a task run (a launched stage: the processes' rank-0 output in this task's
     log); ``init_hash`` (the previous adapter's :func:`tasks.stage.dir_hash`) is read only by the cache key.
-    No retries: a failure inside a stage is a bug or bad input (transient reward faults are retried by the score
+    A stage spanning machines has its other machines started by the pool (:func:`submit_machines`) when this
+    flow run came from a deployment, and is retried, from its checkpoints, when one of them is lost. No other
+    retries: a failure inside a stage is a bug or bad input (transient reward faults are retried by the score
     phase), and the stage resumes from its checkpoint when the flow runs again."""
     phases = PrefectPhases(stage.name)
-    outcome = train(stage, init_lora, run_root, root, tracking, phases, prompts, log=get_run_logger().info)
+    machines = submit_machines if deployment.get_id() is not None else None
+    log = get_run_logger().info
+    outcome = train(stage, init_lora, run_root, root, tracking, phases, prompts, log=log, start_machines=machines)
     return outcome.replace(flow_run_id=str(flow_run.get_id()))
 
 

@@ -16,7 +16,16 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tasks.launch import LaunchFailed, accelerate_command, launch_stage, read_result, run_streaming
+from tasks.launch import (
+    LaunchFailed,
+    MachinesLaunchFailed,
+    accelerate_command,
+    launch_stage,
+    machine_job,
+    read_result,
+    rendezvous,
+    run_streaming,
+)
 from vgrpo.checkpoints.resume import training_hash
 from vgrpo.config import StageConfig, load_config
 from vgrpo.errors import ConfigError
@@ -141,7 +150,7 @@ def _fake_launch(monkeypatch: pytest.MonkeyPatch, script: str) -> None:
     """Replace accelerate by ``script`` (run with the spec's path as its argument)."""
     monkeypatch.setattr(
         "tasks.launch.accelerate_command",
-        lambda launch, spec, root, port=None: [sys.executable, "-c", script, str(spec)],
+        lambda launch, spec, root, port=None, machine_rank=0, main_ip=None: [sys.executable, "-c", script, str(spec)],
     )
 
 
@@ -231,3 +240,93 @@ def test_only_rank_0_opens_the_stages_mlflow_run_and_returns_the_result(
     (run,) = MlflowClient(uri).search_runs([experiment.experiment_id])
     assert result is not None and result.run_id == run.info.run_id and run.info.status == "FINISHED"
     assert result.history == ({"reward/total_mean": 0.5},) and (tmp_path / "run/work/tiny" / MANIFEST).is_file()
+
+
+# --- a stage on several machines ------------------------------------------------------------------------------------
+
+TWO_MACHINES = {"processes": 4, "machines": 2, "accelerate_config": "multi.yaml"}
+
+
+def test_machine_r_joins_machine_0s_rendezvous_on_the_command_line(tmp_path: Path) -> None:
+    from accelerate.commands.launch import launch_command_parser
+
+    launch = LaunchConfig(**TWO_MACHINES)
+    cmd = accelerate_command(launch, tmp_path / "spec.json", tmp_path, port=29123, machine_rank=1, main_ip="10.0.0.5")
+    args = launch_command_parser().parse_args(cmd[3:])
+    assert (args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port) == (
+        2,
+        1,
+        "10.0.0.5",
+        29123,
+    )
+
+
+def test_the_rendezvous_is_this_machines_address_or_the_config_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch = LaunchConfig(**TWO_MACHINES)
+    (tmp_path / "multi.yaml").write_text(yaml.safe_dump({"main_process_ip": "10.0.0.1", "main_process_port": 29500}))
+    monkeypatch.delenv("VGRPO_HOST", raising=False)
+    assert rendezvous(launch, tmp_path) == (None, None)  # the file's address and port, on every machine
+    monkeypatch.setenv("VGRPO_HOST", "10.0.0.7")  # a pool's worker: whichever machine took machine 0
+    host, port = rendezvous(launch, tmp_path)
+    assert host == "10.0.0.7" and isinstance(port, int) and port > 0
+    monkeypatch.delenv("VGRPO_HOST")
+    (tmp_path / "multi.yaml").write_text(yaml.safe_dump({"num_machines": 2}))
+    with pytest.raises(ConfigError, match=r"set VGRPO_HOST to this machine's address, or main_process_ip in multi"):
+        rendezvous(launch, tmp_path)
+
+
+def test_the_other_machines_job_names_paths_relative_to_the_project_root(tmp_path: Path) -> None:
+    stage = _stage(**TWO_MACHINES)
+    run_root, init = tmp_path / "runs" / "c", tmp_path / "runs" / "c" / "stages" / "s0"
+    job = machine_job(stage, str(init), "abc", str(run_root), str(tmp_path), "10.0.0.7", 29123)
+    assert (job["run_root"], job["init_lora"], job["init_hash"]) == ("runs/c", "runs/c/stages/s0", "abc")
+    assert (job["main_ip"], job["main_port"]) == ("10.0.0.7", 29123)
+    assert StageConfig.model_validate(job["stage"]) == stage and json.loads(json.dumps(job)) == job
+    with pytest.raises(ConfigError, match=r"must lie inside the project root"):
+        machine_job(stage, None, None, str(tmp_path.parent / "elsewhere"), str(tmp_path), None, None)
+
+
+def test_machine_0_starts_the_others_on_its_job_and_a_lost_machine_fails_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VGRPO_HOST", "127.0.0.1")
+    monkeypatch.delenv("VGRPO_STORE", raising=False)
+    stage = _stage(**TWO_MACHINES)
+    started: list[tuple[dict[str, Any], list[int]]] = []
+    _fake_launch(monkeypatch, "import sys; print('the other machine hung up'); sys.exit(1)")
+    with pytest.raises(MachinesLaunchFailed, match=r"(?s)exited with 1.*the other machine hung up"):
+        launch_stage(
+            stage,
+            None,
+            str(tmp_path / "run"),
+            str(tmp_path),
+            None,
+            log=lambda line: None,
+            start_machines=lambda job, ranks: started.append((job, list(ranks))),
+        )
+    ((job, ranks),) = started
+    assert ranks == [1] and job["main_ip"] == "127.0.0.1" and job["run_root"] == "run"
+    written = json.loads((tmp_path / "run" / "work" / "tiny" / "launch" / "machine-job.json").read_text())
+    assert written == job
+    lines: list[str] = []  # without a pool: the command each other machine runs
+    with pytest.raises(MachinesLaunchFailed):
+        launch_stage(stage, None, str(tmp_path / "run"), str(tmp_path), None, log=lines.append)
+    assert any("python -m tasks.stage_machine" in line and "machine-job.json r" in line for line in lines)
+
+
+def test_machine_r_refuses_a_bad_rank_or_a_missing_starting_adapter_before_launching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.stage_machine import run_machine
+    from vgrpo.errors import UserError
+
+    monkeypatch.delenv("VGRPO_STORE", raising=False)
+    monkeypatch.setattr("tasks.stage_machine.run_launcher", lambda *a, **k: pytest.fail("launched"))
+    job = machine_job(_stage(**TWO_MACHINES), None, None, str(tmp_path / "run"), str(tmp_path), "h", 1)
+    with pytest.raises(UserError, match=r"machine rank 2: stage tiny's other machines are 1..1"):
+        run_machine(job, 2, str(tmp_path))
+    job["init_lora"], job["init_hash"] = "run/stages/s0", "abc"
+    with pytest.raises(UserError, match=r"its starting adapter .*run/stages/s0 is not on this machine"):
+        run_machine(job, 1, str(tmp_path))
