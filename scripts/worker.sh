@@ -16,6 +16,7 @@ case "$DEVICES" in
     cpu:*) LIMIT=${DEVICES#cpu:} ;;
     *) LIMIT=$(echo "$DEVICES" | tr ',' '\n' | grep -c .) ;;
 esac
+LIMIT=${VGRPO_LIMIT:-$LIMIT}  # 1 on the workers of stages across machines: each machine one run at a time
 # Each flow run sends a heartbeat this often: a run that goes silent is crashed and retried (flows/recovery.py).
 export PREFECT_FLOWS_HEARTBEAT_FREQUENCY=${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}
 export VGRPO_ROOT=$PWD VGRPO_DEVICES=$DEVICES HF_HUB_OFFLINE=1

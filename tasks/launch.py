@@ -60,6 +60,7 @@ __all__ = [
     "read_result",
     "run_launcher",
     "run_streaming",
+    "this_machine",
     "write_spec",
 ]
 
@@ -297,6 +298,12 @@ def launch_stage(
     return returned
 
 
+def this_machine(root: str) -> str:
+    """This machine and checkout (host name and project root): what tells machine r that it landed on the worker
+    machine 0 runs on."""
+    return f"{socket.gethostname()}:{Path(root).resolve()}"
+
+
 def machine_job(
     cfg: StageConfig,
     init_lora: str | None,
@@ -317,6 +324,7 @@ def machine_job(
 
     return {
         "stage": cfg.model_dump(mode="json"),
+        "machine_0": this_machine(root),
         "run_root": relative(run_root),
         "init_lora": relative(init_lora) if init_lora else None,
         "init_hash": init_hash,

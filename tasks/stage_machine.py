@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks.launch import MachineJob, accelerate_command, run_launcher, write_spec
+from tasks.launch import MachineJob, accelerate_command, run_launcher, this_machine, write_spec
 from tasks.stage_layout import stage_dirs
 from tasks.stage_store import restore_adapter, restore_checkpoints
 from tasks.store import Store
@@ -34,10 +34,15 @@ def run_machine(job: MachineJob, machine_rank: int, root: str = ".", log: Callab
     """Run machine ``machine_rank``'s processes of the stage ``job`` describes, in the project at ``root``.
 
     Raises:
-        UserError: the starting adapter is neither here nor in the store.
+        UserError: this is machine 0's own worker, or the starting adapter is neither here nor in the store.
         ConfigError, TrainingDiverged, LaunchFailed: as :func:`tasks.launch.run_launcher`.
     """
     cfg = StageConfig.model_validate(job["stage"])
+    if job.get("machine_0") == this_machine(root):
+        raise UserError(
+            f"stage {cfg.name}: machine {machine_rank} landed on the worker that runs machine 0, whose devices it "
+            "holds; give the workers of stages across machines one run at a time (VGRPO_LIMIT=1 scripts/worker.sh)"
+        )
     if not 0 < machine_rank < cfg.launch.machines:
         others = f"1..{cfg.launch.machines - 1}"
         raise UserError(f"machine rank {machine_rank}: stage {cfg.name}'s other machines are {others}")

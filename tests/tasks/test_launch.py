@@ -325,6 +325,9 @@ def test_machine_r_refuses_a_bad_rank_or_a_missing_starting_adapter_before_launc
     monkeypatch.delenv("VGRPO_STORE", raising=False)
     monkeypatch.setattr("tasks.stage_machine.run_launcher", lambda *a, **k: pytest.fail("launched"))
     job = machine_job(_stage(**TWO_MACHINES), None, None, str(tmp_path / "run"), str(tmp_path), "h", 1)
+    with pytest.raises(UserError, match=r"machine 1 landed on the worker that runs machine 0"):
+        run_machine(job, 1, str(tmp_path))
+    job["machine_0"] = "another-host:/srv/vgrpo"
     with pytest.raises(UserError, match=r"machine rank 2: stage tiny's other machines are 1..1"):
         run_machine(job, 2, str(tmp_path))
     job["init_lora"], job["init_hash"] = "run/stages/s0", "abc"
