@@ -8,6 +8,9 @@ an ablation sweep (:mod:`flows.sweep`): that params file is merged after each st
 
     prefect deployment run vgrpo/embedded-curriculum --watch     (with a server and `python -m flows.deploy`)
 
+``until`` (``-p until=s2-geneval``) stops after that stage; a later run goes on from the stages done (its cache, or
+on another machine the shared store).
+
 The params are validated, and every input they name checked (:func:`load_cells`), before the first stage starts
 and before any MLflow run opens; ``overrides`` (``-p overrides='{...}'``) apply to every stage, after the params
 files. MLflow logging is on when ``MLFLOW_TRACKING_URI`` is set.
@@ -221,10 +224,17 @@ def curriculum_flow(
     run_root: str = "runs/curriculum",
     root: str = ".",
     sweep_run_id: str | None = None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """Run every stage of ``curriculum`` (with ``ablation``: one cell of a sweep, that file merged after each
-    stage's files). Returns each stage's outcome (output, hash, MLflow runs, final evaluation) as JSON."""
+    stage's files), or those up to the stage named ``until``. Returns each stage's outcome (output, hash, MLflow
+    runs, final evaluation) as JSON."""
     check_attempts()
     cells = load_cells(curriculum, overrides, [ablation] if ablation else [], root, run_root)
-    ((variant, cell),) = cells.items()
-    return run_cell(cell, variant, ablation, overrides or {}, run_root, root, sweep_run_id)
+    ((variant, (spec, stages)),) = cells.items()
+    if until is not None:
+        names = [cfg.name for cfg in stages]
+        if until not in names:
+            raise ConfigError(f"until: {until!r} is not a stage of {spec.name}: {names}")
+        stages = stages[: names.index(until) + 1]
+    return run_cell((spec, stages), variant, ablation, overrides or {}, run_root, root, sweep_run_id)
