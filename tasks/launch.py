@@ -41,6 +41,7 @@ import yaml
 from tasks.outcome import StageOutcome
 from tasks.process_group import log_tail, stop_group
 from tasks.stage_layout import dir_hash
+from tasks.stage_store import project_path
 from tasks.store import Store
 from tasks.tracking import Tracking
 from vgrpo.atomic import write_json_atomic
@@ -279,10 +280,12 @@ def launch_stage(
         main_ip, main_port = rendezvous(launch, Path(root))
         cmd = accelerate_command(launch, spec.resolve(), Path(root), port=main_port, main_ip=main_ip)
         log(f"{name}: launching machine 0 of {launch.machines}: {' '.join(cmd)}")
-        init_hash = dir_hash(Path(init_lora)) if init_lora else None
-        store = Store.from_env()
-        if store is not None and init_hash is not None and not store.has(f"adapters/{init_hash}"):
-            store.put_dir(Path(init_lora or ""), f"adapters/{init_hash}")
+        init_hash = None
+        if init_lora:  # by its content hash, where the other machines restore it from (tasks.stage_store)
+            init_hash = dir_hash(Path(init_lora))
+            store = Store.from_env()
+            if store is not None and not store.has(f"adapters/{init_hash}"):
+                store.put_dir(Path(init_lora), f"adapters/{init_hash}")
         job = machine_job(cfg, init_lora, init_hash, run_root, root, main_ip, main_port)
         job_file = folder / "machine-job.json"
         write_json_atomic(job_file, job)
@@ -315,18 +318,11 @@ def machine_job(
 ) -> MachineJob:
     """The :data:`MachineJob` of a stage whose machine 0 runs here: paths relative to the project root, the same
     on every machine."""
-
-    def relative(path: str) -> str:
-        rel = Path(os.path.relpath(Path(path).resolve(), Path(root).resolve())).as_posix()
-        if rel.startswith(".."):
-            raise ConfigError(f"{path} must lie inside the project root {root} for the other machines to find it")
-        return rel
-
     return {
         "stage": cfg.model_dump(mode="json"),
         "machine_0": this_machine(root),
-        "run_root": relative(run_root),
-        "init_lora": relative(init_lora) if init_lora else None,
+        "run_root": project_path(run_root, root),
+        "init_lora": project_path(init_lora, root) if init_lora else None,
         "init_hash": init_hash,
         "main_ip": main_ip,
         "main_port": main_port,

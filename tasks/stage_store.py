@@ -16,17 +16,38 @@ from typing import Any
 from tasks.stage_layout import MANIFEST, dir_hash, stage_dirs
 from tasks.store import Store
 from vgrpo.atomic import write_json_atomic
+from vgrpo.errors import ConfigError
 from vgrpo.training.stage import StageCallbacks
 
-__all__ = ["CheckpointUpload", "publish_stage", "restore_adapter", "restore_checkpoints", "restore_stage", "run_key"]
+__all__ = [
+    "CheckpointUpload",
+    "project_path",
+    "publish_stage",
+    "restore_adapter",
+    "restore_checkpoints",
+    "restore_stage",
+    "run_key",
+]
+
+
+def project_path(path: str | Path, root: str | Path = ".") -> str:
+    """``path`` relative to the project root, as every machine's checkout names it wherever it lies.
+
+    Raises:
+        ConfigError: ``path`` lies outside the project root.
+    """
+    rel = Path(os.path.relpath(Path(path).resolve(), Path(root).resolve())).as_posix()
+    if rel.startswith(".."):
+        raise ConfigError(f"{path} must lie inside the project root {root} for the other machines to find it")
+    return rel
 
 
 def run_key(run_root: str | Path, root: str | Path = ".") -> str:
     """The store key of a run folder: its path relative to the project root (``runs/curriculum/<name>``), the
     same on every machine whose checkout lies elsewhere."""
-    rel = Path(os.path.relpath(Path(run_root).resolve(), Path(root).resolve())).as_posix()
-    if rel.startswith("..") or rel.split("/")[0] == "adapters":
-        raise ValueError(f"run folder {run_root} must lie inside the project root {root} (and not be 'adapters')")
+    rel = project_path(run_root, root)
+    if rel.split("/")[0] == "adapters":
+        raise ConfigError(f"run folder {run_root} must not be 'adapters' (the store's adapters live there)")
     return rel
 
 

@@ -8,11 +8,49 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from tests.tiny_world import write_sweep_project
 
 REPO = Path(__file__).resolve().parents[2]
+
+T = TypeVar("T")
+
+
+def deploy_to_pool(env: dict[str, str], *args: str) -> str:
+    """``python -m flows.deploy --pool vgrpo ARGS`` (the docs' command) against ``env``'s servers; returns its
+    output."""
+    cmd = [sys.executable, "-m", "flows.deploy", "--pool", "vgrpo", *args]
+    deployed = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert deployed.returncode == 0, deployed.stderr[-3000:]
+    return deployed.stdout
+
+
+def wait_for(what: str, check: Callable[[], T], timeout: float, logs: list[Path], poll: float = 1.0) -> T:
+    """``check()``'s first truthy value, polled every ``poll`` seconds; after ``timeout`` seconds an assertion
+    naming ``what``, with the tails of ``logs``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(poll)
+    tails = "".join(f"\n--- {p}:\n{p.read_text(errors='replace')[-4000:]}" for p in logs if p.exists())
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tails}")
+
+
+def logged_steps(tracking_uri: str, experiment: str, stage: str) -> list[int]:
+    """The iterations stage ``stage``'s one MLflow run logged (``reward/total_mean``), sorted: an iteration
+    trained twice (on a machine that died and on the one that resumed) appears twice."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])  # type: ignore[union-attr]
+    (run,) = [r for r in runs if r.info.run_name == stage]
+    return sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/total_mean"))
 
 
 def machine(root: Path, world: Path) -> Path:

@@ -22,7 +22,7 @@ import yaml
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.cluster.pool import REPO, worker
+from tests.cluster.pool import REPO, deploy_to_pool, worker
 from tests.flows.test_pipeline_e2e import TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -71,10 +71,7 @@ def test_the_embedded_curriculum_alternating_between_two_machines_ends_with_the_
         env = {**os.environ, **services.env, "VGRPO_STORE": str(store)}
         env.update(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
         env["PREFECT_LOCAL_STORAGE_PATH"] = str(store / "prefect-results")  # as the team's environment sets it
-        deployed = subprocess.run(
-            [sys.executable, "-m", "flows.deploy", "--pool", "vgrpo"], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        deploy_to_pool(env)
         url = services.env["PREFECT_API_URL"]
         with temporary_settings({PREFECT_API_URL: url}), get_client(sync_client=True) as client:
             for n in checkouts:

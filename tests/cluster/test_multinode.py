@@ -7,11 +7,7 @@ retries the stage, which resumes from its last checkpoint and still matches."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -19,7 +15,7 @@ from safetensors.torch import load_file
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.cluster.pool import REPO, kill_machine, machine, worker
+from tests.cluster.pool import deploy_to_pool, kill_machine, logged_steps, machine, wait_for, worker
 from tests.parallel.test_distributed import RESUME_ATOL
 from tests.tiny_world import write_tiny_world
 
@@ -50,17 +46,6 @@ def _checkout(root: Path, world: Path) -> Path:
     return checkout
 
 
-def _wait_for(what: str, check: Any, timeout: float, logs: list[Path]) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    tails = "".join(f"\n--- {p}:\n{p.read_text(errors='replace')[-4000:]}" for p in logs if p.exists())
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tails}")
-
-
 def _max_diff(a: Path, b: Path) -> float:
     one, two = load_file(a / LORA), load_file(b / LORA)
     assert set(one) == set(two)
@@ -68,7 +53,6 @@ def _max_diff(a: Path, b: Path) -> float:
 
 
 def test_a_stage_spans_two_machines_of_the_pool_and_survives_losing_one(tmp_path: Path) -> None:
-    from mlflow import MlflowClient
     from prefect import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -92,10 +76,7 @@ def test_a_stage_spans_two_machines_of_the_pool_and_survives_losing_one(tmp_path
     with local_services(tmp_path / "services") as services:
         env = {**os.environ, **services.env, "VGRPO_STORE": str(store), "VGRPO_HOST": "127.0.0.1"}
         env.update(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
-        deployed = subprocess.run(
-            [sys.executable, "-m", "flows.deploy", "--pool", "vgrpo"], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        deploy_to_pool(env)
         workers = {n: worker(f"machine-{n}", c, "gpu", env, tmp_path / f"worker-{n}.log") for n, c in checkouts.items()}
         logs.append(Path(services.env["PREFECT_HOME"]) / "server.log")
         try:
@@ -104,20 +85,26 @@ def test_a_stage_spans_two_machines_of_the_pool_and_survives_losing_one(tmp_path
                 run = run_deployment("vgrpo/embedded-curriculum", parameters=params, timeout=0)
                 launch = {n: c / "runs" / "one" / "work" / STAGE / "launch" for n, c in checkouts.items()}
                 started = [launch[n] / "spec.json" for n in names]
-                main = _wait_for("machine 0", lambda: [p.parents[5].name for p in started if p.is_file()], 300, logs)
+                main = wait_for(
+                    "machine 0", lambda: [p.parents[5].name for p in started if p.is_file()], 300, logs, poll=0.2
+                )
                 logs += [launch[n] / "rank-1.log" for n in names]
 
                 def machine_one() -> list[str]:
                     return [n for n in names if (launch[n] / "machine-1" / "spec.json").is_file()]
 
-                (first,) = _wait_for("machine 1", machine_one, 300, logs)
+                (first,) = wait_for("machine 1", machine_one, 300, logs, poll=0.2)
                 uploaded = store / "runs" / "one" / "work" / STAGE / "checkpoints"
-                _wait_for("a checkpoint in the store", lambda: list(uploaded.glob("iter-*/.complete")), 300, logs)
+                wait_for(
+                    "a checkpoint in the store", lambda: list(uploaded.glob("iter-*/.complete")), 300, logs, poll=0.2
+                )
                 kill_machine(workers[first])
                 last_uploaded = max(int(p.parent.name.split("-")[1]) for p in uploaded.glob("iter-*/.complete"))
-                (second,) = _wait_for("machine 1 again", lambda: [n for n in machine_one() if n != first], 300, logs)
+                (second,) = wait_for(
+                    "machine 1 again", lambda: [n for n in machine_one() if n != first], 300, logs, poll=0.2
+                )
                 with get_client(sync_client=True) as client:
-                    final = _wait_for(
+                    final = wait_for(
                         "the run to finish",
                         lambda: (r := client.read_flow_run(run.id)).state is not None and r.state.is_final() and r,
                         600,
@@ -131,11 +118,7 @@ def test_a_stage_spans_two_machines_of_the_pool_and_survives_losing_one(tmp_path
         assert final.state.is_completed(), final.state
         (train_run,) = [t for t in task_runs if t.name == f"{STAGE}/train"]
         assert train_run.run_count == 2  # the stage retried once, after losing machine 1
-        ml = MlflowClient(services.env["MLFLOW_TRACKING_URI"])
-        (stage_run,) = [
-            r for r in ml.search_runs([ml.get_experiment_by_name("one").experiment_id]) if r.info.run_name == STAGE
-        ]
-        steps = sorted(m.step for m in ml.get_metric_history(stage_run.info.run_id, "reward/total_mean"))
+        steps = logged_steps(services.env["MLFLOW_TRACKING_URI"], "one", STAGE)
     lost = len(steps) - len(set(steps))
     assert len(set(steps)) == ITERATIONS and 0 <= lost <= EVERY, (steps, last_uploaded)
     assert all(steps.count(s) == 1 for s in range(last_uploaded)), steps

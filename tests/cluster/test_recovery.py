@@ -6,17 +6,14 @@ weights of a run that was never interrupted."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.cluster.pool import REPO, kill_machine, machine, worker
+from tests.cluster.pool import deploy_to_pool, kill_machine, logged_steps, machine, wait_for, worker
 from tests.tiny_world import write_tiny_world
 
 pytestmark = pytest.mark.slow
@@ -26,19 +23,7 @@ STAGE = "s1-pick"
 SILENCE_S = 40  # above the heartbeat's minimum period (30 s)
 
 
-def _wait_for(what: str, check: Any, timeout: float, logs: list[Path]) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(1.0)
-    tails = "".join(f"\n--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tails}")
-
-
 def test_a_machine_killed_mid_stage_costs_at_most_the_iterations_since_its_last_checkpoint(tmp_path: Path) -> None:
-    from mlflow import MlflowClient
     from prefect import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -55,9 +40,7 @@ def test_a_machine_killed_mid_stage_costs_at_most_the_iterations_since_its_last_
     with local_services(tmp_path / "services") as services:
         env = {**os.environ, **services.env, "VGRPO_STORE": str(store), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
         env.update(PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30")
-        deploy = [sys.executable, "-m", "flows.deploy", "--pool", "vgrpo", "--silence", str(SILENCE_S)]
-        deployed = subprocess.run(deploy, cwd=REPO, env=env, capture_output=True, text=True)
-        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        deploy_to_pool(env, "--silence", str(SILENCE_S))
         workers = {n: worker(f"machine-{n}", c, "gpu", env, tmp_path / f"worker-{n}.log") for n, c in checkouts.items()}
         logs.append(Path(services.env["PREFECT_HOME"]) / "server.log")
         try:
@@ -65,16 +48,16 @@ def test_a_machine_killed_mid_stage_costs_at_most_the_iterations_since_its_last_
                 params = {"curriculum": "one.yaml", "run_root": "runs", "overrides": overrides}
                 run = run_deployment("vgrpo/embedded-curriculum", parameters=params, timeout=0)
                 work = {n: c / "runs" / "one" / "work" / STAGE for n, c in checkouts.items()}
-                started = _wait_for("a machine to start", lambda: [n for n in work if work[n].is_dir()], 300, logs)
+                started = wait_for("a machine to start", lambda: [n for n in work if work[n].is_dir()], 300, logs)
                 (dead,) = started
                 uploaded = store / "runs" / "one" / "work" / STAGE / "checkpoints"
-                _wait_for("a checkpoint in the store", lambda: list(uploaded.glob("iter-*/.complete")), 300, logs)
+                wait_for("a checkpoint in the store", lambda: list(uploaded.glob("iter-*/.complete")), 300, logs)
                 time.sleep(2.0)  # an iteration or so past it, which the kill loses
                 kill_machine(workers[dead])
                 killed_at = time.monotonic()
                 last_uploaded = max(int(p.parent.name.split("-")[1]) for p in uploaded.glob("iter-*/.complete"))
                 with get_client(sync_client=True) as client:
-                    final = _wait_for(
+                    final = wait_for(
                         "the run to crash, be scheduled again and finish on the other machine",
                         lambda: (r := client.read_flow_run(run.id)).state is not None and r.state.is_final() and r,
                         600,
@@ -92,14 +75,7 @@ def test_a_machine_killed_mid_stage_costs_at_most_the_iterations_since_its_last_
         assert (checkouts[alive] / "runs" / "one" / "stages" / STAGE).is_dir()
         # What was lost: the iterations the dead machine trained past its last uploaded checkpoint, each logged
         # twice to the stage's one MLflow run (continued by the second machine from the checkpoint's run id).
-        client_ml = MlflowClient(services.env["MLFLOW_TRACKING_URI"])
-        (stage_run,) = [
-            r
-            for r in client_ml.search_runs(client_ml.get_experiment_by_name("one").experiment_id)
-            if r.info.run_name == STAGE
-        ]
-        history = client_ml.get_metric_history(stage_run.info.run_id, "reward/total_mean")
-        steps = sorted(m.step for m in history)
+        steps = logged_steps(services.env["MLFLOW_TRACKING_URI"], "one", STAGE)
         lost = len(steps) - len(set(steps))
     print(
         f"\nkilled machine {dead} after checkpoint iter-{last_uploaded}; the run finished on {alive} "

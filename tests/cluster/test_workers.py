@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.cluster.pool import REPO, machine, worker
+from tests.cluster.pool import deploy_to_pool, machine, worker
 from tests.tiny_world import SWEEP_ABLATIONS, run_sweep_deployment, write_tiny_world
 
 pytestmark = pytest.mark.slow
@@ -30,10 +28,7 @@ def test_a_sweeps_cells_land_one_on_each_machine(tmp_path: Path) -> None:
     with local_services(tmp_path / "services") as services:
         env = {**os.environ, **services.env, "VGRPO_STORE": str(store), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
         env["PREFECT_WORKER_QUERY_SECONDS"] = "2"
-        deployed = subprocess.run(
-            [sys.executable, "-m", "flows.deploy", "--pool", "vgrpo"], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        deploy_to_pool(env)
         workers = [
             worker("machine-a", a, "gpu", env, tmp_path / "worker-a.log"),
             worker("machine-b", b, "gpu", env, tmp_path / "worker-b.log"),
