@@ -6,6 +6,7 @@
 # a killed timing resumes at the first run missing from it. At the end: each commit's median, min and max,
 # and whether every commit's per-stage table (results.md) is the same to the byte.
 #   scripts/time_curriculum.sh [-r REPEATS] COMMIT...      (default 2 repeats; WORK=/tmp/vgrpo-timing)
+# The checkouts stay for a later resume; `git worktree remove --force $WORK/<sha>` drops one.
 set -euo pipefail
 REPEATS=2
 if [ "${1:-}" = -r ]; then REPEATS=$2; shift 2; fi
