@@ -96,6 +96,7 @@ class Group:
         # Wall time from the cells that ran with the cores to themselves, when there are any.
         clean = [r for r in full if not (r.get("machine") or {}).get("under_load")] or full
         self.timed_cells = len(clean)
+        self.timed_cpus = sorted({(r.get("machine") or {}).get("cpu", "not recorded") for r in clean})
         self.axes = {a: np.zeros(n_points + 1) for a in AXES}
         for a in AXES:
             self.axes[a][1:] = np.mean(

@@ -243,6 +243,7 @@ def claim_rows(an: Analysis) -> list[Row]:
             [("vgrpo", v), (other, o)],
             lambda a, b, vx=vx, x=0.5 * budget: at_budget(vx, a, x) - final(b),
             note=f"seconds from {v.timed_cells} and {o.timed_cells} cells that ran with the cores to themselves"
+            f" (CPU: {'; '.join(sorted(set(v.timed_cpus) | set(o.timed_cpus)))})"
             if v and o
             else "",
         )

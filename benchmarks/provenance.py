@@ -109,6 +109,23 @@ def cpu_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
+@cache
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's name as ``cpuinfo`` gives it, with its family and model numbers (``AMD EPYC (25/17)``):
+    wall times compare only between cells on the same CPU, and float sums in another order give other bytes."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        return "unknown"
+    return f"{fields.get('model name', 'unknown')} ({fields.get('cpu family', '?')}/{fields.get('model', '?')})"
+
+
 class MachineClock:
     """The cell's start time, its own CPU time, and the other processes' load while it ran."""
 
@@ -132,6 +149,7 @@ class MachineClock:
             "loadavg_start": self.loadavg_start,
             "loadavg_end": os.getloadavg()[0],
             "cores": os.cpu_count(),
+            "cpu": cpu_model(),
             "under_load": other_cores > LOADED_CORES,
         }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import LABELS, ROOT, TIMED_METHODS, flags
-from benchmarks.provenance import wait_until_idle
+from benchmarks.provenance import cpu_model, wait_until_idle
 
 METHODS = TIMED_METHODS
 SD35_SCALE = flags(device="cpu", layers=2, resolution=128, group=2, text_tokens=77, precision="fp32")
@@ -89,12 +90,12 @@ def table(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.Na
     lines = [
         "# Speed and memory against the number of sampling steps",
         "",
-        "Produced by `python -m benchmarks.speed` on 2 CPU cores, one process per measurement, nothing else "
-        f"running. Each cell is the median over {args.repeats} repeats (fresh processes) of the median of "
-        f"{args.embedded_iterations} timed iterations after a warm-up one, with the repeats' range in brackets. "
-        "The embedded rows train each method with the comparison grid's own stage config (`benchmarks/grid.py`: "
-        "its recipe, two half-batch gradient steps per iteration, LoRA r 32, the world GenEval reward), at T "
-        "sampling steps.",
+        f"Produced by `python -m benchmarks.speed` on {os.cpu_count()} CPU cores ({cpu_model()}), one process per "
+        f"measurement, nothing else running. Each cell is the median over {args.repeats} repeats (fresh processes) "
+        f"of the median of {args.embedded_iterations} timed iterations after a warm-up one, with the repeats' "
+        "range in brackets. The embedded rows train each method with the comparison grid's own stage config "
+        "(`benchmarks/grid.py`: its recipe, two half-batch gradient steps per iteration, LoRA r 32, the world "
+        "GenEval reward), at T sampling steps.",
         "",
         "## Embedded base (8 prompts x 8 samples)",
         "",

@@ -166,6 +166,15 @@ def test_the_machine_clock_sees_another_process_load_the_cores() -> None:
     assert m["other_load_cores"] > 0.5 and m["under_load"] and m["process_cpu_s"] < 0.5
 
 
+def test_the_cpu_model_is_the_first_processor_name_with_family_and_model(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    block = "processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+    info.write_text(block.format(0) + "\n" + block.format(1).replace("AMD EPYC", "other") + "\n")
+    assert provenance.cpu_model(str(info)) == "AMD EPYC (25/17)"
+    assert provenance.cpu_model(str(tmp_path / "missing")) == "unknown"
+    assert provenance.MachineClock().finish()["cpu"] == provenance.cpu_model()
+
+
 def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values() -> None:
     assert claims.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
     reps = np.concatenate([np.full(97, 1.0), np.full(3, -1.0)])
