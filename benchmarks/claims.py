@@ -126,8 +126,13 @@ def fill(row: Row, est: float, reps: np.ndarray) -> Row:
 
 
 def decide(rows: list[Row]) -> None:
-    """Holm over the confirmatory rows that ran, then every row's verdict."""
-    adjusted = holm({r.id: r.p for r in rows if r.family == "confirmatory" and r.p is not None})
+    """Holm over the whole confirmatory family, then every row's verdict.
+
+    The family is fixed before the grid runs, so a confirmatory row without a p-value yet (not run, or not
+    measurable) enters as p = 1: Holm's adjusted p-values only fall as any input falls, so a verdict read off a
+    partial grid can only strengthen when the missing rows land, never be withdrawn.
+    """
+    adjusted = holm({r.id: 1.0 if r.p is None else r.p for r in rows if r.family == "confirmatory"})
     for r in rows:
         if r.p is None:
             continue
@@ -480,7 +485,8 @@ def claims_table(rows: list[Row]) -> list[str]:
         "",
         "Each row: the claim in the paper's words, the paper's number, the rule fixed before the grid ran, the "
         "statistic's estimate with its 95% interval over prompts and seeds, its two-sided bootstrap p-value "
-        "against the rule's threshold (Holm-adjusted over the confirmatory rows), and the verdict. *Seeds to "
+        "against the rule's threshold (Holm-adjusted over all the confirmatory rows, a row not run yet counting "
+        "as p = 1), and the verdict. *Seeds to "
         "resolve*: the seeds per group at which the interval would exclude the threshold if the estimate held "
         "(- when the prompts' noise alone is too wide; resolved rows: already).",
         "",
