@@ -128,11 +128,12 @@ def fill(row: Row, est: float, reps: np.ndarray) -> Row:
 def decide(rows: list[Row]) -> None:
     """Holm over the whole confirmatory family, then every row's verdict.
 
-    The family is fixed before the grid runs, so a confirmatory row without a p-value yet (not run, or not
-    measurable) enters as p = 1: Holm's adjusted p-values only fall as any input falls, so a verdict read off a
-    partial grid can only strengthen when the missing rows land, never be withdrawn.
+    The family is :data:`CONFIRMATORY`, fixed before the grid ran, so a confirmatory row without a p-value (not
+    run, not measurable, or not among ``rows``) enters as p = 1: Holm's adjusted p-values only fall as any input
+    falls, so a verdict read off a partial grid can only strengthen when the missing rows land, never be withdrawn.
     """
-    adjusted = holm({r.id: 1.0 if r.p is None else r.p for r in rows if r.family == "confirmatory"})
+    ran = {r.id: r.p for r in rows if r.p is not None}
+    adjusted = holm({k: ran.get(k, 1.0) for k in CONFIRMATORY})
     for r in rows:
         if r.p is None:
             continue

@@ -197,20 +197,17 @@ def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values
 
 
 def test_holm_counts_a_confirmatory_row_not_run_yet_as_p_one() -> None:
-    ids = list(claims.CONFIRMATORY)
-    rows = [claims.Row(id=i, claim="", paper="", rule="") for i in ids]
-    rows[0].p, rows[0].extra["lean"] = 0.004, "above"
-    rows[1].p, rows[1].extra["lean"] = 0.004, "above"
-    claims.decide(rows)
-    m = len(ids)
-    # Both ran rows share the smallest p: the first is adjusted by m, the second by m - 1 then carried up to it.
-    assert rows[0].p_holm == pytest.approx(min(1.0, m * 0.004))
-    assert rows[1].p_holm == pytest.approx(min(1.0, m * 0.004))
-    assert rows[2].verdict == "not run" and rows[2].p is None
-    assert rows[0].verdict == ("reproduced" if m * 0.004 < claims.ALPHA else "unresolved (Holm)")
-    # With only the two ran rows in the family the same p-values would pass at 2 x 0.004: the interim verdict is
-    # never more liberal than the final one.
-    assert claims.holm({"a": 0.004, "b": 0.004})["a"] == pytest.approx(0.008)
+    assert len(claims.CONFIRMATORY) == 14
+    ran = [claims.Row(id=i, claim="", paper="", rule="", p=0.004, extra={"lean": "above"}) for i in ("E1", "S2")]
+    not_run = claims.Row(id="A1", claim="", paper="", rule="")
+    claims.decide([*ran, not_run])  # the other eleven confirmatory rows are not even passed: they count as p = 1
+    # The two ran rows share the smallest p: the first is adjusted by 14, the second by 13 and carried up to it.
+    assert [r.p_holm for r in ran] == pytest.approx([0.056, 0.056])
+    assert [r.verdict for r in ran] == ["unresolved (Holm)", "unresolved (Holm)"]
+    assert not_run.verdict == "not run" and not_run.p_holm is None
+    # Over the two ran rows alone the same p-values would pass (2 x 0.004): an interim verdict is never more
+    # liberal than the final one.
+    assert claims.holm({"E1": 0.004, "S2": 0.004})["E1"] == pytest.approx(0.008)
 
 
 def _axes(it: int, score: float) -> dict[str, float]:
