@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import fisher_exact
+from scipy.stats import fisher_exact, norm
 
 from benchmarks.bootstrap import point_weights, prompt_weights
 from benchmarks.common import METHODS
@@ -313,11 +313,26 @@ def seeds_for_power(p_a: float, p_b: float, target: float = 0.8, most: int = 60)
     return next((n for n in range(2, most + 1) if fisher_power(n, p_a, p_b) >= target), None)
 
 
-def seeds_to_resolve(estimate: float, seed_var: float, prompt_var: float, seeds: int) -> float | None:
-    """Seeds per group at which a difference of ``estimate`` would have a 95% interval excluding 0, from the
-    variance of its replicates split into a part that shrinks with seeds (``seed_var`` at ``seeds`` seeds) and a
-    part that does not (the prompts'). None when the prompts' part alone is too wide."""
-    room = (abs(estimate) / 1.96) ** 2 - prompt_var
+def seeds_to_resolve(
+    estimate: float,
+    seed_var: float,
+    prompt_var: float,
+    seeds: int,
+    alpha: float = 0.05,
+    observed_p: float | None = None,
+) -> float | None:
+    """Seeds per group at which a difference of ``estimate`` would have a two-sided (1 - ``alpha``) interval
+    excluding 0, from the variance of its replicates split into a part that shrinks with seeds (``seed_var`` at
+    ``seeds`` seeds) and a part that does not (the prompts'). None when the prompts' part alone is too wide.
+
+    With ``observed_p`` (the bootstrap's own p-value at ``seeds``), both parts are scaled so that their sum is the
+    variance a normal statistic with that p-value would have: the answer then agrees with the bootstrap, falling
+    at or below ``seeds`` exactly when ``observed_p <= alpha``, however heavy the replicates' tails."""
+    if observed_p is not None and 0.0 < observed_p < 1.0 and seed_var + prompt_var > 0:
+        total = (abs(estimate) / float(norm.ppf(1 - observed_p / 2))) ** 2
+        seed_var, prompt_var = (v * total / (seed_var + prompt_var) for v in (seed_var, prompt_var))
+    z = float(norm.ppf(1 - alpha / 2))
+    room = (abs(estimate) / z) ** 2 - prompt_var
     if room <= 0:
         return None
     return seeds * seed_var / room

@@ -252,8 +252,12 @@ def ablation_table(an: Analysis, lines: list[str]) -> None:
     variants = sorted({r["spec"]["variant"] for r in an.records.values() if r["spec"]["phase"] == "ablation"})
     if v is None or not variants or an.base is None:
         return
+    rates = ", ".join(sorted({f"{r['spec']['lr']:g}" for r in an.records.values() if r["spec"]["phase"] == "ablation"}))
     lines += [
         f"## Ablations of V-GRPO (against all {v.seeds} of V-GRPO's seeds)",
+        "",
+        "Each variant changes one component of V-GRPO's recipe and keeps the rest, its learning rate included "
+        f"({rates}, tuned for x-prediction with N_MC 4): a variant that would want another rate is not retuned.",
         "",
         "| variant | seeds | final strict | minus V-GRPO, final [95% CI] | minus V-GRPO, curve mean [95% CI] | worst "
         "drop [95% CI] | collapsed | surrogate CV | within-group CV | s/iteration |",

@@ -220,8 +220,16 @@ def test_fisher_power_and_seeds_to_resolve() -> None:
     n = analysis.seeds_for_power(0.5, 0.0)
     assert n is not None and analysis.fisher_power(n, 0.5, 0.0) >= 0.8 > analysis.fisher_power(n - 1, 0.5, 0.0)
     # A difference of 0.0196 needs its replicates' sd at 0.01: the seeds' part 4e-4 at 5 seeds -> 5 * 4e-4 / 1e-4.
-    assert analysis.seeds_to_resolve(0.0196, 4e-4, 0.0, 5) == pytest.approx(20.0)
+    assert analysis.seeds_to_resolve(0.0196, 4e-4, 0.0, 5) == pytest.approx(20.0, rel=1e-4)
+    # At Bonferroni's level over 14 rows (z 2.914 instead of 1.96) the same difference needs (2.914 / 1.96)^2 x 20.
+    assert analysis.seeds_to_resolve(0.0196, 4e-4, 0.0, 5, alpha=0.05 / 14) == pytest.approx(44.2, abs=0.1)
     assert analysis.seeds_to_resolve(0.0196, 4e-4, 2e-4, 5) is None  # the prompts' noise alone is too wide
+    # Calibrated to the bootstrap's p-value: resolved at the current seeds exactly when p <= alpha.
+    for p in (0.003, 0.02, 0.049, 0.051, 0.3):
+        need = analysis.seeds_to_resolve(0.03, 1e-4, 1e-6, 5, observed_p=p)
+        assert need is not None and (need <= 5) == (p <= 0.05)
+    need = analysis.seeds_to_resolve(0.03, 1e-4, 1e-6, 5, alpha=0.05 / 14, observed_p=0.007)
+    assert need is not None and need > 5  # p 0.007 passes at 0.05, not at Bonferroni's 0.0036
 
 
 @pytest.fixture(scope="module")
