@@ -249,10 +249,11 @@ def stability_table(an: Analysis, lines: list[str]) -> None:
 def ablation_table(an: Analysis, lines: list[str]) -> None:
     """Each ablation's seeds against every seed of V-GRPO."""
     v = an.groups.get("vgrpo")
-    variants = sorted({r["spec"]["variant"] for r in an.records.values() if r["spec"]["phase"] == "ablation"})
+    specs = [r["spec"] for r in an.records.values() if r["spec"]["phase"] == "ablation"]
+    variants = sorted({spec["variant"] for spec in specs})
     if v is None or not variants or an.base is None:
         return
-    rates = ", ".join(sorted({f"{r['spec']['lr']:g}" for r in an.records.values() if r["spec"]["phase"] == "ablation"}))
+    rates = ", ".join(sorted({f"{spec['lr']:g}" for spec in specs}))
     lines += [
         f"## Ablations of V-GRPO (against all {v.seeds} of V-GRPO's seeds)",
         "",

@@ -205,8 +205,8 @@ def test_holm_counts_a_confirmatory_row_not_run_yet_as_p_one() -> None:
     assert [r.p_holm for r in ran] == pytest.approx([0.056, 0.056])
     assert [r.verdict for r in ran] == ["unresolved (Holm)", "unresolved (Holm)"]
     assert not_run.verdict == "not run" and not_run.p_holm is None
-    # Over the two ran rows alone the same p-values would pass (2 x 0.004): an interim verdict is never more
-    # liberal than the final one.
+    # Over the two ran rows alone the same p-values would pass (2 x 0.004): rows not run yet make Holm stricter,
+    # never laxer (a row's own new cells can still move its p-value either way).
     assert claims.holm({"E1": 0.004, "S2": 0.004})["E1"] == pytest.approx(0.008)
 
 
