@@ -1,7 +1,7 @@
 """Seconds per iteration and peak memory of V-GRPO, Flow-GRPO and MixGRPO against the number of sampling steps
 T, on the embedded base and at the SD3.5-Medium transformer architecture (CPU scale).
 
-    python -m benchmarks.speed                      # T = 10, 20, 40 -> docs/benchmarks/speed.md and speed.json
+    python -m benchmarks.speed                      # T = 10, 20, 40 -> docs/benchmarks/speed.md
     python -m benchmarks.speed --steps 10 --out /tmp/speed
 
 Each measurement is a separate process, repeated (:mod:`step_time` on ``models/embedded-base`` with the

@@ -418,3 +418,17 @@ def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_pat
     rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
     assert _without_progress(rebuilt) == _without_progress(text)
     assert "Cells whose config is not the one this checkout's plan gives their spec: none." in rebuilt
+
+
+def test_the_committed_speed_repeats_rebuild_the_committed_speed_tables() -> None:
+    from benchmarks import speed
+
+    args = Namespace(repeats=3, embedded_iterations=5, sd35_iterations=2)
+    raw = ROOT / "docs" / "benchmarks" / "speed"
+    assert len(list(raw.glob("*-T*-r*.json"))) == 2 * 3 * 3  # all committed, so `measure` only reads them
+    results = {t: speed.measure(t, raw, args) for t in (10, 20, 40)}
+    tables = speed.table(results, args)
+    committed = (ROOT / "docs" / "benchmarks" / "speed.md").read_text().splitlines()
+    start = committed.index("## Embedded base (8 prompts x 8 samples)")  # the header names this machine's CPU
+    assert tables[tables.index(committed[start]) :] == [*committed[start:], ""]
+    assert speed.spread([3.0, 1.0, 2.0]) == "2.00 (1.00-3.00)"
