@@ -127,18 +127,25 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 
 class MachineClock:
-    """The cell's start time, its own CPU time, and the other processes' load while it ran."""
+    """The cell's start time, its own CPU time, and the other processes' load while it ran. With
+    ``count_children`` the CPU time of the child processes it waited for counts as its own (a measurement run as
+    a subprocess)."""
 
-    def __init__(self) -> None:
+    def __init__(self, count_children: bool = False) -> None:
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.loadavg_start = os.getloadavg()[0]
+        self._count_children = count_children
         self._wall = time.perf_counter()
         self._busy = cpu_busy_s()
-        self._cpu = time.process_time()
+        self._cpu = self._own_cpu()
+
+    def _own_cpu(self) -> float:
+        t = os.times()
+        return t.user + t.system + (t.children_user + t.children_system) * self._count_children
 
     def finish(self) -> dict[str, Any]:
         wall = time.perf_counter() - self._wall
-        own = time.process_time() - self._cpu
+        own = self._own_cpu() - self._cpu
         others = max(0.0, cpu_busy_s() - self._busy - own)
         other_cores = others / wall if wall > 0 else 0.0
         return {

@@ -7,7 +7,8 @@ T, on the embedded base and at the SD3.5-Medium transformer architecture (CPU sc
 Each measurement is a separate process, repeated (:mod:`step_time` on ``models/embedded-base`` with the
 comparison grid's stage config of each method and the world GenEval reward, 8 prompts x 8 samples, 5 timed
 iterations; :mod:`sd35_arch` with SD3.5-M's blocks, LoRA r 32 and a latent reward). Run nothing else alongside:
-the numbers are wall-clock.
+the numbers are wall-clock. Each measurement starts once the machine is idle and records the load other processes
+put on the cores while it ran.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import LABELS, ROOT, TIMED_METHODS, flags
-from benchmarks.provenance import cpu_model, wait_until_idle
+from benchmarks.provenance import LOADED_CORES, MachineClock, cpu_model, wait_until_idle
+from vgrpo.atomic import write_json_atomic
 
 METHODS = TIMED_METHODS
 SD35_SCALE = flags(device="cpu", layers=2, resolution=128, group=2, text_tokens=77, precision="fp32")
@@ -74,9 +75,13 @@ def measure(steps: int, out: Path, args: argparse.Namespace) -> dict[str, list[d
             path = out / f"{name}-T{steps}-r{repeat}.json"
             if not path.is_file():
                 wait_until_idle()
-                t0 = time.perf_counter()
-                subprocess.run([*cmd, "--json", str(path)], cwd=ROOT, check=True)
-                print(f"{name} T={steps} repeat {repeat}: {time.perf_counter() - t0:.0f} s", flush=True)
+                clock = MachineClock(count_children=True)
+                partial = path.with_suffix(".partial")
+                subprocess.run([*cmd, "--json", str(partial)], cwd=ROOT, check=True)
+                machine = clock.finish()
+                write_json_atomic(path, json.loads(partial.read_text()) | {"machine": machine})
+                partial.unlink()
+                print(f"{name} T={steps} repeat {repeat}: {machine['wall_s']:.0f} s", flush=True)
             result[name].append(json.loads(path.read_text()))
     return result
 
@@ -147,7 +152,28 @@ def table(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.Na
             if base and all(ratios):
                 parts.append(f"{LABELS[m]} " + " / ".join(f"{v / base:.2f}" for v in ratios if v))
         lines.append(f"- {where}, T = {' / '.join(str(t) for t in sorted(results))}: " + "; ".join(parts))
-    return [*lines, ""]
+    return [*lines, "", *load_note(results), ""]
+
+
+def load_note(results: dict[int, dict[str, list[dict[str, Any]]]]) -> list[str]:
+    """What the other processes on the machine did while the measurements ran (recorded since the runner
+    counts a measurement's own subprocess CPU time; older files say nothing)."""
+    runs = [x for r in results.values() for where in r.values() for x in where]
+    recorded = [x["machine"] for x in runs if "machine" in x]
+    lines = ["## Machine load while measuring", ""]
+    if recorded:
+        loads = [m["other_load_cores"] for m in recorded]
+        loaded = sum(m["under_load"] for m in recorded)
+        lines.append(
+            f"- other processes used {statistics.median(loads):.2f} cores in the median measurement, at most "
+            f"{max(loads):.2f}; {loaded} of {len(recorded)} ran above {LOADED_CORES} cores"
+        )
+    if len(recorded) < len(runs):
+        lines.append(
+            f"- {len(runs) - len(recorded)} of {len(runs)} measurements predate load recording: each started only "
+            f"once other processes used at most {LOADED_CORES} cores"
+        )
+    return lines
 
 
 def main() -> None:

@@ -154,7 +154,7 @@ def test_the_grid_resumes_from_the_committed_records_and_writes_them_back(tmp_pa
 
 
 def test_the_machine_clock_sees_another_process_load_the_cores() -> None:
-    clock = provenance.MachineClock()
+    clock, with_children = provenance.MachineClock(), provenance.MachineClock(count_children=True)
     pid = os.fork()
     if pid == 0:  # a child that keeps one core busy for a second
         end = __import__("time").perf_counter() + 1.0
@@ -162,8 +162,11 @@ def test_the_machine_clock_sees_another_process_load_the_cores() -> None:
             pass
         os._exit(0)
     os.waitpid(pid, 0)
-    m = clock.finish()
+    m, mc = clock.finish(), with_children.finish()
     assert m["other_load_cores"] > 0.5 and m["under_load"] and m["process_cpu_s"] < 0.5
+    # the same second of the child's CPU is the measurement's own when it counts its children
+    assert mc["process_cpu_s"] - m["process_cpu_s"] > 0.8
+    assert (m["other_load_cores"] - mc["other_load_cores"]) * mc["wall_s"] > 0.8
 
 
 def test_the_cpu_model_is_the_first_processor_name_with_family_and_model(tmp_path: Path) -> None:
@@ -432,3 +435,28 @@ def test_the_committed_speed_repeats_rebuild_the_committed_speed_tables() -> Non
     start = committed.index("## Embedded base (8 prompts x 8 samples)")  # the header names this machine's CPU
     assert tables[tables.index(committed[start]) :] == [*committed[start:], ""]
     assert speed.spread([3.0, 1.0, 2.0]) == "2.00 (1.00-3.00)"
+
+
+def test_a_speed_measurement_records_the_machine_load_and_is_not_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks import speed
+
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **_: object) -> None:  # the measured process writes its JSON where it is told
+        calls.append(cmd)
+        Path(cmd[-1]).write_text(json.dumps({"results": {}, "args": {}}))
+
+    monkeypatch.setattr(speed.subprocess, "run", fake_run)
+    monkeypatch.setattr(speed, "wait_until_idle", lambda: None)
+    args = Namespace(repeats=2, embedded_iterations=1, sd35_iterations=1)
+    first = speed.measure(10, tmp_path, args)
+    assert len(calls) == 4 and sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{n}-T10-r{k}.json" for n in ("embedded", "sd35_arch") for k in (0, 1)
+    ]
+    assert all(set(x["machine"]) >= {"other_load_cores", "under_load", "process_cpu_s"} for x in first["embedded"])
+    assert speed.measure(10, tmp_path, args) == first and len(calls) == 4
+    note = speed.load_note({10: first})  # all four recorded: no line about measurements that predate recording
+    assert len(note) == 3 and f"of 4 ran above {provenance.LOADED_CORES} cores" in note[2]
+    assert speed.load_note({10: {"embedded": [{"results": {}}]}})[2].startswith("- 1 of 1 measurements predate")
