@@ -141,7 +141,8 @@ class MachineClock:
 
     def _own_cpu(self) -> float:
         t = os.times()
-        return t.user + t.system + (t.children_user + t.children_system) * self._count_children
+        children = t.children_user + t.children_system if self._count_children else 0.0
+        return t.user + t.system + children
 
     def finish(self) -> dict[str, Any]:
         wall = time.perf_counter() - self._wall
