@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -28,9 +29,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import LABELS, ROOT, flags
+from benchmarks.common import LABELS, ROOT, TIMED_METHODS, flags
 from vgrpo.world import make_splits, write_jsonl
 
+STEPS = ("gpu_tests", "embedded_stage", "sd35_arch")
 PACKAGES = ("torch", "transformers", "accelerate", "peft", "diffusers", "pydantic", "safetensors", "numpy")
 
 # The paper's scale (V-GRPO App. A.2: 512 px, group 24, 40 steps, bf16) and a CPU scale that runs in seconds.
@@ -157,15 +159,19 @@ def environment(mode: str) -> dict[str, Any]:
     return env
 
 
-def benchmark(mode: str, budget: Budget, log: Path, env: dict[str, str], work: Path) -> Step:
+def benchmark(
+    mode: str, budget: Budget, log: Path, env: dict[str, str], work: Path, methods: Sequence[str] = TIMED_METHODS
+) -> Step:
     out = work / "sd35_arch.json"
     step = Step("sd35_arch")
-    per_method = max(5.0, budget.left() / 3 - 5)
+    per_method = max(5.0, budget.left() / len(methods) - 5)
     step.command = [
         sys.executable,
         "-m",
         "benchmarks.sd35_arch",
         *BENCHMARK_ARGS[mode],
+        "--methods",
+        *methods,
         "--json",
         str(out),
         "--timeout",
@@ -174,7 +180,7 @@ def benchmark(mode: str, budget: Budget, log: Path, env: dict[str, str], work: P
     run_step(step, budget, log, env)
     if out.is_file():
         record = json.loads(out.read_text())
-        step.details |= {"args": record["args"], "results": record["results"]}
+        step.details |= {"args": record["args"], "ceilings": record["ceilings"], "results": record["results"]}
         if step.status == "passed" and any("error" in r for r in record["results"].values()):
             step.status = "failed"
     return step
@@ -255,24 +261,32 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {json.dumps(brief)} |")
     bench = steps.get("sd35_arch", {}).get("details", {})
     if bench.get("results"):
-        a = bench["args"]
+        a, c = bench["args"], bench["ceilings"]
         lines += [
             "",
             f"## SD3.5-M architecture ({a['layers']}/24 blocks, {a['resolution']} px, "
             f"{a['prompts']} prompt x group {a['group']}, {a['steps']} steps, {a['precision']}, "
             f"{a['device']})",
             "",
-            "| method | s/iteration | rollout s | prepare s | update s | images/s | peak memory GB |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            f"Matmul ceiling measured in the same run: bf16 {c['bf16'] / 1e3:.0f} TFLOP/s, fp32 "
+            f"{c['fp32'] / 1e3:.1f} TFLOP/s. Model FLOPs counted per phase with FlopCounterMode on the warm-up "
+            "iteration; the share is of the ceiling of the run's precision.",
+            "",
+            "| method | s/iteration | rollout s | prepare s | update s | images/s | peak memory GB | TFLOP/iteration "
+            "| TFLOP/s | of peak | rollout | update |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for method, r in bench["results"].items():
             if "error" in r:
-                lines.append(f"| {LABELS[method]} | {r['error']} | | | | | |")
+                lines.append(f"| {LABELS[method]} | {r['error']} |" + " |" * 10)
                 continue
+            roof = r["roofline"]
             lines.append(
                 f"| {LABELS[method]} | {r['wall_s']:.2f} | {r['time/rollout_s']:.2f} | "
                 f"{r['time/prepare_s']:.2f} | {r['time/update_s']:.2f} | {r['images_per_s']:.2f} | "
-                f"{r['peak_mem_gb']:.2f} |"
+                f"{r['peak_mem_gb']:.2f} | {roof['iteration']['gflop'] / 1e3:.1f} | "
+                f"{roof['iteration']['gflops'] / 1e3:.1f} | {roof['iteration']['fraction']:.0%} | "
+                f"{roof['rollout']['fraction']:.0%} | {roof['update']['fraction']:.0%} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -282,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "runs" / "gpu_check"))
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (seconds per step)")
     parser.add_argument("--budget-s", type=float, default=570.0, help="seconds for all steps together")
+    parser.add_argument(
+        "--steps", nargs="+", choices=STEPS, default=list(STEPS), help="the steps to run, in this order (a rerun)"
+    )
+    parser.add_argument("--methods", nargs="+", choices=TIMED_METHODS, default=list(TIMED_METHODS))
     args = parser.parse_args(argv)
     mode = "dry-run" if args.dry_run else "gpu"
     started, budget = time.monotonic(), Budget(args.budget_s)
@@ -296,20 +314,26 @@ def main(argv: list[str] | None = None) -> int:
     if mode == "gpu" and not summary["environment"]["cuda_available"]:
         print("gpu_check: no CUDA device is visible (use --dry-run on a CPU machine)", file=sys.stderr)
         return 2
+    steps: list[Step] = []
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
         work = Path(tmp)
-        tests = Step(
-            "gpu_tests",
-            [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *gpu_test_files()],
-        )
-        tests.details["counts"] = pytest_counts(run_step(tests, budget, log, env, cap=150))
-        if mode == "gpu" and tests.details["counts"].get("skipped"):
-            tests.status = "failed"  # on a GPU no gpu-marked test may skip
-        stage = embedded_stage(mode, budget, log, env, work)
-        bench = benchmark(mode, budget, log, env, work)
-    summary["steps"] = [asdict(s) for s in (tests, stage, bench)]
+        for name in args.steps:
+            if name == "gpu_tests":
+                tests = Step(
+                    "gpu_tests",
+                    [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *gpu_test_files()],
+                )
+                tests.details["counts"] = pytest_counts(run_step(tests, budget, log, env, cap=150))
+                if mode == "gpu" and tests.details["counts"].get("skipped"):
+                    tests.status = "failed"  # on a GPU no gpu-marked test may skip
+                steps.append(tests)
+            elif name == "embedded_stage":
+                steps.append(embedded_stage(mode, budget, log, env, work))
+            else:
+                steps.append(benchmark(mode, budget, log, env, work, args.methods))
+    summary["steps"] = [asdict(s) for s in steps]
     summary["wall_s"] = round(time.monotonic() - started, 1)
-    summary["passed"] = all(s.status == "passed" for s in (tests, stage, bench))
+    summary["passed"] = all(s.status == "passed" for s in steps)
     (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=2) + "\n")
     (args.out / "gpu_check.md").write_text(markdown(summary))
     print(markdown(summary))

@@ -32,6 +32,7 @@ import torch
 from diffusers import SD3Transformer2DModel
 
 from benchmarks.common import ROOT, TIMED_METHODS
+from benchmarks.roofline import ceilings, counted_iteration, phase_table, summarize
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import load_config
 from vgrpo.models import SD3Velocity, add_lora
@@ -115,29 +116,28 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    iteration_kwargs: dict[str, Any] = {
+        "policy": policy,
+        "algorithm": algorithm,
+        "optimizer": optimizer,
+        "reward_fn": reward_fn,
+        "prompts": [f"p{i}" for i in range(args.prompts)],
+        "cond": cond,
+        "config": config,
+        "latent_shape": latent_shape,
+        "generator": torch.Generator().manual_seed(0),
+    }
+    _, flops = counted_iteration(**iteration_kwargs, iteration=0)  # the warm-up, with its FLOPs counted per phase
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     rows: list[dict[str, float]] = []
-    generator = torch.Generator().manual_seed(0)
-    for it in range(args.iterations + 1):  # iteration 0 warms up
-        if it == 1 and device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+    for it in range(1, args.iterations + 1):
         sync()
         t0 = time.perf_counter()
-        record = train_iteration(
-            policy=policy,
-            algorithm=algorithm,
-            optimizer=optimizer,
-            reward_fn=reward_fn,
-            prompts=[f"p{i}" for i in range(args.prompts)],
-            cond=cond,
-            config=config,
-            latent_shape=latent_shape,
-            generator=generator,
-            iteration=it,
-        )
+        record = train_iteration(**iteration_kwargs, iteration=it)
         sync()
-        if it:
-            rows.append({**record.metrics, "wall_s": time.perf_counter() - t0})
-    out: dict[str, Any] = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}
+        rows.append({**record.metrics, "wall_s": time.perf_counter() - t0})
+    out: dict[str, Any] = summarize(rows, flops)
     out["wall_s"] = statistics.median(r["wall_s"] for r in rows)
     out["nfe_per_sample"] = rows[0]["nfe/rollout_per_sample"]
     out["images_per_s"] = args.prompts * args.group / out["wall_s"]
@@ -179,7 +179,12 @@ def main() -> None:
         f"{args.precision}, checkpointing {'on' if args.gradient_checkpointing else 'off'}, {args.device}, "
         f"median of {args.iterations} iterations"
     )
-    header = ("wall s", "rollout", "prepare", "update", "img/s", "NFE", "peak GB")
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    ceiling = ceilings(args.device)
+    peak = ceiling[args.precision]
+    print(f"matmul ceiling measured now: fp32 {ceiling['fp32']:.0f} GFLOP/s, bf16 {ceiling['bf16']:.0f} GFLOP/s")
+    header = ("wall s", "rollout", "prepare", "update", "img/s", "NFE", "peak GB", "TFLOP", "of peak")
     print(f"{'method':>10} " + " ".join(f"{c:>8}" for c in header))
     results: dict[str, Any] = {}
     skip = ("json", "method", "methods", "timeout")
@@ -200,13 +205,17 @@ def main() -> None:
             print(f"{method:>10} failed: {last}")
             continue
         r = json.loads(proc.stdout.splitlines()[-1])
+        r["roofline"] = phase_table(r, peak)
         results[method] = r
+        whole = r["roofline"]["iteration"]
         print(
             f"{method:>10} {r['wall_s']:8.2f} {r['time/rollout_s']:8.2f} {r['time/prepare_s']:8.2f} "
-            f"{r['time/update_s']:8.2f} {r['images_per_s']:8.3f} {r['nfe_per_sample']:8.0f} {r['peak_mem_gb']:8.2f}"
+            f"{r['time/update_s']:8.2f} {r['images_per_s']:8.3f} {r['nfe_per_sample']:8.0f} {r['peak_mem_gb']:8.2f} "
+            f"{whole['gflop'] / 1e3:8.2f} {whole['fraction']:8.1%}"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+        record = {"args": vars(args), "ceilings": ceiling, "results": results}
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,16 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 
 from benchmarks.common import METHODS as COMPARED
 from benchmarks.common import ROOT
+from benchmarks.roofline import counted_iteration, summarize
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import load_config, merge_overrides
 from vgrpo.demo import toy_reward
@@ -67,28 +68,27 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     generator = torch.Generator().manual_seed(0)
     prompts = [f"prompt {i}" for i in range(args.prompts)]
     cond = tiny_conditioning(args.prompts)
-    rows = []
-    for it in range(args.iterations + 1):  # iteration 0 warms up
-        record = train_iteration(
-            policy=policy,
-            algorithm=algorithm,
-            optimizer=optimizer,
-            reward_fn=toy_reward,
-            prompts=prompts,
-            cond=cond,
-            config=config,
-            latent_shape=TINY_LATENT_SHAPE,
-            generator=generator,
-            iteration=it,
-        )
-        if it:
-            rows.append(record.metrics)
-    return _summary(rows)
+    return _timed(
+        args.iterations,
+        policy=policy,
+        algorithm=algorithm,
+        optimizer=optimizer,
+        reward_fn=toy_reward,
+        prompts=prompts,
+        cond=cond,
+        config=config,
+        latent_shape=TINY_LATENT_SHAPE,
+        generator=generator,
+    )
 
 
-def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Median seconds of each phase over the timed iterations, gradient steps and this process's peak RSS."""
-    out = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}
+def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
+    """Iteration 0 warms up with its FLOPs counted per phase (:func:`benchmarks.roofline.counted_iteration`);
+    ``iterations`` more are timed. Returns their median seconds per phase, the FLOPs, gradient steps and this
+    process's peak RSS."""
+    _, flops = counted_iteration(**iteration, iteration=0)
+    rows = [train_iteration(**iteration, iteration=it).metrics for it in range(1, iterations + 1)]
+    out = summarize(rows, flops)
     out["gradient_steps"] = rows[0]["gradient_steps"]
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
@@ -139,23 +139,18 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     optimizer = build_optimizer(policy, config.optim)
     generator = torch.Generator().manual_seed(0)
     cond = adapter.encode_prompts(prompts)
-    records = []
-    for it in range(args.iterations + 1):  # iteration 0 warms up
-        record = train_iteration(
-            policy=policy,
-            algorithm=built,
-            optimizer=optimizer,
-            reward_fn=reward_fn,
-            prompts=prompts,
-            cond=cond,
-            config=config,
-            latent_shape=adapter.latent_shape,
-            generator=generator,
-            iteration=it,
-        )
-        if it:
-            records.append(record.metrics)
-    return _summary(records)
+    return _timed(
+        args.iterations,
+        policy=policy,
+        algorithm=built,
+        optimizer=optimizer,
+        reward_fn=reward_fn,
+        prompts=prompts,
+        cond=cond,
+        config=config,
+        latent_shape=adapter.latent_shape,
+        generator=generator,
+    )
 
 
 def main() -> None:

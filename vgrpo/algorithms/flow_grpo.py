@@ -120,8 +120,8 @@ class FlowGRPO(Algorithm[FlowGRPOPayload]):
         for col in range(train_steps.shape[1]):
             for mb, _ in micro_batches(idx, self.train_micro_batch):
                 k = train_steps[mb, col]
-                rows = mb.to(traj.latents.device)
-                x_t, x_next = traj.latents[rows, k], traj.latents[rows, k + 1]
+                rows, k_at = mb.to(traj.latents.device), k.to(traj.latents.device)
+                x_t, x_next = traj.latents[rows, k_at], traj.latents[rows, k_at + 1]
                 t, t_next = self.sigmas[k].to(x_t.device), self.sigmas[k + 1].to(x_t.device)
                 cond = batch.cond.index(mb)
                 current = sde_step(
@@ -150,8 +150,8 @@ class FlowGRPO(Algorithm[FlowGRPOPayload]):
                     kl = sq / (2 * current.std**2)
                 loss, _ = flow_grpo_loss(
                     log_probs=current.log_prob,
-                    old_log_probs=traj.log_probs[rows, k],
-                    advantages=batch.advantages[rows],
+                    old_log_probs=traj.log_probs[rows, k_at],
+                    advantages=batch.advantages[mb].to(x_t.device),
                     clip_range=self.config.clip_range,
                     kl=kl,
                     kl_coef=self.config.kl_coef,
@@ -159,7 +159,7 @@ class FlowGRPO(Algorithm[FlowGRPOPayload]):
                 share = mb.shape[0] / num_terms
                 (loss * share).backward()
                 loss_sum += loss.item() * share
-                ratios.append(torch.exp(current.log_prob.detach() - traj.log_probs[rows, k]))
+                ratios.append(torch.exp(current.log_prob.detach() - traj.log_probs[rows, k_at]))
                 if kl is not None:
                     kls.append(kl.detach())
         metrics = ratio_metrics(torch.cat(ratios), self.config.clip_range)

@@ -125,7 +125,8 @@ def generate(
     for start in range(0, len(prompts), micro_batch):
         idx = list(range(start, min(start + micro_batch, len(prompts))))
         cond = encode([prompts[i] for i in idx])
-        noise = sample_noise(sampling.seed, idx, latent_shape)
+        # drawn on the CPU (the same noise on every device), sampled where the conditioning is: the model's device
+        noise = sample_noise(sampling.seed, idx, latent_shape).to(cond.prompt_embeds.device)
         if base_model is not None and p_mix is not None:
             latents = hybrid_euler_sample(model, base_model, noise, cond, sigmas, p_mix)
         else:

@@ -1,0 +1,300 @@
+"""The machine's matrix-product ceiling and the share of it one training iteration reaches, per phase.
+
+    python -m benchmarks.roofline                      # CPU: embedded base and SD3.5-M architecture, 3 methods
+    python -m benchmarks.roofline --configs embedded --methods vgrpo --json /tmp/roofline.json
+
+The ceiling is the best rate of a square ``torch.mm`` measured in the same run (fp32 and bf16; on a GPU bf16 at
+8192, on the CPU fp32 and bf16 at 2048 and 4096). An iteration's model FLOPs are counted per phase (rollout,
+reward, prepare, update) with :class:`torch.utils.flop_counter.FlopCounterMode` on its warm-up iteration; the CPU's
+fused attention kernel, which the counter does not know, is counted with the same formula as the GPU's
+(:func:`register_cpu_attention_flops`). The timed iterations after it give the seconds, so the rate of a phase is
+its FLOPs over its median seconds, and its share of the ceiling that rate over the ceiling of the iteration's
+matmul precision (bf16 under bf16 autocast, else fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+
+from benchmarks.common import LABELS, ROOT, TIMED_METHODS
+from vgrpo.training.iteration import IterationRecord, gather_rewards, rollout_batch, update_policy
+
+PHASES = ("rollout", "reward", "prepare", "update")
+CPU_SIZES = (2048, 4096)
+GPU_SIZES = (8192,)
+
+_registered = False
+
+
+def register_cpu_attention_flops() -> None:
+    """Count ``aten._scaled_dot_product_flash_attention_for_cpu`` (and its backward) as the counter counts the CUDA
+    flash kernel: ``4 b h s_q s_k d`` forward, 2.5 times that backward. Idempotent."""
+    global _registered
+    if _registered:
+        return
+    aten = torch.ops.aten
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+    def _cpu_flash(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+        return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+    def _cpu_flash_backward(
+        grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any
+    ) -> int:
+        return int(sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
+
+    _registered = True
+
+
+def count_flops(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()``'s result and the FLOPs of the tensor operations it ran (matmuls, convolutions, attention)."""
+    register_cpu_attention_flops()
+    with FlopCounterMode(display=False) as counter:
+        result = fn()
+    return result, int(counter.get_total_flops())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_ceiling(device: str | torch.device, dtype: torch.dtype, sizes: Sequence[int], repeats: int = 3) -> float:
+    """The best rate in GFLOP/s of ``torch.mm`` on square ``n x n`` random matrices over ``sizes`` (each timed
+    ``repeats`` times after a warm-up; the best time per size), in the current thread setting."""
+    device = torch.device(device)
+    best = 0.0
+    g = torch.Generator(device=device).manual_seed(0)
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+        b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+        torch.mm(a, b)
+        _sync(device)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        best = max(best, 2 * n**3 / min(times) / 1e9)
+        del a, b
+    return best
+
+
+def ceilings(device: str | torch.device) -> dict[str, float]:
+    """fp32 and bf16 matmul ceilings (GFLOP/s) of ``device``; on CUDA fp32 without TF32 (what fp32 runs get)."""
+    device = torch.device(device)
+    sizes = GPU_SIZES if device.type == "cuda" else CPU_SIZES
+    repeats = 10 if device.type == "cuda" else 3
+    return {
+        "fp32": matmul_ceiling(device, torch.float32, sizes, repeats),
+        "bf16": matmul_ceiling(device, torch.bfloat16, sizes, repeats),
+    }
+
+
+@contextmanager
+def _counting_prepare(algorithm: Any, into: dict[str, int]) -> Iterator[None]:
+    """Count the FLOPs of ``algorithm.prepare`` apart from the rest of the update (an instance attribute shadows the
+    method for the duration)."""
+    prepare = algorithm.prepare
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        result, into["prepare"] = count_flops(lambda: prepare(*args, **kwargs))
+        return result
+
+    algorithm.prepare = counted
+    try:
+        yield
+    finally:
+        del algorithm.prepare
+
+
+def counted_iteration(
+    *,
+    policy: torch.nn.Module,
+    algorithm: Any,
+    optimizer: torch.optim.Optimizer,
+    reward_fn: Callable[[torch.Tensor, Sequence[str]], Mapping[str, torch.Tensor]],
+    prompts: Sequence[str],
+    cond: Any,
+    config: Any,
+    latent_shape: tuple[int, ...],
+    generator: torch.Generator,
+    iteration: int,
+) -> tuple[IterationRecord, dict[str, int]]:
+    """One iteration as :func:`vgrpo.training.iteration.train_iteration` runs it (the same three phases, the same
+    generator draws), with the FLOPs of each of the four phases counted."""
+    flops: dict[str, int] = {}
+    batch, flops["rollout"] = count_flops(
+        lambda: rollout_batch(
+            policy=policy,
+            algorithm=algorithm,
+            prompts=prompts,
+            cond=cond,
+            minibatches=config.optim.minibatches,
+            latent_shape=latent_shape,
+            generator=generator,
+            iteration=iteration,
+        )
+    )
+    t0 = time.perf_counter()
+    scores, flops["reward"] = count_flops(lambda: reward_fn(batch.rollout.samples, batch.sample_prompts))
+    rewards = gather_rewards(batch, scores, algorithm.dist)
+    reward_seconds = time.perf_counter() - t0
+    with _counting_prepare(algorithm, flops):
+        record, update_and_prepare = count_flops(
+            lambda: update_policy(
+                policy=policy,
+                algorithm=algorithm,
+                optimizer=optimizer,
+                batch=batch,
+                rewards=rewards,
+                advantage=config.advantage,
+                optim=config.optim,
+                reward_weights=config.advantage.weights,
+                reward_seconds=reward_seconds,
+            )
+        )
+    flops["update"] = update_and_prepare - flops.get("prepare", 0)  # the outer counter sees prepare's FLOPs too
+    return record, flops
+
+
+def roofline(
+    seconds: Mapping[str, float], flops: Mapping[str, int], ceiling_gflops: float
+) -> dict[str, dict[str, float]]:
+    """Per phase and for the whole iteration: GFLOP, seconds, achieved GFLOP/s and its share of the ceiling."""
+    rows: dict[str, dict[str, float]] = {}
+    for phase in (*PHASES, "iteration"):
+        if phase == "iteration":
+            f, s = sum(flops[p] for p in PHASES), sum(seconds[p] for p in PHASES)
+        else:
+            f, s = flops[phase], seconds[phase]
+        rate = f / s / 1e9 if s > 0 else 0.0
+        rows[phase] = {"gflop": f / 1e9, "seconds": s, "gflops": rate, "fraction": rate / ceiling_gflops}
+    return rows
+
+
+def summarize(records: Sequence[Mapping[str, float]], flops: Mapping[str, int]) -> dict[str, Any]:
+    """The timed iterations' median seconds per phase with the counted FLOPs (``flops/<phase>``)."""
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in records) for k in records[0] if k.startswith("time/")}
+    out.update({f"flops/{p}": int(flops.get(p, 0)) for p in PHASES})
+    return out
+
+
+def phase_table(result: Mapping[str, Any], ceiling_gflops: float) -> dict[str, dict[str, float]]:
+    """:func:`roofline` of one method's :func:`summarize` output."""
+    seconds = {p: float(result[f"time/{p}_s"]) for p in PHASES}
+    return roofline(seconds, {p: int(result[f"flops/{p}"]) for p in PHASES}, ceiling_gflops)
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """The roofline tables: one per configuration, a row per method and phase."""
+    c = report["ceilings"]
+    lines = [
+        f"Ceilings measured in this run ({report['device']}, {report['threads']} threads): "
+        f"fp32 {c['fp32']:.0f} GFLOP/s, bf16 {c['bf16']:.0f} GFLOP/s (best square `torch.mm`).",
+        "",
+    ]
+    for name, config in report["configs"].items():
+        lines += [
+            f"### {name}: {config['description']}",
+            "",
+            "| method | phase | GFLOP | s | GFLOP/s | of ceiling |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for method, result in config["results"].items():
+            if "error" in result:
+                lines.append(f"| {LABELS[method]} | {result['error']} | | | | |")
+                continue
+            for phase, row in phase_table(result, c[config["precision"]]).items():
+                lines.append(
+                    f"| {LABELS[method]} | {phase} | {row['gflop']:.1f} | {row['seconds']:.3f} | "
+                    f"{row['gflops']:.1f} | {row['fraction']:.0%} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "embedded": {
+        "description": "embedded base, the grid's stage config, 8 prompts x 8, T = 10, LoRA r 32, fp32",
+        "precision": "fp32",
+        "command": [
+            "benchmarks.step_time",
+            "--pipeline=models/embedded-base",
+            "--grid",
+            "--prompts=8",
+            "--group=8",
+            "--steps=10",
+        ],
+    },
+    "sd35_arch": {
+        "description": "SD3.5-M architecture, 2 of 24 blocks, 128 px, 1 prompt x 2, T = 10, 77 text tokens, fp32",
+        "precision": "fp32",
+        "command": [
+            "benchmarks.sd35_arch",
+            "--device=cpu",
+            "--layers=2",
+            "--resolution=128",
+            "--group=2",
+            "--steps=10",
+            "--text-tokens=77",
+            "--precision=fp32",
+        ],
+    },
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--methods", nargs="+", choices=TIMED_METHODS, default=list(TIMED_METHODS))
+    parser.add_argument("--iterations", type=int, default=3, help="timed iterations after the counted warm-up")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    report: dict[str, Any] = {
+        "command": " ".join(["python -m benchmarks.roofline", *(argv if argv is not None else sys.argv[1:])]),
+        "device": "cpu",
+        "threads": args.threads,
+        "ceilings": ceilings("cpu"),
+        "configs": {},
+    }
+    for name in args.configs:
+        spec = CONFIGS[name]
+        results: dict[str, Any] = {}
+        for method in args.methods:
+            cmd = [sys.executable, "-m", *spec["command"], f"--iterations={args.iterations}", f"--method={method}"]
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if proc.returncode:
+                tail = proc.stderr.strip().splitlines()
+                results[method] = {"error": tail[-1] if tail else f"exit {proc.returncode}"}
+            else:
+                results[method] = json.loads(proc.stdout.splitlines()[-1])
+        report["configs"][name] = {**{k: spec[k] for k in ("description", "precision")}, "results": results}
+    text = markdown(report)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

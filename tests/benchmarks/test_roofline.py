@@ -1,0 +1,116 @@
+"""The roofline benchmark's FLOP count against hand counts, and its counted iteration against the plain one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.roofline import PHASES, count_flops, counted_iteration, matmul_ceiling, roofline
+from tests.algorithms.helpers import GROUP, PROMPTS, make_config, make_policy
+from vgrpo.algorithms import build_algorithm
+from vgrpo.demo import toy_reward
+from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
+from vgrpo.training.iteration import build_optimizer, train_iteration
+
+
+def test_linear_and_cpu_attention_match_hand_counts() -> None:
+    layer = nn.Linear(24, 40)
+    x = torch.randn(7, 24)
+    assert count_flops(lambda: layer(x))[1] == 2 * 7 * 24 * 40
+
+    b, h, s_q, s_k, d = 2, 3, 10, 12, 8
+    q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for n in (s_q, s_k, s_k))
+    forward = 2 * b * h * s_q * s_k * d * 2  # q k^T, then the weights times v
+    out, flops = count_flops(lambda: F.scaled_dot_product_attention(q, k, v))
+    assert flops == forward  # 0 if the CPU flash kernel were not registered
+    _, backward = count_flops(lambda: out.sum().backward())
+    assert backward == forward * 5 // 2
+
+
+def test_sd3_forward_matches_a_hand_count() -> None:
+    """Every linear layer's ``2 rows in out`` (rows read off forward hooks), the patch convolution and one joint
+    attention per block over image + text tokens: the counter's total, exactly."""
+    model = tiny_sd3_transformer(num_layers=2).eval()
+    cond = tiny_conditioning(3)
+    latents = torch.randn(3, *TINY_LATENT_SHAPE)
+    hand = 0
+
+    def on_linear(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        nonlocal hand
+        rows = inputs[0].numel() // inputs[0].shape[-1]
+        hand += 2 * rows * module.in_features * module.out_features
+
+    hooks = [m.register_forward_hook(on_linear) for m in model.modules() if isinstance(m, nn.Linear)]
+    _, counted = count_flops(
+        lambda: model(
+            hidden_states=latents,
+            encoder_hidden_states=cond.prompt_embeds,
+            pooled_projections=cond.pooled_prompt_embeds,
+            timestep=torch.full((3,), 500.0),
+        )
+    )
+    for hook in hooks:
+        hook.remove()
+    conv = model.pos_embed.proj
+    tokens = (TINY_LATENT_SHAPE[1] // 2) * (TINY_LATENT_SHAPE[2] // 2)
+    hand += 2 * 3 * tokens * conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1] * conv.out_channels
+    heads, head_dim, text = 2, 8, cond.prompt_embeds.shape[1]
+    hand += 2 * 4 * 3 * heads * (tokens + text) ** 2 * head_dim
+    assert counted == hand
+
+
+@pytest.mark.parametrize("algorithm", ["vgrpo", "flow_grpo"])
+def test_counted_iteration_is_the_plain_iteration(algorithm: str) -> None:
+    """Counting changes nothing: the same metrics and weights as train_iteration; the phases add up to the FLOPs
+    of the whole iteration counted at once."""
+    config = make_config({"name": algorithm})
+    runs = []
+    for counted in (False, True):
+        policy = make_policy(config)
+        built = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
+        kwargs = {
+            "policy": policy,
+            "algorithm": built,
+            "optimizer": build_optimizer(policy, config.optim),
+            "reward_fn": toy_reward,
+            "prompts": [f"p{i}" for i in range(PROMPTS)],
+            "cond": tiny_conditioning(PROMPTS),
+            "config": config,
+            "latent_shape": TINY_LATENT_SHAPE,
+            "generator": torch.Generator().manual_seed(0),
+            "iteration": 0,
+        }
+        if counted:
+            record, flops = counted_iteration(**kwargs)
+        else:
+            record, whole = count_flops(lambda kwargs=kwargs: train_iteration(**kwargs))
+        weights = [p.detach().clone() for p in policy.parameters()]
+        runs.append((record, weights))
+    (plain, plain_weights), (record, weights) = runs
+    untimed = {k: v for k, v in plain.metrics.items() if not k.startswith("time/")}
+    assert untimed == {k: v for k, v in record.metrics.items() if not k.startswith("time/")}
+    assert all(torch.equal(a, b) for a, b in zip(plain_weights, weights, strict=True))
+    assert sum(flops[p] for p in PHASES) == whole
+    assert flops["rollout"] > 0 and flops["update"] > 0
+    assert (flops["prepare"] > 0) == (algorithm == "vgrpo")  # V-GRPO's old surrogates; Flow-GRPO's come from the SDE
+    assert record.samples.shape[0] == GROUP * PROMPTS
+
+
+def test_roofline_rates_and_fractions() -> None:
+    table = roofline(
+        {"rollout": 2.0, "reward": 0.5, "prepare": 0.5, "update": 1.0},
+        {"rollout": 200e9, "reward": 0, "prepare": 50e9, "update": 150e9},
+        ceiling_gflops=200.0,
+    )
+    assert table["rollout"]["gflops"] == pytest.approx(100.0)
+    assert table["rollout"]["fraction"] == pytest.approx(0.5)
+    assert table["iteration"]["gflop"] == pytest.approx(400.0)
+    assert table["iteration"]["gflops"] == pytest.approx(100.0)
+    assert table["iteration"]["fraction"] == pytest.approx(0.5)
+
+
+def test_matmul_ceiling_is_a_rate() -> None:
+    rate = matmul_ceiling("cpu", torch.float32, (128,), repeats=2)
+    assert 0.1 < rate < 1e5  # GFLOP/s of a real product: neither zero nor absurd
