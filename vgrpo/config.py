@@ -95,6 +95,8 @@ class TrainConfig(FrozenConfig):
                 "precision.text_encoders: drop_after_encoding needs lora: a full fine-tune exports the "
                 "whole pipeline, text encoders included (use text_encoders: cpu)"
             )
+        if self.lora is None and self.precision.merged_lora:
+            raise ValueError("precision.merged_lora needs lora: a full fine-tune has no adapter to merge")
         return self
 
 

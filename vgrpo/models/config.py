@@ -35,6 +35,12 @@ class PrecisionConfig(FrozenConfig):
         "fp32", description="bf16 autocast of the transformer in rollouts and training (GPU runs); fp32 = off."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (memory for time).")
+    merged_lora: bool = Field(
+        False,
+        description="Run the no-grad forwards (sampling, the behaviour policy's surrogates, evaluation) with the "
+        "LoRA merged into the base weights (vgrpo.models.merged_lora): fewer, larger matmuls; rounds differently "
+        "from the factored LoRA (about 1e-7 relative in float32). LoRA stages only.",
+    )
     frozen_dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
         description="Weights dtype of the frozen text encoders and VAE; auto = bf16 on a CUDA device, fp32 on CPU. "

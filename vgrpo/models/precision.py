@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from vgrpo.models.merged_lora import MergedLoRAVelocity
 from vgrpo.policy import Conditioning
 
 __all__ = ["AutocastVelocity", "apply_precision", "frozen_dtype"]
@@ -54,10 +55,14 @@ def apply_precision(
     *,
     autocast: Literal["fp32", "bf16"],
     gradient_checkpointing: bool,
+    merged_lora: bool = False,
 ) -> nn.Module:
     """The policy to train with ``precision`` settings (:class:`vgrpo.models.config.PrecisionConfig`): ``policy``
-    itself for fp32, else wrapped in :class:`AutocastVelocity`; turns on ``transformer``'s gradient
-    checkpointing (diffusers' ``enable_gradient_checkpointing``) when asked."""
+    itself for fp32, else wrapped in :class:`AutocastVelocity`; its no-grad forwards through merged LoRA weights
+    (:class:`vgrpo.models.merged_lora.MergedLoRAVelocity`) when ``merged_lora``; turns on ``transformer``'s
+    gradient checkpointing (diffusers' ``enable_gradient_checkpointing``) when asked."""
+    if merged_lora:
+        policy = MergedLoRAVelocity(policy)
     if gradient_checkpointing:
         enable = getattr(transformer, "enable_gradient_checkpointing", None)
         if enable is None:

@@ -137,6 +137,7 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
         transformer,
         autocast=config.precision.autocast,
         gradient_checkpointing=config.precision.gradient_checkpointing,
+        merged_lora=config.precision.merged_lora,
     )
     return pipe, adapter, policy
 
