@@ -258,10 +258,26 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "merged_lora": {"merged_lora": True},
+    "compile": {"compile": True},
+    "bf16": {"autocast": "bf16"},
+}
+"""The levers measured side by side on the embedded base (``precision`` settings; ``default`` is the shipped one)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--methods", nargs="+", choices=TIMED_METHODS, default=list(TIMED_METHODS))
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=["default"],
+        help="precision settings measured side by side on the embedded base",
+    )
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations after the counted warm-up")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the report here")
@@ -275,18 +291,24 @@ def main(argv: list[str] | None = None) -> int:
         "ceilings": ceilings("cpu"),
         "configs": {},
     }
-    for name in args.configs:
+    runs = [(name, "default") for name in args.configs if name != "embedded"]
+    runs += [("embedded", v) for v in args.variants if "embedded" in args.configs]
+    for name, variant in runs:
         spec = CONFIGS[name]
+        extra = [f"--precision={json.dumps(VARIANTS[variant])}"] if variant != "default" else []
         results: dict[str, Any] = {}
         for method in args.methods:
-            cmd = [sys.executable, "-m", *spec["command"], f"--iterations={args.iterations}", f"--method={method}"]
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            cmd = [sys.executable, "-m", *spec["command"], *extra, f"--iterations={args.iterations}"]
+            proc = subprocess.run([*cmd, f"--method={method}"], cwd=ROOT, capture_output=True, text=True)
             if proc.returncode:
                 tail = proc.stderr.strip().splitlines()
                 results[method] = {"error": tail[-1] if tail else f"exit {proc.returncode}"}
             else:
                 results[method] = json.loads(proc.stdout.splitlines()[-1])
-        report["configs"][name] = {**{k: spec[k] for k in ("description", "precision")}, "results": results}
+        key = name if variant == "default" else f"{name}+{variant}"
+        precision = "bf16" if VARIANTS[variant].get("autocast") == "bf16" else spec["precision"]
+        description = spec["description"] + ("" if variant == "default" else f"; precision {VARIANTS[variant]}")
+        report["configs"][key] = {"description": description, "precision": precision, "results": results}
     text = markdown(report)
     print(text)
     if args.json:

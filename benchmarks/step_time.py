@@ -32,6 +32,7 @@ from vgrpo.demo import toy_reward
 from vgrpo.images import tensor_to_images
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline
+from vgrpo.models.precision import apply_precision
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
 from vgrpo.rewards import build_reward
 from vgrpo.training.iteration import build_optimizer, train_iteration
@@ -102,13 +103,17 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     if method == "vgrpo_full_graph":
         algorithm["memory_bounded"] = False
     rollout = {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps}
+    precision = json.loads(args.precision) if args.precision else {}
     if args.grid:  # the comparison grid's stage config for the method (benchmarks.grid), at this T and batch
         from benchmarks.grid import RunSpec, Sizes, stage_config
 
         grid_config = stage_config(RunSpec("methods", preset), Sizes(), ROOT / "data/world/test.jsonl")
         config = load_config(
             [],
-            merge_overrides(grid_config.model_dump(mode="json"), {"rollout": rollout, "algorithm": algorithm}),
+            merge_overrides(
+                grid_config.model_dump(mode="json"),
+                {"rollout": rollout, "algorithm": algorithm, "precision": precision},
+            ),
             schema=type(grid_config),
         )
     else:
@@ -117,7 +122,7 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
         model = {k: v for k, v in model.items() if k in ("rollout", "optim", "lora", "precision")}
         config = load_config(
             [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{preset}.yaml"],
-            merge_overrides(model, {"rollout": rollout, "algorithm": algorithm}),
+            merge_overrides(model, {"rollout": rollout, "algorithm": algorithm, "precision": precision}),
         )
     pipe = load_pipeline(args.pipeline)
     assert config.lora is not None
@@ -125,6 +130,14 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
         pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules
     )
     adapter, policy = build_adapter(pipe)
+    policy = apply_precision(
+        policy,
+        pipe.transformer,
+        autocast=config.precision.autocast,
+        gradient_checkpointing=config.precision.gradient_checkpointing,
+        merged_lora=config.precision.merged_lora,
+        compile=config.precision.compile,
+    )
     rows = [r for r in read_jsonl(ROOT / "data/world/train.jsonl") if r["tag"] in GENEVAL_TAGS][: args.prompts]
     prompts = [str(r["prompt"]) for r in rows]
     expanded = [r for r in rows for _ in range(args.group)]
@@ -164,6 +177,9 @@ def main() -> None:
     parser.add_argument(
         "--grid", action="store_true", help="with --pipeline: the comparison grid's stage config for each method"
     )
+    parser.add_argument(
+        "--precision", help="with --pipeline: JSON for the precision section, e.g. '{\"merged_lora\": true}'"
+    )
     parser.add_argument("--method", choices=METHODS, help="run one method in this process (internal)")
     parser.add_argument("--only", nargs="+", choices=METHODS, default=list(METHODS), help="methods to time")
     parser.add_argument("--json", help="also write the results here")
@@ -187,6 +203,8 @@ def main() -> None:
             cmd.append(f"--pipeline={args.pipeline}")
         if args.grid:
             cmd.append("--grid")
+        if args.precision:
+            cmd.append(f"--precision={args.precision}")
         result = json.loads(
             subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
         )

@@ -125,3 +125,21 @@ def test_an_iteration_with_merged_lora_matches_the_factored_one() -> None:
 def test_merged_lora_needs_lora() -> None:
     with pytest.raises(ValueError, match=r"precision\.merged_lora needs lora"):
         load_config(overrides={"lora": None, "precision": {"merged_lora": True}})
+
+
+@pytest.mark.slow
+def test_compiled_policy_agrees_with_eager_and_keeps_its_names() -> None:
+    """precision.compile: the same velocities and gradients as eager within float32 rounding; names unchanged."""
+    config = make_config({"name": "vgrpo"})
+    eager, compiled = make_policy(config), make_policy(config)
+    names = list(compiled.state_dict())
+    compiled = apply_precision(
+        compiled, compiled.transformer, autocast="fp32", gradient_checkpointing=False, compile=True
+    )
+    assert list(compiled.state_dict()) == names
+    x, t, cond = _inputs()
+    for policy in (eager, compiled):
+        policy(x, t, cond).square().mean().backward()
+    torch.testing.assert_close(compiled(x, t, cond), eager(x, t, cond), rtol=1e-4, atol=1e-5)
+    for a, b in zip(trainable_parameters(eager), trainable_parameters(compiled), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6)

@@ -35,6 +35,11 @@ class PrecisionConfig(FrozenConfig):
         "fp32", description="bf16 autocast of the transformer in rollouts and training (GPU runs); fp32 = off."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (memory for time).")
+    compile: bool = Field(
+        False,
+        description="torch.compile the transformer in place (its forward; parameter names unchanged): a one-off "
+        "compile per stage for faster forwards and backwards; needs a C++ compiler on the CPU.",
+    )
     merged_lora: bool = Field(
         False,
         description="Run the no-grad forwards (sampling, the behaviour policy's surrogates, evaluation) with the "

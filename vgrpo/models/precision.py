@@ -56,11 +56,15 @@ def apply_precision(
     autocast: Literal["fp32", "bf16"],
     gradient_checkpointing: bool,
     merged_lora: bool = False,
+    compile: bool = False,
 ) -> nn.Module:
     """The policy to train with ``precision`` settings (:class:`vgrpo.models.config.PrecisionConfig`): ``policy``
     itself for fp32, else wrapped in :class:`AutocastVelocity`; its no-grad forwards through merged LoRA weights
     (:class:`vgrpo.models.merged_lora.MergedLoRAVelocity`) when ``merged_lora``; turns on ``transformer``'s
-    gradient checkpointing (diffusers' ``enable_gradient_checkpointing``) when asked."""
+    gradient checkpointing (diffusers' ``enable_gradient_checkpointing``) when asked, and compiles ``transformer``
+    in place (``nn.Module.compile``: the state dict keeps its names) when ``compile``."""
+    if compile:
+        transformer.compile()
     if merged_lora:
         policy = MergedLoRAVelocity(policy)
     if gradient_checkpointing:

@@ -138,6 +138,7 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
         autocast=config.precision.autocast,
         gradient_checkpointing=config.precision.gradient_checkpointing,
         merged_lora=config.precision.merged_lora,
+        compile=config.precision.compile,
     )
     return pipe, adapter, policy
 
