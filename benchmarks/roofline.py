@@ -208,6 +208,26 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"fp32 {c['fp32']:.0f} GFLOP/s, bf16 {c['bf16']:.0f} GFLOP/s (best square `torch.mm`).",
         "",
     ]
+    methods = list(next(iter(report["configs"].values()))["results"]) if report["configs"] else []
+    lines += [
+        "| configuration | " + " | ".join(f"{LABELS[m]} s/iteration (of ceiling)" for m in methods) + " |",
+        "|---|" + "---:|" * len(methods),
+    ]
+    for name, config in report["configs"].items():
+        cells = []
+        for method in methods:
+            result = config["results"].get(method, {"error": "not run"})
+            if "error" in result:
+                cells.append("failed")
+                continue
+            whole = phase_table(result, c[config["precision"]])["iteration"]
+            base = report["configs"].get(name.split("+")[0], {}).get("results", {}).get(method, {})
+            speedup = ""
+            if "+" in name and "error" not in base and base:
+                speedup = f", {float(base['time/total_s']) / float(result['time/total_s']):.2f}x"
+            cells.append(f"{whole['seconds']:.2f} ({whole['fraction']:.0%}{speedup})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
     for name, config in report["configs"].items():
         lines += [
             f"### {name}: {config['description']}",

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.roofline import PHASES, count_flops, counted_iteration, matmul_ceiling, roofline
+from benchmarks.roofline import PHASES, count_flops, counted_iteration, markdown, matmul_ceiling, roofline
 from tests.algorithms.helpers import GROUP, PROMPTS, make_config, make_policy
 from vgrpo.algorithms import build_algorithm
 from vgrpo.demo import toy_reward
@@ -114,3 +114,25 @@ def test_roofline_rates_and_fractions() -> None:
 def test_matmul_ceiling_is_a_rate() -> None:
     rate = matmul_ceiling("cpu", torch.float32, (128,), repeats=2)
     assert 0.1 < rate < 1e5  # GFLOP/s of a real product: neither zero nor absurd
+
+
+def test_markdown_reports_fractions_and_speedups() -> None:
+    def result(seconds: float) -> dict[str, float]:
+        phases = {"rollout": seconds / 2, "reward": 0.0, "prepare": seconds / 4, "update": seconds / 4}
+        out = {f"time/{p}_s": s for p, s in phases.items()}
+        out["time/total_s"] = seconds
+        out.update({"flops/rollout": int(50e9), "flops/reward": 0, "flops/prepare": int(25e9), "flops/update": 25e9})
+        return out
+
+    report = {
+        "device": "cpu",
+        "threads": 2,
+        "ceilings": {"fp32": 100.0, "bf16": 400.0},
+        "configs": {
+            "embedded": {"description": "d", "precision": "fp32", "results": {"vgrpo": result(2.0)}},
+            "embedded+bf16": {"description": "d", "precision": "bf16", "results": {"vgrpo": result(1.0)}},
+        },
+    }
+    text = markdown(report)
+    assert "| embedded | 2.00 (50%) |" in text  # 100 GFLOP in 2 s = 50 GFLOP/s of 100
+    assert "| embedded+bf16 | 1.00 (25%, 2.00x) |" in text  # 100 GFLOP/s of bf16's 400, twice as fast
