@@ -194,6 +194,23 @@ def summarize(records: Sequence[Mapping[str, float]], flops: Mapping[str, int]) 
     return out
 
 
+def median_repeat(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One measurement from fresh-process repeats: the repeat with the median iteration time, with the range of
+    the iteration times over all repeats (``time/total_s_min``, ``time/total_s_max``) and their count."""
+    if len(repeats) == 1 or any("error" in r for r in repeats):
+        return dict(repeats[0])
+    ranked = sorted(repeats, key=lambda r: float(r["time/total_s"]))
+    out = dict(ranked[(len(ranked) - 1) // 2])
+    out.update(
+        {
+            "time/total_s_min": float(ranked[0]["time/total_s"]),
+            "time/total_s_max": float(ranked[-1]["time/total_s"]),
+            "repeats": len(ranked),
+        }
+    )
+    return out
+
+
 def phase_table(result: Mapping[str, Any], ceiling_gflops: float) -> dict[str, dict[str, float]]:
     """:func:`roofline` of one method's :func:`summarize` output."""
     seconds = {p: float(result[f"time/{p}_s"]) for p in PHASES}
@@ -205,7 +222,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     c = report["ceilings"]
     lines = [
         f"Ceilings measured in this run ({report['device']}, {report['threads']} threads): "
-        f"fp32 {c['fp32']:.0f} GFLOP/s, bf16 {c['bf16']:.0f} GFLOP/s (best square `torch.mm`).",
+        f"fp32 {c['fp32']:.0f} GFLOP/s, bf16 {c['bf16']:.0f} GFLOP/s (best square `torch.mm`). "
+        f"T = {report.get('steps', 10)} sampling steps; each cell the median of {report.get('repeats', 1)} fresh "
+        "process(es) [range], its share of the ceiling of its precision, and its speed-up over the default.",
         "",
     ]
     methods = list(next(iter(report["configs"].values()))["results"]) if report["configs"] else []
@@ -225,7 +244,10 @@ def markdown(report: Mapping[str, Any]) -> str:
             speedup = ""
             if "+" in name and "error" not in base and base:
                 speedup = f", {float(base['time/total_s']) / float(result['time/total_s']):.2f}x"
-            cells.append(f"{whole['seconds']:.2f} ({whole['fraction']:.0%}{speedup})")
+            spread = ""
+            if "time/total_s_min" in result:
+                spread = f" [{result['time/total_s_min']:.2f}-{result['time/total_s_max']:.2f}]"
+            cells.append(f"{whole['seconds']:.2f}{spread} ({whole['fraction']:.0%}{speedup})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
     for name, config in report["configs"].items():
@@ -250,7 +272,7 @@ def markdown(report: Mapping[str, Any]) -> str:
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "embedded": {
-        "description": "embedded base, the grid's stage config, 8 prompts x 8, T = 10, LoRA r 32, fp32",
+        "description": "embedded base, the grid's stage config, 8 prompts x 8, LoRA r 32, fp32",
         "precision": "fp32",
         "command": [
             "benchmarks.step_time",
@@ -258,11 +280,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "--grid",
             "--prompts=8",
             "--group=8",
-            "--steps=10",
         ],
     },
     "sd35_arch": {
-        "description": "SD3.5-M architecture, 2 of 24 blocks, 128 px, 1 prompt x 2, T = 10, 77 text tokens, fp32",
+        "description": "SD3.5-M architecture, 2 of 24 blocks, 128 px, 1 prompt x 2, 77 text tokens, fp32",
         "precision": "fp32",
         "command": [
             "benchmarks.sd35_arch",
@@ -270,7 +291,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "--layers=2",
             "--resolution=128",
             "--group=2",
-            "--steps=10",
             "--text-tokens=77",
             "--precision=fp32",
         ],
@@ -299,12 +319,18 @@ def main(argv: list[str] | None = None) -> int:
         help="precision settings measured side by side on the embedded base",
     )
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations after the counted warm-up")
+    parser.add_argument("--steps", type=int, default=10, help="sampling steps T")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="fresh processes per measurement (the median is reported, the range too)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     report: dict[str, Any] = {
+        "steps": args.steps,
+        "repeats": args.repeats,
         "command": " ".join(["python -m benchmarks.roofline", *(argv if argv is not None else sys.argv[1:])]),
         "device": "cpu",
         "threads": args.threads,
@@ -319,12 +345,16 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, Any] = {}
         for method in args.methods:
             cmd = [sys.executable, "-m", *spec["command"], *extra, f"--iterations={args.iterations}"]
-            proc = subprocess.run([*cmd, f"--method={method}"], cwd=ROOT, capture_output=True, text=True)
-            if proc.returncode:
-                tail = proc.stderr.strip().splitlines()
-                results[method] = {"error": tail[-1] if tail else f"exit {proc.returncode}"}
-            else:
-                results[method] = json.loads(proc.stdout.splitlines()[-1])
+            cmd += [f"--steps={args.steps}", f"--method={method}"]
+            repeats = []
+            for _ in range(args.repeats):
+                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+                if proc.returncode:
+                    tail = proc.stderr.strip().splitlines()
+                    repeats = [{"error": tail[-1] if tail else f"exit {proc.returncode}"}]
+                    break
+                repeats.append(json.loads(proc.stdout.splitlines()[-1]))
+            results[method] = median_repeat(repeats)
         key = name if variant == "default" else f"{name}+{variant}"
         precision = "bf16" if VARIANTS[variant].get("autocast") == "bf16" else spec["precision"]
         description = spec["description"] + ("" if variant == "default" else f"; precision {VARIANTS[variant]}")

@@ -7,7 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.roofline import PHASES, count_flops, counted_iteration, markdown, matmul_ceiling, roofline
+from benchmarks.roofline import (
+    PHASES,
+    count_flops,
+    counted_iteration,
+    markdown,
+    matmul_ceiling,
+    median_repeat,
+    roofline,
+)
 from tests.algorithms.helpers import GROUP, PROMPTS, make_config, make_policy
 from vgrpo.algorithms import build_algorithm
 from vgrpo.demo import toy_reward
@@ -136,3 +144,11 @@ def test_markdown_reports_fractions_and_speedups() -> None:
     text = markdown(report)
     assert "| embedded | 2.00 (50%) |" in text  # 100 GFLOP in 2 s = 50 GFLOP/s of 100
     assert "| embedded+bf16 | 1.00 (25%, 2.00x) |" in text  # 100 GFLOP/s of bf16's 400, twice as fast
+
+
+def test_median_repeat_keeps_the_median_run_and_the_range() -> None:
+    runs = [{"time/total_s": s, "x": s} for s in (3.0, 1.0, 2.0)]
+    out = median_repeat(runs)
+    assert out["x"] == 2.0 and out["time/total_s_min"] == 1.0 and out["time/total_s_max"] == 3.0
+    assert out["repeats"] == 3
+    assert median_repeat([{"error": "boom"}]) == {"error": "boom"}
