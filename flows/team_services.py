@@ -10,9 +10,9 @@ environment file they write.
 under ``root/postgres``, created on the first start; ``--database-url`` uses an existing server instead), then
 ``prefect server start`` with ``PREFECT_API_DATABASE_CONNECTION_URL`` on its database, then ``mlflow server`` with
 its backend store on its database and its artifacts under the store (served by the tracking server, so clients
-need no store credentials for them). The environment file points Prefect's result storage (the cached tasks'
-results and cache records) at ``<store>/prefect-results``. The one-machine default stays what it was: sqlite
-files, no servers.
+need no store credentials for them). Prefect's result storage (the cached tasks' pickled results and cache
+records) stays on each machine: a stage done on another machine comes from the store as JSON and safetensors
+(:mod:`tasks.store`). The one-machine default stays what it was: sqlite files, no servers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows.services import QUIET_ENV, ServiceError, wait_healthy
-from tasks.process_group import log_tail, stop_process_group
+from tasks.process_group import log_tail, stop_recorded_group, write_pid_file
 
 __all__ = ["TeamServices", "team_down", "team_env", "team_up"]
 
@@ -69,36 +69,18 @@ class TeamServices:
         return f"http://{self.host}:{self.mlflow_port}"
 
 
-RESULTS_BLOCK = "vgrpo-results"
-"""The Prefect block (``remote-file-system/vgrpo-results``) that keeps the flows' cached results in an object store."""
-
-
 def team_env(services: TeamServices) -> dict[str, str]:
-    """What a client on any machine exports: the servers' addresses, the store, and where Prefect persists the
-    tasks' results and cache records (in the store, so that a cached stage means the same on every machine)."""
-    env = {
+    """What a client on any machine exports: the servers' addresses and the store. Prefect's result storage is
+    left to each machine (``$PREFECT_HOME/storage``): its records are pickles, which run code when read, so they
+    never go where other hosts write; what crosses machines goes through the store as JSON and safetensors
+    (:mod:`tasks.store`)."""
+    return {
         **_QUIET,
         "PREFECT_API_URL": services.prefect_api_url,
         "MLFLOW_TRACKING_URI": services.mlflow_tracking_uri,
         "VGRPO_STORE": services.store,
         "HF_HUB_OFFLINE": "1",
     }
-    if "://" in services.store:
-        env["PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK"] = f"remote-file-system/{RESULTS_BLOCK}"
-    else:
-        env["PREFECT_LOCAL_STORAGE_PATH"] = str(Path(services.store) / "prefect-results")
-    return env
-
-
-def save_results_block(services: TeamServices) -> None:
-    """For an object store, the block that points Prefect's result storage at ``<store>/prefect-results``."""
-    if "://" not in services.store:
-        return
-    from prefect.filesystems import RemoteFileSystem
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: services.prefect_api_url}):
-        RemoteFileSystem(basepath=services.store.rstrip("/") + "/prefect-results").save(RESULTS_BLOCK, overwrite=True)
 
 
 def _as_postgres(cmd: Sequence[str]) -> list[str]:
@@ -169,7 +151,7 @@ def _spawn(name: str, cmd: Sequence[str], env: dict[str, str], root: Path) -> su
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    (root / f"{name}.pid").write_text(str(proc.pid))
+    write_pid_file(root / f"{name}.pid", proc.pid)
     return proc
 
 
@@ -225,7 +207,6 @@ def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[st
         )
         wait_healthy("Prefect's server", services.prefect_api_url + "/health", prefect, root / "prefect.log", timeout)
         wait_healthy("MLflow's server", services.mlflow_tracking_uri + "/health", mlflow, root / "mlflow.log", timeout)
-        save_results_block(services)
     except BaseException:
         team_down(root)
         raise
@@ -235,14 +216,13 @@ def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[st
 
 
 def team_down(root: Path, timeout: float = 15.0) -> None:
-    """Stop the servers' process groups (SIGTERM, then SIGKILL after ``timeout``: :func:`stop_process_group`) and
-    PostgreSQL."""
+    """Stop the servers' process groups (SIGTERM, then SIGKILL after ``timeout``), each only when its pid file still
+    names the process ``up`` started (:func:`tasks.process_group.stop_recorded_group`), and PostgreSQL."""
     root = root.resolve()
     for name in ("mlflow", "prefect"):
         pid_file = root / f"{name}.pid"
-        if pid_file.is_file():
-            stop_process_group(int(pid_file.read_text()), timeout)
-            pid_file.unlink()
+        if pid_file.is_file() and not stop_recorded_group(pid_file, timeout):
+            print(f"{name}: its recorded process is gone (its pid now names another process, left alone)")
     stop_postgres(root)
 
 

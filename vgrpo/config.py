@@ -321,12 +321,16 @@ def load_config(
         raise ConfigError(f"invalid params in {', '.join(sources) or 'defaults'}:\n{_describe(exc)}") from exc
 
 
+_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+"""A stage's or a curriculum's name, a folder of its run: never '.', '..' or hidden (a leading dot)."""
+
+
 class StageConfig(TrainConfig):
     """A training stage: the run config (rollout, advantage, optim, algorithm, lora) plus its prompts, rewards,
     length, checkpoint cadence, evaluation and how many processes train it (``launch``). Reward weights live on
     the rewards (``rewards[].weight``)."""
 
-    name: str = Field("stage", pattern=r"^[A-Za-z0-9_.-]+$", description="Directory and run name.")
+    name: str = Field("stage", pattern=_NAME, description="Directory and run name (not '.', '..' or hidden).")
     pipeline: str = Field("models/embedded-base", description="Base pipeline directory (the model params file's).")
     prompts: str = Field(description="Training prompt file (.jsonl metadata or .txt), relative to the project root.")
     prompt_tags: tuple[str, ...] | None = Field(None, description="Keep only rows with these `tag`s; None = all.")
@@ -380,7 +384,7 @@ class CurriculumConfig(FrozenConfig):
     """Stages in order, each starting from the previous one's adapter: params files merged as
     ``base files -> model file -> stage file -> overrides``."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=_NAME)
     base: tuple[str, ...] = ("params/base.yaml",)
     model: str = Field(description="Params file of the model (pipeline, rollout, LoRA, evaluation).")
     stages: tuple[str, ...] = Field(min_length=1, description="Params files of the stages, in order.")

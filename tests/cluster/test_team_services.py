@@ -1,7 +1,6 @@
 """Team services, really started: PostgreSQL on 127.0.0.1, Prefect's server and MLflow's tracking server on it,
-with the artifacts and Prefect's cached results under a shared store; two "machines" (processes in separate
-working directories that share only the servers and the store) land their runs in one experiment, and the second
-finds the first's cached task result."""
+with the artifacts under a shared store; two "machines" (processes in separate working directories that share only
+the servers and the store) land their runs in one experiment, each keeping its Prefect results (pickles) to itself."""
 
 from __future__ import annotations
 
@@ -73,10 +72,12 @@ def test_two_machines_share_one_tracking_server_and_one_prefect_server(team, tmp
         cwd = tmp_path / machine
         cwd.mkdir()
         client_env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))} | env
+        client_env["PREFECT_HOME"] = str(cwd / ".prefect")  # each machine's own, as on separate hosts
         subprocess.run([sys.executable, "-c", CLIENT, machine], cwd=cwd, env=client_env, check=True, timeout=300)
-    # The cached task ran on machine a only: b found its result in the store (Prefect's result storage).
-    assert (tmp_path / "a" / "computed-here").is_file() and not (tmp_path / "b" / "computed-here").exists()
-    assert any(Path(services.store, "prefect-results").iterdir())
+        assert (cwd / "computed-here").read_text() == "21"  # computed on each machine: no result crosses hosts
+    # Prefect's result records (pickles) stay on each machine: none in the store, which other hosts write.
+    assert not Path(services.store, "prefect-results").exists()
+    assert all(any((tmp_path / m / ".prefect" / "storage").iterdir()) for m in ("a", "b"))
     from mlflow import MlflowClient
 
     client = MlflowClient(services.mlflow_tracking_uri)
