@@ -12,7 +12,8 @@ environment file they write and the secrets file (copied to it over a channel on
 over TCP and peer auth on a 0700 socket folder; ``--database-url`` or ``VGRPO_DATABASE_URL`` uses an existing server
 instead), then ``prefect server start`` with its auth string, CSRF protection and CORS limited to its own origin,
 then ``mlflow server --app-name basic-auth`` with its backend store on its database and its artifacts under the
-store (served by the tracking server, so clients need no store credentials for them). Every secret reaches a
+store (served by the tracking server, so clients need no store credentials for them); with ``--tls-cert`` and
+``--tls-key`` both servers answer over https only (:class:`TLS`). Every secret reaches a
 server through its environment or a 0600 file, never its command line. Prefect's result storage (the cached
 tasks' pickled results and cache records) stays on each machine: a stage done on another machine comes from the
 store as JSON and safetensors (:mod:`tasks.store`). The one-machine default stays what it was: sqlite files, no
@@ -38,13 +39,23 @@ from pathlib import Path
 from flows.services import QUIET_ENV, ServiceError, wait_healthy
 from tasks.process_group import log_tail, stop_recorded_group, write_pid_file
 
-__all__ = ["TeamSecrets", "TeamServices", "client_secrets", "team_down", "team_env", "team_secrets", "team_up"]
+__all__ = ["TLS", "TeamSecrets", "TeamServices", "client_secrets", "team_down", "team_env", "team_secrets", "team_up"]
 
 HOST = "127.0.0.1"
 PG_USER = "vgrpo"
 DATABASES = ("prefect", "mlflow")
 START_TIMEOUT_S = 180.0
 _QUIET = {**QUIET_ENV, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+@dataclass(frozen=True)
+class TLS:
+    """The certificate Prefect's and MLflow's servers present (PEM files): ``cert`` (the chain), ``key`` (its
+    private key, kept 0600), ``ca`` (what clients verify it against: the team's CA, copied to every machine)."""
+
+    cert: Path
+    key: Path
+    ca: Path
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,11 @@ class TeamServices:
     prefect_port: int = 4200
     mlflow_port: int = 5000
     database_url: str | None = None  # an existing PostgreSQL server (postgresql://user:password@host:port)
+    tls: TLS | None = None  # Prefect's and MLflow's servers over https with this certificate
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
 
     def database(self, name: str, driver: str, password: str) -> str:
         """The SQLAlchemy URL of one database (``driver``: asyncpg for Prefect, psycopg2 for MLflow), with its
@@ -70,16 +86,16 @@ class TeamServices:
 
     @property
     def prefect_api_url(self) -> str:
-        return f"http://{_url_host(self.host)}:{self.prefect_port}/api"
+        return f"{self.scheme}://{_url_host(self.host)}:{self.prefect_port}/api"
 
     @property
     def prefect_origin(self) -> str:
         """The origin of Prefect's UI, the only one its API answers cross-origin requests from."""
-        return f"http://{_url_host(self.host)}:{self.prefect_port}"
+        return f"{self.scheme}://{_url_host(self.host)}:{self.prefect_port}"
 
     @property
     def mlflow_tracking_uri(self) -> str:
-        return f"http://{_url_host(self.host)}:{self.mlflow_port}"
+        return f"{self.scheme}://{_url_host(self.host)}:{self.mlflow_port}"
 
 
 def _url_host(host: str) -> str:
@@ -161,13 +177,17 @@ def team_env(services: TeamServices) -> dict[str, str]:
     left to each machine (``$PREFECT_HOME/storage``): its records are pickles, which run code when read, so they
     never go where other hosts write; what crosses machines goes through the store as JSON and safetensors
     (:mod:`tasks.store`)."""
-    return {
+    env = {
         **_QUIET,
         "PREFECT_API_URL": services.prefect_api_url,
         "MLFLOW_TRACKING_URI": services.mlflow_tracking_uri,
         "VGRPO_STORE": services.store,
         "HF_HUB_OFFLINE": "1",
     }
+    if services.tls is not None:  # the clients verify the servers against the team's CA
+        ca = str(services.tls.ca.resolve())
+        env |= {"PREFECT_API_SSL_CERT_FILE": ca, "MLFLOW_TRACKING_SERVER_CERT_PATH": ca}
+    return env
 
 
 def _as_postgres(cmd: Sequence[str]) -> list[str]:
@@ -317,6 +337,8 @@ def _server_envs(services: TeamServices, made: TeamSecrets, root: Path) -> tuple
         "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
         "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": services.prefect_origin,
     }
+    if services.tls is not None:
+        prefect |= {"PREFECT__SERVER_FINAL": "1", "PREFECT_UI_API_URL": services.prefect_api_url}
     auth = root / "mlflow-auth"
     auth.mkdir(mode=0o700, exist_ok=True)
     ini = auth / "basic_auth.ini"
@@ -327,7 +349,24 @@ def _server_envs(services: TeamServices, made: TeamSecrets, root: Path) -> tuple
         "MLFLOW_AUTH_ADMIN_PASSWORD": made.mlflow_password,
         "MLFLOW_FLASK_SERVER_SECRET_KEY": made.flask_secret,
     }
+    if services.tls is not None:
+        cert, key = services.tls.cert.resolve(), services.tls.key.resolve()
+        mlflow["MLFLOW_UVICORN_OPTS"] = f"--ssl-certfile {shlex.quote(str(cert))} --ssl-keyfile {shlex.quote(str(key))}"
     return prefect, mlflow
+
+
+def _prefect_command(services: TeamServices) -> list[str]:
+    """``prefect server start``; with TLS, the uvicorn command Prefect's own ``--background`` runs (its app factory,
+    ``PREFECT__SERVER_FINAL`` in the environment) with the certificate added, which ``prefect server start`` does not
+    take."""
+    address = ["--host", services.host, "--port", str(services.prefect_port)]
+    if services.tls is None:
+        return [sys.executable, "-m", "prefect", "server", "start", *address]
+    import prefect
+
+    tls = ["--ssl-certfile", str(services.tls.cert.resolve()), "--ssl-keyfile", str(services.tls.key.resolve())]
+    app = ["--app-dir", str(prefect.__module_path__.parent), "--factory", "prefect.server.api.server:create_app"]
+    return [sys.executable, "-m", "uvicorn", *app, *address, *tls, "--workers", "1"]
 
 
 def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[str, str]:
@@ -341,22 +380,7 @@ def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[st
     try:
         if services.database_url is None:
             start_postgres(services, made.pg_password)
-        prefect = _spawn(
-            "prefect",
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "server",
-                "start",
-                "--host",
-                services.host,
-                "--port",
-                str(services.prefect_port),
-            ],
-            prefect_env,
-            root,
-        )
+        prefect = _spawn("prefect", _prefect_command(services), prefect_env, root)
         mlflow = _spawn(
             "mlflow",
             [
@@ -378,8 +402,11 @@ def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[st
             mlflow_env,
             root,
         )
-        wait_healthy("Prefect's server", services.prefect_api_url + "/health", prefect, root / "prefect.log", timeout)
-        wait_healthy("MLflow's server", services.mlflow_tracking_uri + "/health", mlflow, root / "mlflow.log", timeout)
+        ca = services.tls.ca if services.tls is not None else None
+        prefect_health = services.prefect_api_url + "/health"
+        wait_healthy("Prefect's server", prefect_health, prefect, root / "prefect.log", timeout, ca)
+        mlflow_health = services.mlflow_tracking_uri + "/health"
+        wait_healthy("MLflow's server", mlflow_health, mlflow, root / "mlflow.log", timeout, ca)
     except BaseException:
         team_down(root)
         raise
@@ -416,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="an existing PostgreSQL without its password (postgresql://user@host:port); the password-bearing URL "
         "goes in VGRPO_DATABASE_URL instead, never on a command line",
     )
+    parser.add_argument("--tls-cert", type=Path, default=None, help="Prefect's and MLflow's certificate (PEM chain)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM, 0600)")
+    parser.add_argument("--tls-ca", type=Path, default=None, help="the CA clients verify it against (default: cert)")
     args = parser.parse_args(argv)
     if args.action == "down":
         team_down(args.root)
@@ -427,7 +457,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     database_url = os.environ.get("VGRPO_DATABASE_URL") or args.database_url
     store = args.store if "://" in args.store else str(Path(args.store).resolve())
     ports = (args.pg_port, args.prefect_port, args.mlflow_port)
-    services = TeamServices(args.root, store, args.host, *ports, database_url)
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            parser.error("--tls-cert and --tls-key go together")
+        tls = TLS(args.tls_cert, args.tls_key, args.tls_ca or args.tls_cert)
+    services = TeamServices(args.root, store, args.host, *ports, database_url, tls)
     team_up(services)
     root = args.root.resolve()
     print(f"services up; on every machine: . {root / 'team.env'}; . {root / CLIENT_SECRETS_FILE}")

@@ -9,9 +9,11 @@ or a world-readable file."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -22,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.team_services import TeamSecrets, TeamServices, team_down, team_env, team_secrets, team_up
+from flows.team_services import TLS, TeamSecrets, TeamServices, team_down, team_env, team_secrets, team_up
 from tasks.launch import free_port
-from tests.cluster.servers import environ
+from tests.cluster.servers import environ, self_signed_tls
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +67,10 @@ def team() -> Iterator[tuple[TeamServices, dict[str, str]]]:
         pg_port=free_port(),
         prefect_port=free_port(),
         mlflow_port=free_port(),
+        tls=TLS(*self_signed_tls(root / "tls")),  # Prefect and MLflow over https, verified against a CA made here
     )
+    assert services.tls is not None
+    _CA[:] = [services.tls.ca]
     try:
         env = team_up(services)
         yield services, env
@@ -87,16 +92,21 @@ def _psql(services: TeamServices, sql: str, database: str, password: str | None)
     return subprocess.run([*cmd, "-d", database, "-tAc", sql], capture_output=True, text=True, env=env, timeout=60)
 
 
+_CA: list[Path] = []  # the team's CA, which the fixture made
+
+
 def _request(
     url: str, method: str = "GET", body: object = None, headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str]]:
-    """The status and headers of one request (an error status included)."""
+    """The status and headers of one request (an error status included), the server's certificate verified
+    against the team's CA."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     for k, v in (headers or {}).items():
         request.add_header(k, v)
+    context = ssl.create_default_context(cafile=str(_CA[0]))
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
             return response.status, dict(response.headers)
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers)
@@ -154,6 +164,13 @@ def test_no_request_without_the_teams_credentials_is_answered(team) -> None:
     assert headers.get("access-control-allow-origin") in (None, services.prefect_origin)
     _, headers = _request(f"{api}/health", headers={"Origin": services.prefect_origin})
     assert headers.get("access-control-allow-origin") == services.prefect_origin
+    # TLS: https only, and a client that does not trust the team's CA refuses the servers.
+    assert api.startswith("https://") and mlflow.startswith("https://")
+    for url in (api.replace("https://", "http://") + "/health", mlflow.replace("https://", "http://") + "/health"):
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(url, timeout=10)
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(f"{api}/health", timeout=10, context=ssl.create_default_context())
     # MLflow: reads and deletes refused without credentials, or with the wrong ones.
     search = f"{mlflow}/api/2.0/mlflow/experiments/search"
     assert _request(search, "POST", {"max_results": 10})[0] == 401
