@@ -35,9 +35,10 @@ from flows.recovery import check_attempts
 from tasks.callbacks import log_evaluation
 from tasks.outcome import StageOutcome
 from tasks.stage import code_version, output_is_intact
+from tasks.stage_layout import check_project_root, checked_relative
 from tasks.stage_store import restore_stage, run_key
 from tasks.stage_tasks import evaluate_task, prepare_prompts_task, train_task
-from tasks.store import Store
+from tasks.store import Store, check_results_stay_local
 from tasks.tracking import Tracking, end_run, log_json, log_metrics, log_params, start_run
 from vgrpo.config import CurriculumConfig, StageConfig, load_curriculum, read_params
 from vgrpo.errors import ConfigError
@@ -45,7 +46,7 @@ from vgrpo.outputs import Output
 from vgrpo.training.preflight import check_or_raise
 from vgrpo.training.prompt_rows import StagePrompts
 
-__all__ = ["Cell", "curriculum_flow", "load_cells", "run_curriculum", "run_tags"]
+__all__ = ["Cell", "check_flow_paths", "curriculum_flow", "load_cells", "run_curriculum", "run_tags"]
 
 Cell = tuple[CurriculumConfig, list[StageConfig]]
 """A curriculum as one run trains it: its spec and its validated stages."""
@@ -68,6 +69,18 @@ def load_cells(
     written = [Output("run_root", Path(root) / run_root, replaced=False)]
     check_or_raise(stages, root, checkpoint_dir=Path(root) / run_root, outputs=written)
     return cells
+
+
+def check_flow_paths(root: str, run_root: str, curriculum: str, ablations: Sequence[str]) -> None:
+    """A flow run's parameters that become paths, checked before anything runs: ``root`` an existing folder, the
+    others without a ``..`` part (a relative one then lies inside ``root``; an absolute one is an explicit choice,
+    as a CLI's ``--out``). What a run replaces or deletes lies under ``run_root/stages/<stage>`` and
+    ``run_root/work/<stage>``, stage names being plain folder names. A :class:`ConfigError` naming the parameter."""
+    check_project_root(root)
+    checked_relative("run_root", run_root, absolute=True)
+    checked_relative("curriculum", curriculum, absolute=True)
+    for a in ablations:
+        checked_relative("ablations", a, absolute=True)
 
 
 def run_tags(variant: str = "") -> dict[str, str]:
@@ -230,6 +243,8 @@ def curriculum_flow(
     stage's files), or those up to the stage named ``until``. Returns each stage's outcome (output, hash, MLflow
     runs, final evaluation) as JSON."""
     check_attempts()
+    check_results_stay_local(Store.from_env())
+    check_flow_paths(root, run_root, curriculum, [ablation] if ablation else [])
     cells = load_cells(curriculum, overrides, [ablation] if ablation else [], root, run_root)
     ((variant, (spec, stages)),) = cells.items()
     if until is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -92,11 +93,14 @@ def local_services(root: Path, timeout: float = START_TIMEOUT_S) -> Iterator[Loc
         stop_group(proc, STOP_TIMEOUT_S)
 
 
-def wait_healthy(what: str, url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    """Poll ``url`` until it answers 200; a :class:`ServiceError` naming ``what`` with the tail of its ``log`` when
-    ``proc`` exits first or ``timeout`` seconds pass."""
+def wait_healthy(
+    what: str, url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float, cafile: Path | None = None
+) -> None:
+    """Poll ``url`` until it answers 200 (over https, its certificate checked against ``cafile``); a
+    :class:`ServiceError` naming ``what`` with the tail of its ``log`` when ``proc`` exits first or ``timeout``
+    seconds pass."""
     deadline = time.monotonic() + timeout
-    while not _healthy(url):
+    while not _healthy(url, cafile):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise ServiceError(
                 f"{what} did not answer {url} within {timeout:.0f} s (exit code {proc.returncode}); log {log}:\n"
@@ -105,9 +109,10 @@ def wait_healthy(what: str, url: str, proc: subprocess.Popen[bytes], log: Path, 
         time.sleep(0.25)
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, cafile: Path | None = None) -> bool:
+    context = ssl.create_default_context(cafile=str(cafile)) if cafile is not None else None
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
             return bool(response.status == 200)
     except OSError:  # URLError included
         return False

@@ -26,7 +26,7 @@ from prefect.deployments import run_deployment
 from prefect.runtime import deployment as current_deployment
 from prefect.runtime import flow_run
 
-from flows.curriculum import curriculum_flow, load_cells, run_tags
+from flows.curriculum import check_flow_paths, curriculum_flow, load_cells, run_tags
 from flows.devices import set_device_limit
 from flows.recovery import check_attempts
 from tasks.stage_store import run_key
@@ -95,6 +95,7 @@ def ablation_sweep(
     if not ablations:
         raise ConfigError("ablations: give at least one ablation params file")
     overrides = overrides or {}
+    check_flow_paths(root, run_root, curriculum, ablations)
     cells = load_cells(curriculum, overrides, ablations, root, run_root)
     name = next(iter(cells.values()))[0].name
     logger = get_run_logger()

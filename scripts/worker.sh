@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Prefect worker on this machine for the team's work pool (docs/cluster.md): it takes the pool's flow runs
 # (curricula, sweep cells) up to one per device at once and runs them in this checkout.
-#   . /shared/team.env                         # PREFECT_API_URL, MLFLOW_TRACKING_URI, VGRPO_STORE
+#   . /shared/team.env; . ~/.vgrpo/secrets.env  # PREFECT_API_URL, MLFLOW_TRACKING_URI, VGRPO_STORE; credentials
 #   VGRPO_DEVICES=0,1,2,3 scripts/worker.sh    # 4 GPUs: 4 flow runs at once, each on its own device
 #   VGRPO_DEVICES=cpu:2 scripts/worker.sh      # no GPU: 2 flow runs at once on the CPU
 # VGRPO_POOL (default vgrpo) and VGRPO_QUEUE (default gpu; the sweep's own runs go to "control") pick the pool

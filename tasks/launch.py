@@ -185,9 +185,16 @@ def read_result(path: Path) -> StageOutcome | None:
 def rendezvous(launch: LaunchConfig, root: Path) -> tuple[str | None, int | None]:
     """Machine 0's rendezvous for a stage on ``launch.machines > 1``: ``VGRPO_HOST`` and a port free on it (a pool's
     worker, whichever machine it is), else the accelerate config's ``main_process_ip`` and port (``None``: the
-    file's own)."""
+    file's own). A wildcard ``VGRPO_HOST`` is refused: the other machines need one address; the rendezvous itself
+    (torch's TCPStore) listens on every interface without authentication, which only an isolated network or a
+    firewall confines (docs/cluster.md)."""
     host = os.environ.get("VGRPO_HOST")
     if host:
+        if host.strip("[]") in ("0.0.0.0", "::", "*"):
+            raise ConfigError(
+                f"VGRPO_HOST={host}: give the address the other machines reach this one at (one interface, on the "
+                "network the machines share: torch's rendezvous is unauthenticated; docs/cluster.md)"
+            )
         return host, free_port("")
     config = yaml.safe_load((root / str(launch.accelerate_config)).read_text()) or {}
     if not config.get("main_process_ip"):

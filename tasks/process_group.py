@@ -11,7 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ProcessGroupError", "log_tail", "process_group_members", "stop_group", "stop_process_group"]
+__all__ = [
+    "ProcessGroupError",
+    "log_tail",
+    "process_group_members",
+    "process_start_time",
+    "stop_group",
+    "stop_process_group",
+    "stop_recorded_group",
+    "write_pid_file",
+]
 
 
 class ProcessGroupError(RuntimeError):
@@ -62,6 +71,40 @@ def process_group_members(pgid: int) -> list[int]:
         if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat``), or None when there is none: with
+    the pid, what names one process across pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[19])  # field 22, "starttime"
+
+
+def write_pid_file(path: Path, pid: int) -> None:
+    """Record ``pid`` with its start time (``<pid> <start>``), for :func:`stop_recorded_group`."""
+    path.write_text(f"{pid} {process_start_time(pid)}\n")
+
+
+def stop_recorded_group(path: Path, timeout: float = 15.0) -> bool:
+    """Stop the process group a pid file of :func:`write_pid_file` names, and remove the file; returns whether it
+    signalled. It signals only the group it started: while the leader lives, only when its start time is the one
+    recorded (a stale pid now another process's is left alone); once the leader is gone, its group's remaining
+    members (the kernel reuses no pid while a group of that id has members)."""
+    try:
+        pid_text, _, start_text = path.read_text().partition(" ")
+        pid, start = int(pid_text), int(start_text) if start_text.strip().isdigit() else None
+    except (OSError, ValueError):
+        path.unlink(missing_ok=True)
+        return False
+    now = process_start_time(pid)
+    ours = (now is None or now == start) and start is not None
+    if ours and process_group_members(pid):
+        stop_process_group(pid, timeout)
+    path.unlink(missing_ok=True)
+    return ours
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

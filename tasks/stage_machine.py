@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks.launch import MachineJob, accelerate_command, run_launcher, this_machine, write_spec
-from tasks.stage_layout import stage_dirs
+from tasks.stage_layout import checked_relative, stage_dirs
 from tasks.stage_store import restore_adapter, restore_checkpoints
 from tasks.store import Store
 from vgrpo.config import StageConfig
@@ -37,6 +37,9 @@ def run_machine(job: MachineJob, machine_rank: int, root: str = ".", log: Callab
         UserError: this is machine 0's own worker, or the starting adapter is neither here nor in the store.
         ConfigError, TrainingDiverged, LaunchFailed: as :func:`tasks.launch.run_launcher`.
     """
+    checked_relative("machine job run_root", job["run_root"])  # replaced and deleted under: inside this checkout
+    if job["init_lora"]:
+        checked_relative("machine job init_lora", job["init_lora"])
     cfg = StageConfig.model_validate(job["stage"])
     if job.get("machine_0") == this_machine(root):
         raise UserError(

@@ -22,7 +22,9 @@ from vgrpo.training.stage import StageCallbacks
 __all__ = [
     "CheckpointUpload",
     "project_path",
+    "publish_outcome",
     "publish_stage",
+    "published_outcome",
     "restore_adapter",
     "restore_checkpoints",
     "restore_stage",
@@ -83,6 +85,26 @@ def restore_stage(store: Store, run_root: str | Path, name: str, root: str | Pat
         return False
     write_json_atomic(work_dir / MANIFEST, manifest)
     return True
+
+
+OUTCOME = "outcome.json"
+"""A trained stage's outcome (:meth:`tasks.outcome.StageOutcome.to_json`) in the store, beside its manifest: what
+another machine's train task returns for a stage finished elsewhere, in place of Prefect's pickled result."""
+
+
+def publish_outcome(
+    store: Store, run_root: str | Path, name: str, outcome: dict[str, Any], root: str | Path = "."
+) -> None:
+    """Write a trained stage's outcome (JSON) under its run folder's key in the store."""
+    store.put_json(f"{run_key(run_root, root)}/work/{name}/{OUTCOME}", outcome)
+
+
+def published_outcome(store: Store, run_root: str | Path, name: str, digest: str, root: str | Path = ".") -> Any:
+    """The outcome the store holds for stage ``name`` when it names the output ``digest``, else None."""
+    outcome = store.get_json(f"{run_key(run_root, root)}/work/{name}/{OUTCOME}")
+    if isinstance(outcome, dict) and outcome.get("hash") == digest and outcome.get("name") == name:
+        return outcome
+    return None
 
 
 def restore_checkpoints(store: Store, run_root: str | Path, name: str, root: str | Path = ".") -> list[str]:

@@ -29,7 +29,10 @@ from prefect.runtime import deployment, flow_run
 from tasks.launch import MachineJob, MachinesLaunchFailed
 from tasks.outcome import StageEvaluation, StageOutcome
 from tasks.phase_tasks import PrefectPhases
-from tasks.stage import code_version, evaluate, grid_path, train
+from tasks.stage import code_version, evaluate, grid_path, output_is_intact, train
+from tasks.stage_layout import MANIFEST, stage_dirs
+from tasks.stage_store import publish_outcome, published_outcome
+from tasks.store import Store
 from tasks.tracking import Tracking
 from vgrpo.checkpoints.resume import training_hash
 from vgrpo.config import StageConfig
@@ -117,11 +120,38 @@ def train_task(
     flow run came from a deployment, and is retried, from its checkpoints, when one of them is lost. No other
     retries: a failure inside a stage is a bug or bad input (transient reward faults are retried by the score
     phase), and the stage resumes from its checkpoint when the flow runs again."""
+    log = get_run_logger().info
+    store = Store.from_env()
+    if store is not None:  # trained on another machine: its outcome from the store, as JSON
+        done = _done_elsewhere(store, stage, init_hash, run_root, root)
+        if done is not None:
+            log(f"{stage.name}: trained on another machine (flow run {done.flow_run_id}); its outcome from the store")
+            return done
     phases = PrefectPhases(stage.name)
     machines = submit_machines if deployment.get_id() is not None else None
-    log = get_run_logger().info
     outcome = train(stage, init_lora, run_root, root, tracking, phases, prompts, log=log, start_machines=machines)
-    return outcome.replace(flow_run_id=str(flow_run.get_id()))
+    outcome = outcome.replace(flow_run_id=str(flow_run.get_id()))
+    if store is not None:
+        publish_outcome(store, run_root, stage.name, outcome.to_json(), root)
+    return outcome
+
+
+def _done_elsewhere(
+    store: Store, stage: StageConfig, init_hash: str | None, run_root: str, root: str
+) -> StageOutcome | None:
+    """The outcome another machine published for this stage, when the output here is intact (restored from the
+    store by the flow) and is the one that outcome names; None otherwise (the stage trains, or resumes)."""
+    if not output_is_intact(stage, run_root, init_hash):
+        return None
+    out_dir, work_dir = stage_dirs(run_root, stage.name)
+    digest = str(json.loads((work_dir / MANIFEST).read_text())["hash"])
+    published = published_outcome(store, run_root, stage.name, digest, root)
+    if published is None:
+        return None
+    try:
+        return StageOutcome.from_json(published).replace(out_dir=str(out_dir))
+    except (TypeError, ValueError):
+        return None  # not an outcome this code wrote: train (resume) instead
 
 
 def _eval_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

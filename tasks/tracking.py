@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -40,6 +41,7 @@ __all__ = [
     "log_json",
     "log_metrics",
     "log_params",
+    "redact_secrets",
     "sanitize_key",
     "start_run",
     "tracked_run",
@@ -154,6 +156,25 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any
     return flat
 
 
+SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
+"""Environment variables whose values never reach MLflow (params, their JSON artifact): credentials by name."""
+REDACTED = "<redacted>"
+_MIN_SECRET_CHARS = 8  # shorter values ("true", "1") are settings, and would redact half of every text
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with the value of every environment variable named like a credential (:data:`SECRET_NAME`)
+    replaced by :data:`REDACTED`: what is logged to MLflow, which every reader of the tracking server sees."""
+    secrets = sorted(
+        (v for k, v in os.environ.items() if SECRET_NAME.search(k) and len(v) >= _MIN_SECRET_CHARS),
+        key=len,
+        reverse=True,
+    )
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
 def log_params(
     client: MlflowClient,
     run_id: str,
@@ -164,12 +185,14 @@ def log_params(
     """Log nested ``params`` flattened with dots and stringified; return the keys whose values were truncated.
 
     Values longer than ``max_length`` end in ``TRUNCATION_MARKER``; the full nested params are always logged as the
-    JSON artifact ``artifact_file``. Lists and tuples are stringified as JSON, other values with ``str``.
+    JSON artifact ``artifact_file``. A credential's value (:func:`redact_secrets`) is never logged. Lists and
+    tuples are stringified as JSON, other values with ``str``.
     """
     entries: list[Param] = []
     truncated: list[str] = []
     for key, value in _unique_keys(flatten_params(params)).items():
         text = json.dumps(value, default=str) if isinstance(value, list | tuple) else str(value)
+        text = redact_secrets(text)
         if len(text) > max_length:
             text = text[: max_length - len(TRUNCATION_MARKER)] + TRUNCATION_MARKER
             truncated.append(key)
@@ -211,8 +234,10 @@ def log_image(client: MlflowClient, run_id: str, image: Path | np.ndarray, artif
 
 
 def log_json(client: MlflowClient, run_id: str, data: Any, artifact_file: str) -> None:
-    """Log ``data`` as indented, key-sorted JSON; paths and other non-JSON values are written with ``str``."""
-    client.log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", artifact_file)
+    """Log ``data`` as indented, key-sorted JSON (credentials redacted: :func:`redact_secrets`); paths and other
+    non-JSON values are written with ``str``."""
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    client.log_text(run_id, redact_secrets(text), artifact_file)
 
 
 def log_artifact_dir(client: MlflowClient, run_id: str, local_dir: Path, artifact_path: str | None = None) -> None:

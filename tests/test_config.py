@@ -143,3 +143,18 @@ def test_world_optimiser_keys_reject_bad_values_and_unknown_keys(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=key):
             load_config([_write(tmp_path, text)], section="pretrain", schema=PretrainConfig)
+
+
+def test_params_expand_only_the_projects_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgrpo.config import read_params
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG")
+    monkeypatch.setenv("VGRPO_MODELS", "/models")
+    leak = tmp_path / "leak.yaml"
+    leak.write_text("pipeline: s3://bucket/${AWS_SECRET_ACCESS_KEY}\n")
+    with pytest.raises(ConfigError, match=r"leak\.yaml: \$\{AWS_SECRET_ACCESS_KEY\}: params may name only VGRPO_\*"):
+        read_params(leak)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("pipeline: ${VGRPO_MODELS}/sd35\nprompts: ${VGRPO_UNSET_HERE}/p.jsonl\n")
+    monkeypatch.delenv("VGRPO_UNSET_HERE", raising=False)
+    assert read_params(ok) == {"pipeline": "/models/sd35", "prompts": "${VGRPO_UNSET_HERE}/p.jsonl"}

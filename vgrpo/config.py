@@ -5,8 +5,9 @@ order; an unknown or mistyped key is an error (:class:`vgrpo.errors.ConfigError`
 :class:`StageConfig` adds a curriculum stage's prompts, rewards, length and evaluation, and
 :class:`CurriculumConfig` lists the stages. Their parts' defaults are the V-GRPO paper's (Tang et al. 2026,
 Sec. 4; SD3.5-M stage 1, App. A.2) unless a description says otherwise; ``params/`` files hold only overrides.
-``${NAME}`` in a string value is the environment variable ``NAME`` (the real-model params name their weights
-``${VGRPO_MODELS}/...``: :func:`expand_variables`).
+``${VGRPO_NAME}`` in a string value is the environment variable ``VGRPO_NAME`` (the real-model params name their
+weights ``${VGRPO_MODELS}/...``: :func:`expand_variables`); no other variable is read, so a params file cannot copy
+a secret (``${AWS_SECRET_ACCESS_KEY}``) into a value that is logged.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from vgrpo.training.ema import EMAConfig
 from vgrpo.training.optim import OptimConfig
 
 __all__ = [
+    "EXPANDED_PREFIX",
     "CurriculumConfig",
     "StageConfig",
     "TrainConfig",
@@ -137,19 +139,37 @@ def merge_overrides(base: Mapping[str, Any], override: Mapping[str, Any]) -> dic
     return merged
 
 
+EXPANDED_PREFIX = "VGRPO_"
+"""The environment variables a params file may name (``${VGRPO_MODELS}``): the project's own, never a credential
+the process happens to hold (a reward's API key is named by ``api_key_env`` and read where it is sent)."""
+
+
 def expand_variables(value: Any) -> Any:
-    """``value`` (a params file's mapping) with ``${NAME}`` in every string replaced by the environment variable
-    ``NAME``. An unset variable is left as written: a run that reads the value refuses it before any compute
-    (:func:`vgrpo.training.preflight.preflight` names the stage, the key and the variable), and a config that never
-    reads it
-    (``Trainer(pipeline=...)`` over the params' ``pipeline``) still loads."""
+    """``value`` (a params file's mapping) with ``${VGRPO_NAME}`` in every string replaced by the environment
+    variable ``VGRPO_NAME``. An unset variable is left as written: a run that reads the value refuses it before any
+    compute (:func:`vgrpo.training.preflight.preflight` names the stage, the key and the variable), and a config
+    that never reads it (``Trainer(pipeline=...)`` over the params' ``pipeline``) still loads.
+
+    Raises:
+        ConfigError: a ``${NAME}`` outside :data:`EXPANDED_PREFIX` (naming it).
+    """
     if isinstance(value, str):
-        return _VARIABLE.sub(lambda m: os.environ.get(m.group(1), m.group(0)), value)
+        return _VARIABLE.sub(_expanded, value)
     if isinstance(value, Mapping):
         return {key: expand_variables(item) for key, item in value.items()}
     if isinstance(value, list):
         return [expand_variables(item) for item in value]
     return value
+
+
+def _expanded(match: re.Match[str]) -> str:
+    name = match.group(1)
+    if not name.startswith(EXPANDED_PREFIX):
+        raise ConfigError(
+            f"${{{name}}}: params may name only {EXPANDED_PREFIX}* environment variables (a secret must never reach "
+            "a logged value; a reward's API key goes by api_key_env)"
+        )
+    return os.environ.get(name, match.group(0))
 
 
 def unset_variables(text: str) -> list[str]:
@@ -245,7 +265,10 @@ def read_params(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return cast(dict[str, Any], expand_variables(data))
+    try:
+        return cast(dict[str, Any], expand_variables(data))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
 
 
 def _describe(exc: ValidationError) -> str:
@@ -323,12 +346,16 @@ def load_config(
         raise ConfigError(f"invalid params in {', '.join(sources) or 'defaults'}:\n{_describe(exc)}") from exc
 
 
+_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+"""A stage's or a curriculum's name, a folder of its run: never '.', '..' or hidden (a leading dot)."""
+
+
 class StageConfig(TrainConfig):
     """A training stage: the run config (rollout, advantage, optim, algorithm, lora) plus its prompts, rewards,
     length, checkpoint cadence, evaluation and how many processes train it (``launch``). Reward weights live on
     the rewards (``rewards[].weight``)."""
 
-    name: str = Field("stage", pattern=r"^[A-Za-z0-9_.-]+$", description="Directory and run name.")
+    name: str = Field("stage", pattern=_NAME, description="Directory and run name (not '.', '..' or hidden).")
     pipeline: str = Field("models/embedded-base", description="Base pipeline directory (the model params file's).")
     prompts: str = Field(description="Training prompt file (.jsonl metadata or .txt), relative to the project root.")
     prompt_tags: tuple[str, ...] | None = Field(None, description="Keep only rows with these `tag`s; None = all.")
@@ -382,7 +409,7 @@ class CurriculumConfig(FrozenConfig):
     """Stages in order, each starting from the previous one's adapter: params files merged as
     ``base files -> model file -> stage file -> overrides``."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=_NAME)
     base: tuple[str, ...] = ("params/base.yaml",)
     model: str = Field(description="Params file of the model (pipeline, rollout, LoRA, evaluation).")
     stages: tuple[str, ...] = Field(min_length=1, description="Params files of the stages, in order.")

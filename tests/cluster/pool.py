@@ -70,7 +70,13 @@ def worker(name: str, checkout: Path, queue: str, env: dict[str, str], log: Path
         return subprocess.Popen(
             cmd,
             cwd=checkout,
-            env={**env, "VGRPO_ROOT": str(checkout), "VGRPO_DEVICES": "cpu:1"},
+            # Each machine keeps its own Prefect results (pickles): nothing another machine wrote is unpickled.
+            env={
+                **env,
+                "VGRPO_ROOT": str(checkout),
+                "VGRPO_DEVICES": "cpu:1",
+                "PREFECT_LOCAL_STORAGE_PATH": str(checkout / ".prefect-results"),
+            },
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

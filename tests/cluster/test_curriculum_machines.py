@@ -3,10 +3,10 @@ adapters of the same curriculum on one machine, to the bit.
 
 Each "machine" is its own checkout with its own worker, polling its own work queue of the pool; the curriculum
 runs as five flow runs of ``vgrpo/embedded-curriculum``, the k-th with ``until`` its k-th stage, sent to machine
-a's queue and machine b's in turn. So each run finds stages 1..k-1 done on the other machine: their outputs come
-from the shared store by content hash and their task results from the shared result storage, and it trains stage k
-from stage k-1's adapter. The stages are the shipped ones, shortened (two iterations each, a tiny evaluation: the
-model params of tests/flows/test_pipeline_e2e.py)."""
+a's queue and machine b's in turn. So each run finds stages 1..k-1 done, some on the other machine: their outputs
+come from the shared store by content hash and their outcomes from the store as JSON (each machine keeps its own
+Prefect results), and it trains stage k from stage k-1's adapter. The stages are the shipped ones, shortened (two
+iterations each, a tiny evaluation: the model params of tests/flows/test_pipeline_e2e.py)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,6 @@ def test_the_embedded_curriculum_alternating_between_two_machines_ends_with_the_
     with local_services(tmp_path / "services") as services:
         env = {**os.environ, **services.env, "VGRPO_STORE": str(store)}
         env.update(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
-        env["PREFECT_LOCAL_STORAGE_PATH"] = str(store / "prefect-results")  # as the team's environment sets it
         deploy_to_pool(env)
         url = services.env["PREFECT_API_URL"]
         with temporary_settings({PREFECT_API_URL: url}), get_client(sync_client=True) as client:

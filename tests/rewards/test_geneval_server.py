@@ -146,6 +146,13 @@ def test_geneval_server_server_down_fails_fast() -> None:
     assert time.monotonic() - start < 2.0
 
 
+@pytest.mark.parametrize("url", ["http://10.0.0.5:18085", "http://0.0.0.0:18085", "https://geneval.example.org"])
+def test_geneval_server_off_this_machines_loopback_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match=r"is not this machine's loopback; Flow-GRPO's GenEval server unpickles"):
+        GenEvalServerReward(base_url=url)
+    assert GenEvalServerReward(base_url="http://localhost:18085").client.base_url == "http://localhost:18085"
+
+
 def test_geneval_server_metadata_required_and_checked() -> None:
     reward = GenEvalServerReward(base_url=closed_port_url())
     with pytest.raises(ValueError, match="needs per-image metadata"):

@@ -57,6 +57,21 @@ def test_http_client_rejects_bad_configuration(monkeypatch: pytest.MonkeyPatch) 
         VLMJudge(model="m", prompt_template="no placeholder")
 
 
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://judge.internal", "http://127.0.0.1.evil.com"])
+def test_an_api_key_is_never_sent_in_clear_text_to_another_host(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("VGRPO_TEST_KEY", "sk-test-123456")
+    with pytest.raises(ValueError, match=r"api_key_env would send the key in clear text to http://"):
+        HTTPClient("r", HTTPOptions(url, api_key_env="VGRPO_TEST_KEY"))
+    for fine in (
+        url.replace("http://", "https://"),
+        "http://127.0.0.1:8000",
+        "http://localhost:8000",
+        "http://[::1]:80",
+    ):
+        assert HTTPClient("r", HTTPOptions(fine, api_key_env="VGRPO_TEST_KEY")).headers["Authorization"].endswith("456")
+    assert HTTPClient("r", HTTPOptions(url)).headers == {}  # no key: plain http to any host, as before
+
+
 @pytest.mark.parametrize("name", ["unifiedreward", "geneval_server"])
 def test_remote_rewards_pass_params_options_to_one_http_options(name: str) -> None:
     options = {"base_url": "http://127.0.0.1:9/", "read_timeout": 7.0, "attempts": 2, "max_concurrency": 3}

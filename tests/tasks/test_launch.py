@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -275,6 +276,10 @@ def test_the_rendezvous_is_this_machines_address_or_the_config_files(
     (tmp_path / "multi.yaml").write_text(yaml.safe_dump({"num_machines": 2}))
     with pytest.raises(ConfigError, match=r"set VGRPO_HOST to this machine's address, or main_process_ip in multi"):
         rendezvous(launch, tmp_path)
+    for wildcard in ("0.0.0.0", "::", "[::]"):  # an address no other machine can reach, and every interface's
+        monkeypatch.setenv("VGRPO_HOST", wildcard)
+        with pytest.raises(ConfigError, match=rf"VGRPO_HOST={re.escape(wildcard)}: give the address the other"):
+            rendezvous(launch, tmp_path)
 
 
 def test_the_other_machines_job_names_paths_relative_to_the_project_root(tmp_path: Path) -> None:

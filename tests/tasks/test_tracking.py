@@ -120,6 +120,21 @@ def test_log_params_long_value_truncated_full_json(client: MlflowClient, run_id:
     assert full["prompt"] == long and full["optim"]["betas"] == [0.9, 0.999]
 
 
+def test_a_credentials_value_never_reaches_mlflow(
+    client: MlflowClient, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # a short setting named like one is left alone
+    params = {"pipeline": f"s3://bucket/{secret}/model", "rewards": [{"name": "x", "token": secret}], "flag": "false"}
+    log_params(client, run_id, params, artifact_file="secret-check.json")
+    logged = client.get_run(run_id).data.params
+    assert logged["pipeline"] == "s3://bucket/<redacted>/model" and secret not in json.dumps(logged)
+    assert logged["flag"] == "false"
+    artifact = _download(client, run_id, "secret-check.json", tmp_path).read_text()
+    assert secret not in artifact and "<redacted>" in artifact
+
+
 def test_log_params_many_keys_batched(client: MlflowClient, run_id: str) -> None:
     log_params(client, run_id, {"grid": {f"k{i}": i for i in range(250)}}, artifact_file="grid.json")
     assert len([k for k in client.get_run(run_id).data.params if k.startswith("grid.")]) == 250

@@ -17,9 +17,12 @@ counts; ``rewards`` is the official GenEval rule, computed only when ``only_stri
 ``only_strict`` does not change ``scores``; it only skips the official-rule pass. ``group_*`` repeat these per tag
 with -10 elsewhere and are not read here (the tag is in the metadata).
 
-The answer is decoded with :class:`RestrictedUnpickler`, which refuses every global: only builtin containers,
-numbers, strings and bytes load. The server builds its lists from Python floats and bools
-(``compute_geneval``), so nothing it sends needs a global; a numpy array in an answer is refused.
+The server unpickles every request it receives, so whoever reaches its port runs code as its user: it must listen
+on loopback only, one server per machine (docs/rewards.md). This client refuses a ``base_url`` that is not this
+machine's loopback (``127.0.0.0/8``, ``::1``, ``localhost``). The answer is decoded with
+:class:`RestrictedUnpickler`, which refuses every global: only builtin containers, numbers, strings and bytes load.
+The server builds its lists from Python floats and bools (``compute_geneval``), so nothing it sends needs a global;
+a numpy array in an answer is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from PIL import Image
 
 from vgrpo.rewards.base import HeadlineColumn, Metadata, RewardError, RewardOutput
 from vgrpo.rewards.geneval import GenEvalBase
-from vgrpo.rewards.http import DEFAULT_HOST, HTTPClient, HTTPOptions, truncate
+from vgrpo.rewards.http import DEFAULT_HOST, HTTPClient, HTTPOptions, is_loopback_url, truncate
 
 __all__ = ["GenEvalServerReward", "RestrictedUnpickler", "restricted_loads"]
 
@@ -64,7 +67,8 @@ class GenEvalServerReward(GenEvalBase):
     """GenEval scored by Flow-GRPO's reward server (protocol in the module docstring).
 
     Args:
-        base_url: the server, ``http://host:port`` (Flow-GRPO: port 18085); requests go to ``{base_url}/``.
+        base_url: the server, ``http://127.0.0.1:port`` (Flow-GRPO: port 18085), on this machine's loopback only;
+            requests go to ``{base_url}/``.
         only_strict: the server's flag: skip the official GenEval rule (Flow-GRPO's training default, faster);
             when false the ``correct`` sub-score is returned too.
         reward: which answer is :attr:`RewardOutput.scores`: ``"partial"`` (``scores``, Flow-GRPO's training
@@ -111,6 +115,11 @@ class GenEvalServerReward(GenEvalBase):
             raise ValueError(f"reward {self.name!r}: reward='strict' (the official rule) needs only_strict=False")
         if batch_size < 1 or not 1 <= jpeg_quality <= 100:
             raise ValueError(f"reward {self.name!r}: need batch_size >= 1 and jpeg_quality in 1..100")
+        if not is_loopback_url(base_url):
+            raise ValueError(
+                f"reward {self.name!r}: base_url {base_url} is not this machine's loopback; Flow-GRPO's GenEval server "
+                "unpickles every request (whoever reaches it runs code): run one per machine, on 127.0.0.1"
+            )
         self.client = HTTPClient(self.name, HTTPOptions(base_url, max_concurrency=max_concurrency, **http))
         self.only_strict = only_strict
         self.reward = reward

@@ -8,15 +8,18 @@ requests in flight across every thread that uses it. Every failure is a :class:`
 reward, the URL and what happened.
 
 Only the body the caller builds is sent: the session ignores the environment (``trust_env=False``), so no
-``.netrc`` credentials or proxy settings of this process reach the server.
+``.netrc`` credentials or proxy settings of this process reach the server. An API key (``api_key_env``) goes only
+over ``https://`` or to a loopback address: over plain ``http://`` to another host anyone on the path would read it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,9 +29,22 @@ import requests
 
 from vgrpo.rewards.base import RewardError, TransientRewardError
 
-__all__ = ["DEFAULT_HOST", "HTTPClient", "HTTPOptions", "truncate"]
+__all__ = ["DEFAULT_HOST", "HTTPClient", "HTTPOptions", "is_loopback_url", "truncate"]
 
 DEFAULT_HOST = "127.0.0.1"
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url``'s host is this machine's loopback (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
 _RETRY_EXCEPTIONS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 
@@ -80,7 +96,8 @@ class HTTPClient:
         options: the server and how to reach it.
 
     Raises:
-        ValueError: on options out of range, or an ``api_key_env`` that is not set.
+        ValueError: on options out of range, or an ``api_key_env`` that is not set or would go over plain
+            ``http://`` to a host other than this machine's loopback.
     """
 
     def __init__(self, reward: str, options: HTTPOptions):
@@ -96,6 +113,11 @@ class HTTPClient:
         if options.api_key_env is not None:
             if options.api_key_env not in os.environ:
                 raise ValueError(f"reward {reward!r}: environment variable {options.api_key_env!r} is not set")
+            if options.base_url.startswith("http://") and not is_loopback_url(options.base_url):
+                raise ValueError(
+                    f"reward {reward!r}: api_key_env would send the key in clear text to {options.base_url}; use "
+                    "https:// (or a server on this machine's loopback)"
+                )
             self.headers["Authorization"] = f"Bearer {os.environ[options.api_key_env]}"
         self.reward = reward
         self.options = options
