@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE=1 DO_NOT_TRACK=true MLFLOW_DISABLE_TELEMETRY=true DVC_NO_A
 DEPLOYMENT=${VGRPO_DEPLOYMENT:-embedded-curriculum}
 # shellcheck source=scripts/services-env.sh
 . scripts/services-env.sh
-[ -f data/world/train.jsonl ] || dvc repro world_splits   # the world's prompt files (seconds)
+[ -f data/world/validation.jsonl ] || dvc repro world_splits   # the world's prompt files (seconds)
 
 # A pid file whose process is gone (a killed run) would make `prefect server start --background` refuse.
 PID_FILE=$PREFECT_HOME/server.pid

@@ -378,12 +378,17 @@ class StageConfig(TrainConfig):
 
 class CurriculumConfig(FrozenConfig):
     """Stages in order, each starting from the previous one's adapter: params files merged as
-    ``base files -> model file -> stage file -> overrides``."""
+    ``base files -> model file -> stage file -> overlays -> overrides``."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     base: tuple[str, ...] = ("params/base.yaml",)
     model: str = Field(description="Params file of the model (pipeline, rollout, LoRA, evaluation).")
     stages: tuple[str, ...] = Field(min_length=1, description="Params files of the stages, in order.")
+    overlays: tuple[str, ...] = Field(
+        (),
+        description="Params files merged after each stage's file (e.g. params/embedded/validation.yaml: evaluate "
+        "on the validation split, as recipe selection must).",
+    )
 
 
 def load_curriculum(
@@ -400,7 +405,9 @@ def load_curriculum(
     root = Path(root)
     stages = [
         load_config(
-            [*(root / f for f in (*curriculum.base, curriculum.model, stage)), *extra], overrides, schema=StageConfig
+            [*(root / f for f in (*curriculum.base, curriculum.model, stage, *curriculum.overlays)), *extra],
+            overrides,
+            schema=StageConfig,
         )
         for stage in curriculum.stages
     ]
