@@ -38,6 +38,7 @@ from vgrpo.parallel.distributed import DistributedConfig
 from vgrpo.parallel.launch import LaunchConfig
 from vgrpo.rewards.config import RewardConfig, check_unique_keys
 from vgrpo.training.ema import EMAConfig
+from vgrpo.training.hold import HoldConfig
 from vgrpo.training.optim import OptimConfig
 
 __all__ = [
@@ -358,10 +359,20 @@ class StageConfig(TrainConfig):
     eval_prompts: str | None = Field(None, description="Evaluation prompt file; None = no evaluation.")
     evaluation: EvaluationConfig = EvaluationConfig()
     launch: LaunchConfig = LaunchConfig()
+    hold: HoldConfig | None = Field(
+        None,
+        description="Rewards the stage must hold, checked on validation prompts; the stage exports its last "
+        "checkpoint that holds them (vgrpo.training.hold). None = export the last weights.",
+    )
 
     @model_validator(mode="after")
     def _check_stage(self) -> StageConfig:
         check_unique_keys(self.rewards)
+        if self.hold is not None:
+            if self.launch.processes > 1 or self.distributed.strategy == "fsdp":
+                raise ValueError("hold: checks run in one process; a launched or sharded stage cannot hold yet")
+            if self.hold.reference == "base" and self.lora is None:
+                raise ValueError("hold.reference: base needs lora (a full fine-tune keeps no base weights apart)")
         rollout = self.rollout
         self.launch.check_fits(
             autocast=self.precision.autocast,
