@@ -150,3 +150,26 @@ def test_the_table_counts_runs_that_held_and_did_not_clutter() -> None:
         "Runs in which no stage gave back more than its tolerance on validation: 1 of 2",
         "Runs whose final clutter is at most the base's: 1 of 2",
     ]
+
+
+def test_the_tuning_table_refuses_the_test_split_and_records_commit_and_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import paired_gain
+
+    scores = json.loads((REPO / "metrics/base_eval.scores.json").read_text())
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"per_prompt": scores}))
+    with pytest.raises(SystemExit, match="the test split; recipe selection reads validation"):
+        paired_gain.main([str(run), "--base", str(REPO / "metrics/base_eval.scores.json")])
+    # The same scores as a validation evaluation: accepted, and recorded with the split's file and hash.
+    split = tmp_path / "validation.jsonl"
+    split.write_text('{"prompt": "a photo of a square"}\n')
+    (tmp_path / "base_validation.scores.json").write_text(json.dumps(scores))
+    (tmp_path / "base_validation.json").write_text(json.dumps({"prompt_file": str(split)}))
+    out = tmp_path / "record.json"
+    paired_gain.main([str(run), "--base", str(tmp_path / "base_validation.scores.json"), "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["split"]["prompt_file"] == str(split) and len(record["split"]["sha256"]) == 64
+    assert len(record["commit"]) == 40 and record["runs"][str(run)]["gain"] == 0.0
+    assert "| run | iteration |" in capsys.readouterr().out

@@ -76,6 +76,17 @@ def test_recipe_selection_curricula_evaluate_on_validation(monkeypatch: pytest.M
     _, validation = load_curriculum("params/curricula/embedded-validation.yaml")
     trained = [s.model_dump(exclude={"eval_prompts", "evaluation"}) for s in validation]
     assert trained == [s.model_dump(exclude={"eval_prompts", "evaluation"}) for s in report]  # the same training
+    _, holding = load_curriculum("params/curricula/embedded-validation-hold.yaml")
+    unheld = [s.model_dump(exclude={"eval_prompts", "evaluation", "hold"}) for s in report]
+    assert [s.model_dump(exclude={"eval_prompts", "evaluation", "hold"}) for s in holding] == unheld
+    tolerances = {"geneval_strict": 0.03, "geneval_partial": 0.03, "ocr": 0.03, "world_clipscore": 0.05}
+    for stage in holding:
+        assert stage.hold is not None and stage.hold.rewards == {**tolerances, "world_pickscore": 0.5}
+        assert (stage.hold.prompts, stage.hold.every, stage.eval_prompts) == (
+            "data/world/validation.jsonl",
+            10,
+            "data/world/validation.jsonl",
+        )
 
 
 def test_writing_validation_leaves_the_other_splits_unchanged(tmp_path: Path) -> None:
