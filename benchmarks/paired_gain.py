@@ -3,7 +3,7 @@
     python -m benchmarks.paired_gain RUN.json ... [--base metrics/base_validation.scores.json]
         [--pretrain-params params/embedded/pretrain.yaml] [--out metrics/tuning/NAME.json]
 
-Recipe selection reads the validation split (docs/embedded.md#tuning-on-validation): the default base is the base's
+Recipe selection reads the validation split (docs/embedded.md#the-validation-split): the default base is the base's
 evaluation on ``data/world/validation.jsonl`` (DVC stage ``evaluate_base_validation``), and a base evaluated on the
 test split is refused unless ``--final-report`` says the table is the final report's. ``--out`` records the table
 with what it was computed from: the commit (and whether the code differed from it), the split (the base's prompt
