@@ -188,3 +188,20 @@ def test_preflight_reads_the_hold_prompts(world: Path) -> None:
         problem.message == f"{world / 'nowhere.jsonl'}: prompt file not found"
         and problem.used_by == "tiny: hold.prompts"
     )
+
+
+def test_the_issues_headline_names_resolve_in_an_embedded_stage_evaluation() -> None:
+    """The embedded stages' evaluation (params/models/embedded.yaml: geneval, ocr, world CLIPScore and PickScore)
+    reports every name issue 42 holds: stage 2's committed final evaluation."""
+    import json
+
+    flat = json.loads((Path(__file__).parents[2] / "metrics/stages/s2-geneval.eval.json").read_text())
+    keys = ["geneval", "ocr", "world_clipscore", "world_pickscore"]
+    names = ["geneval_strict", "geneval_partial", "ocr", "world_clipscore", "world_pickscore"]
+    assert held_values(flat, keys, names) == {
+        "geneval_strict": 0.57843,
+        "geneval_partial": 0.49183,
+        "ocr": 0.56127,
+        "world_clipscore": 0.95367,
+        "world_pickscore": 5.8314,
+    }
