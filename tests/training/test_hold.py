@@ -205,3 +205,15 @@ def test_the_issues_headline_names_resolve_in_an_embedded_stage_evaluation() -> 
         "world_clipscore": 0.95367,
         "world_pickscore": 5.8314,
     }
+
+
+def test_a_killed_holding_stage_resumes_to_the_same_checks_and_export(world: Path) -> None:
+    from tests.tiny_world import KillAt, Killed
+
+    uninterrupted = _run(world, _config(), "whole")
+    with pytest.raises(Killed):
+        _run(world, _config(), "killed", KillAt(4))  # after iteration 4's update; checkpoints every 2
+    resumed = _run(world, _config(), "killed")
+    assert resumed.resumed_from == 4
+    assert resumed.hold == uninterrupted.hold and resumed.hold["kept_iteration"] == 1
+    assert _lora(world / "out-killed") == _lora(world / "out-whole")
