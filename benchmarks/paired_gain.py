@@ -1,7 +1,13 @@
-"""Paired gains of stage runs' evaluations over the base's, on the test prompts both evaluated.
+"""Paired gains of stage runs' evaluations over the base's, on the prompts both evaluated: the tuning table.
 
-    python -m benchmarks.paired_gain metrics/tuning/*.json [--base metrics/base_eval.scores.json]
-        [--pretrain-params params/embedded/pretrain.yaml]
+    python -m benchmarks.paired_gain RUN.json ... [--base metrics/base_validation.scores.json]
+        [--pretrain-params params/embedded/pretrain.yaml] [--out metrics/tuning/NAME.json]
+
+Recipe selection reads the validation split (docs/embedded.md#the-validation-split): the default base is the base's
+evaluation on ``data/world/validation.jsonl`` (DVC stage ``evaluate_base_validation``), and a base evaluated on the
+test split is refused unless ``--final-report`` says the table is the final report's. ``--out`` records the table
+with what it was computed from: the commit (and whether the code differed from it), the split (the base's prompt
+file and its SHA-256), the base file and each run's file and numbers.
 
 Each input is a ``--metrics`` file of ``python -m vgrpo.cli train`` (its last evaluation is used) or an
 evaluation table with ``per_prompt``. A stage evaluation with ``max_prompts: 120`` covers the first 120 test
@@ -15,13 +21,16 @@ params' ``held_out_pairs``) and the rest.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vgrpo.atomic import write_json_atomic
 from vgrpo.config import load_config
 from vgrpo.evaluation.stats import bootstrap_ci, stratified_mean
 from vgrpo.world.config import PretrainConfig
@@ -73,14 +82,43 @@ def paired_row(run: dict[str, Any], base: dict[str, Any], held_out: Sequence[tup
     return row
 
 
-def main() -> None:
+TEST_SPLIT = "test.jsonl"
+"""The file name of the split only the final report reads."""
+
+
+def base_split(base_scores: Path) -> dict[str, Any]:
+    """The prompt file a base's per-prompt scores (``X.scores.json``) were evaluated on, from its table ``X.json``,
+    with the file's SHA-256 when it is there."""
+    table = base_scores.with_name(base_scores.name.replace(".scores.json", ".json"))
+    prompts = json.loads(table.read_text()).get("prompt_file") if table.is_file() else None
+    digest = hashlib.sha256(Path(prompts).read_bytes()).hexdigest() if prompts and Path(prompts).is_file() else None
+    return {"prompt_file": prompts, "sha256": digest}
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--base", type=Path, default=Path("metrics/base_eval.scores.json"))
+    parser.add_argument("--base", type=Path, default=Path("metrics/base_validation.scores.json"))
     parser.add_argument("--pretrain-params", type=Path, default=Path("params/embedded/pretrain.yaml"))
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help="the tuning record to write (JSON)")
+    parser.add_argument("--final-report", action="store_true", help="allow a base evaluated on the test split")
+    args = parser.parse_args(argv)
+    split = base_split(args.base)
+    if split["prompt_file"] and Path(split["prompt_file"]).name == TEST_SPLIT and not args.final_report:
+        raise SystemExit(
+            f"{args.base}: evaluated on {split['prompt_file']}, the test split; recipe selection reads validation "
+            "(metrics/base_validation.scores.json), and only the final report reads test (--final-report)"
+        )
     base = json.loads(args.base.read_text())
     held_out = load_config([args.pretrain_params], section="pretrain", schema=PretrainConfig).held_out_pairs
+    rows: dict[str, Any] = {}
     print("| run | iteration | strict (base) | gain [95% CI] | per-tag gain | colours held-out / seen | OCR | Pick |")
     print("|---|---|---|---|---|---|---|---|")
     for path in args.runs:
@@ -89,6 +127,7 @@ def main() -> None:
             r = paired_row(per_prompt, base, held_out)
         except ValueError as err:
             raise SystemExit(f"{path} against {args.base}: {err}") from err
+        rows[str(path)] = {"iteration": iteration, **r}
         tags = ", ".join(f"{t} {g:+.2f}" for t, g in r["per_tag_gain"].items())
         print(
             f"| {path.stem} | {iteration} | {r['strict']:.3f} ({r['base_strict']:.3f}) | {r['gain']:+.3f} "
@@ -96,6 +135,16 @@ def main() -> None:
             f"{r['seen_colour_gain']:+.2f} | {r.get('ocr_gain', float('nan')):+.3f} | "
             f"{r.get('world_pickscore_gain', float('nan')):+.2f} |"
         )
+    if args.out:
+        record = {
+            "commit": _git("rev-parse", "HEAD") or None,
+            "code_dirty": bool(_git("status", "--porcelain", "--", "vgrpo", "tasks", "benchmarks", "params")),
+            "split": split,
+            "base": str(args.base),
+            "runs": rows,
+        }
+        write_json_atomic(args.out, record)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,15 @@ from tasks.outcome import StageEvaluation, StageOutcome
 from vgrpo.atomic import write_text_atomic
 from vgrpo.config import StageConfig
 
-__all__ = ["artifact_key", "mlflow_run_link", "publish_stage", "publish_summary", "summary_columns", "summary_table"]
+__all__ = [
+    "artifact_key",
+    "hold_markdown",
+    "mlflow_run_link",
+    "publish_stage",
+    "publish_summary",
+    "summary_columns",
+    "summary_table",
+]
 
 MLFLOW_UI = "http://127.0.0.1:5000"
 """Where ``mlflow ui`` listens by default; set ``VGRPO_MLFLOW_UI`` when it runs elsewhere."""
@@ -63,8 +71,36 @@ def summary_table(stages: Sequence[StageConfig], results: Sequence[StageOutcome]
     columns = summary_columns(stages)
     header = ["stage", *(c.removeprefix("eval/") + " [95% CI]" for c in columns)]
     rows = [[r.name, *(_cell(r.final_eval, c) for c in columns)] for r in results]
+    if any(r.hold is not None for r in results):  # which checkpoint a holding stage exported
+        header.append("kept")
+        for row, r in zip(rows, results, strict=True):
+            row.append("-" if r.hold is None else _kept(r.hold))
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows])
+
+
+def _kept(hold: dict[str, Any]) -> str:
+    """``iteration K`` of a holding stage's export, ``(stopped at N)`` when it stopped early."""
+    stopped = f" (stopped at {hold['stopped_at']})" if hold.get("stopped_at") is not None else ""
+    return f"iteration {hold['kept_iteration']}{stopped}"
+
+
+def hold_markdown(name: str, hold: dict[str, Any]) -> str:
+    """A holding stage's checks as a Markdown table, and which checkpoint it exported and why."""
+    names = list(hold["reference"])
+    lines = [
+        f"### {name}: held rewards (reference: {hold['reference_kind']})",
+        "",
+        f"Exported: **iteration {hold['kept_iteration']}**. {hold['reason']}.",
+        "",
+        "| iteration | " + " | ".join(names) + " | holds |",
+        "|---" * (len(names) + 2) + "|",
+        "| floor | " + " | ".join(f"{hold['reference'][n] - hold['tolerances'][n]:.4f}" for n in names) + " | |",
+    ]
+    for check in hold["checks"]:
+        values = " | ".join(f"{check['values'][n]:.4f}" for n in names)
+        lines.append(f"| {check['iteration']} | {values} | {'yes' if check['holds'] else 'no'} |")
+    return "\n".join(lines)
 
 
 def _rows(final_eval: dict[str, float]) -> list[dict[str, Any]]:
@@ -95,6 +131,8 @@ def publish_stage(
             "\n\nGreen frame: credited by the detector or OCR."
         )
         create_markdown_artifact(markdown=markdown, key=f"{key}-samples")
+    if outcome.hold is not None:
+        create_markdown_artifact(markdown=hold_markdown(cfg.name, outcome.hold), key=f"{key}-hold")
     if tracking_uri and outcome.record_run_id:
         link = mlflow_run_link(tracking_uri, outcome.record_run_id)
         create_link_artifact(link=link, key=f"{key}-mlflow", link_text=f"MLflow run of {cfg.name}")
@@ -117,6 +155,7 @@ def publish_summary(
             "stage": r.name,
             "iterations": len(r.history),
             "adapter": r.hash,
+            **({"kept_iteration": r.hold["kept_iteration"]} if r.hold is not None else {}),
             **{c.removeprefix("eval/"): round(r.final_eval[c], 4) for c in columns if c in r.final_eval},
         }
         for r in results

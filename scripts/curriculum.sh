@@ -3,7 +3,9 @@
 # home runs/services/prefect), serve the deployments, run the embedded curriculum through its Prefect deployment
 # and watch it, print its per-stage table and the before/after evaluation, then stop everything. MLflow logs straight
 # to runs/services/mlflow/mlflow.db (no server; browse with scripts/ui.sh).
-# Extra arguments go to `prefect deployment run`, e.g.  -p 'overrides={"iterations": 2}'
+# Extra arguments go to `prefect deployment run`, e.g.  -p 'overrides={"iterations": 2}'; with
+#   -p curriculum=params/curricula/embedded-validation.yaml   the recipe's stages evaluated on validation (tuning; no
+#   test-split evaluation follows)
 # VGRPO_DEPLOYMENT picks another deployment (flows/deploy.py), PREFECT_SERVER_API_PORT another port.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,7 @@ export HF_HUB_OFFLINE=1 DO_NOT_TRACK=true MLFLOW_DISABLE_TELEMETRY=true DVC_NO_A
 DEPLOYMENT=${VGRPO_DEPLOYMENT:-embedded-curriculum}
 # shellcheck source=scripts/services-env.sh
 . scripts/services-env.sh
-[ -f data/world/train.jsonl ] || dvc repro world_splits   # the world's prompt files (seconds)
+[ -f data/world/validation.jsonl ] || dvc repro world_splits   # the world's prompt files (seconds)
 
 # A pid file whose process is gone (a killed run) would make `prefect server start --background` refuse.
 PID_FILE=$PREFECT_HOME/server.pid
@@ -52,7 +54,10 @@ while IFS= read -r -d '' table; do
     TABLES=$((TABLES + 1))
 done < <(find runs/curriculum -name results.md -newer "$STARTED" -print0 2>/dev/null)
 [ "$TABLES" -gt 0 ] || echo "(this run wrote no runs/curriculum/*/results.md)"
-if [ "$DEPLOYMENT" = embedded-curriculum ]; then
+# A run of another curriculum (-p curriculum=params/curricula/embedded-validation.yaml: tuning, on validation) reads
+# no test split: its stage table above is its result.
+case " $* " in *curriculum=*) FINAL_REPORT=0 ;; *) FINAL_REPORT=1 ;; esac
+if [ "$DEPLOYMENT" = embedded-curriculum ] && [ "$FINAL_REPORT" = 1 ]; then
     # The headline evaluation (every test prompt, 4 images each) of the last stage's adapter, paired with the
     # base's (metrics/base_eval.json: same prompts, seeds and settings), so every gain carries its 95% CI.
     OUT=runs/curriculum/embedded-curriculum

@@ -62,6 +62,14 @@ class FanOut(StageCallbacks):
         for c in self.callbacks:
             c.on_checkpoint(path, iteration)
 
+    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
+        for c in self.callbacks:
+            c.on_hold(check, reference)
+
+    def on_kept(self, hold: dict[str, Any]) -> None:
+        for c in self.callbacks:
+            c.on_kept(hold)
+
 
 class StageTracker(StageCallbacks):
     """Progress bar and, with a run, MLflow logging of one stage (rank 0); each evaluation's grid shows its first
@@ -154,8 +162,34 @@ class StageTracker(StageCallbacks):
         if self.client is not None and self.run_id is not None:
             self.client.set_tag(self.run_id, "vgrpo.checkpoints.state", str(path.resolve()))
 
-    def finish_training(self, out_dir: Path, out_hash: str, resumed_from: int, skipped: int, base: Path) -> None:
-        """Tag the output, log the adapter as a model (registered under the curriculum's name) and end the run."""
+    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
+        """Each hold check as ``hold/NAME`` (its value), ``hold/NAME_reference`` and ``hold/holds`` (1 or 0) at its
+        iteration."""
+        if self.client is not None and self.run_id is not None:
+            metrics = {f"hold/{name}": value for name, value in check["values"].items()}
+            metrics |= {f"hold/{name}_reference": value for name, value in reference.items()}
+            log_metrics(self.client, self.run_id, {**metrics, "hold/holds": float(check["holds"])}, check["iteration"])
+
+    def on_kept(self, hold: dict[str, Any]) -> None:
+        """Which checkpoint the stage exported and why: tags, and every check as ``hold.json``."""
+        if self.client is not None and self.run_id is not None:
+            self.client.set_tag(self.run_id, "vgrpo.hold.kept_iteration", str(hold["kept_iteration"]))
+            self.client.set_tag(self.run_id, "vgrpo.hold.reason", hold["reason"])
+            self.client.set_tag(self.run_id, "vgrpo.hold.stopped_at", str(hold["stopped_at"]))
+            log_json(self.client, self.run_id, hold, "hold.json")
+
+    def finish_training(
+        self,
+        out_dir: Path,
+        out_hash: str,
+        resumed_from: int,
+        skipped: int,
+        base: Path,
+        hold: dict[str, Any] | None = None,
+    ) -> None:
+        """Tag the output, log the adapter as a model (registered under the curriculum's name) and end the run.
+        A holding stage's tags say which checkpoint the output is (:meth:`on_kept`; set again here, as a stage
+        resumed after its export reports no checks)."""
         if self.client is not None and self.run_id is not None:
             for key, value in {
                 "vgrpo.output": str(out_dir.resolve()),
@@ -164,6 +198,8 @@ class StageTracker(StageCallbacks):
                 "vgrpo.skipped_iterations": str(skipped),
             }.items():
                 self.client.set_tag(self.run_id, key, value)
+            if hold is not None:
+                self.on_kept(hold)
             self.model_uri = log_adapter_model(self.client, self.run_id, out_dir, base, self.registered_name)
         self.close("FINISHED")
 

@@ -64,13 +64,20 @@ def stage_details(outcome: StageOutcome, stage: int) -> dict[str, Any]:
         "adapter_hash": outcome.hash,
         **{k: round(v, 5) for k, v in sorted(outcome.final_eval.items())},
         **{f"start/{k}": round(v, 5) for k, v in sorted(start.items()) if k != "iteration"},
+        **({"hold": outcome.hold} if outcome.hold is not None else {}),
     }
 
 
 def stage_metrics(details: Mapping[str, Any], rewards: Sequence[RewardConfig]) -> dict[str, Any]:
     """The metrics file of a finished stage, from its :func:`stage_details`: iterations, wall time and the
     headline numbers of its evaluation ``rewards`` (:func:`vgrpo.evaluation.tables.headline_metrics`)."""
-    return {"iterations": details["iterations"], "wall_s": details["wall_s"], **headline_metrics(details, rewards)}
+    kept = {"kept_iteration": details["hold"]["kept_iteration"]} if "hold" in details else {}
+    return {
+        "iterations": details["iterations"],
+        "wall_s": details["wall_s"],
+        **kept,
+        **headline_metrics(details, rewards),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,6 +35,8 @@ class StageOutcome:
         flow_run_id: The Prefect flow run that trained it (``None`` outside Prefect).
         record_run_id: The MLflow run that holds its final evaluation in the current flow run: the training run,
             or a run marking a cache hit.
+        hold: A holding stage's checks and which checkpoint it exported, and why
+            (:attr:`vgrpo.training.stage.StageResult.hold`); ``None`` without ``hold``.
     """
 
     name: str
@@ -50,6 +52,7 @@ class StageOutcome:
     final_eval: dict[str, float] = field(default_factory=dict)
     flow_run_id: str | None = None
     record_run_id: str | None = None
+    hold: dict[str, Any] | None = None
 
     def replace(self, **changes: Any) -> StageOutcome:
         """A copy with ``changes`` (a dataclass's ``replace``)."""

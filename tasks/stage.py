@@ -151,7 +151,9 @@ def train_and_track(
     write_json_atomic(work_dir / MANIFEST, {**manifest, "hash": out_hash})
     if store is not None:  # the adapter by its hash, then the manifest naming it: what other machines restore
         publish_stage(store, run_root, cfg.name, root)
-    tracker.finish_training(out_dir, out_hash, result.resumed_from, len(result.skipped), base=Path(root) / cfg.pipeline)
+    tracker.finish_training(
+        out_dir, out_hash, result.resumed_from, len(result.skipped), base=Path(root) / cfg.pipeline, hold=result.hold
+    )
     return StageOutcome(
         name=cfg.name,
         out_dir=str(out_dir),
@@ -163,6 +165,7 @@ def train_and_track(
         history=tuple(result.history),
         skipped=len(result.skipped),
         evaluations=tuple({"iteration": e.get("iteration"), **flat_metrics(e)} for e in result.evaluations),
+        hold=result.hold,
     )
 
 

@@ -39,6 +39,7 @@ from vgrpo.parallel.distributed import DistributedConfig
 from vgrpo.parallel.launch import LaunchConfig
 from vgrpo.rewards.config import RewardConfig, check_unique_keys
 from vgrpo.training.ema import EMAConfig
+from vgrpo.training.hold import HoldConfig
 from vgrpo.training.optim import OptimConfig
 
 __all__ = [
@@ -387,10 +388,20 @@ class StageConfig(TrainConfig):
     eval_prompts: str | None = Field(None, description="Evaluation prompt file; None = no evaluation.")
     evaluation: EvaluationConfig = EvaluationConfig()
     launch: LaunchConfig = LaunchConfig()
+    hold: HoldConfig | None = Field(
+        None,
+        description="Rewards the stage must hold, checked on validation prompts; the stage exports its last "
+        "checkpoint that holds them (vgrpo.training.hold). None = export the last weights.",
+    )
 
     @model_validator(mode="after")
     def _check_stage(self) -> StageConfig:
         check_unique_keys(self.rewards)
+        if self.hold is not None:
+            if self.launch.processes > 1 or self.distributed.strategy == "fsdp":
+                raise ValueError("hold: checks run in one process; a launched or sharded stage cannot hold yet")
+            if self.hold.reference == "base" and self.lora is None:
+                raise ValueError("hold.reference: base needs lora (a full fine-tune keeps no base weights apart)")
         rollout = self.rollout
         self.launch.check_fits(
             autocast=self.precision.autocast,
@@ -407,12 +418,17 @@ class StageConfig(TrainConfig):
 
 class CurriculumConfig(FrozenConfig):
     """Stages in order, each starting from the previous one's adapter: params files merged as
-    ``base files -> model file -> stage file -> overrides``."""
+    ``base files -> model file -> stage file -> overlays -> overrides``."""
 
     name: str = Field(pattern=_NAME)
     base: tuple[str, ...] = ("params/base.yaml",)
     model: str = Field(description="Params file of the model (pipeline, rollout, LoRA, evaluation).")
     stages: tuple[str, ...] = Field(min_length=1, description="Params files of the stages, in order.")
+    overlays: tuple[str, ...] = Field(
+        (),
+        description="Params files merged after each stage's file (e.g. params/embedded/validation.yaml: evaluate "
+        "on the validation split, as recipe selection must).",
+    )
 
 
 def load_curriculum(
@@ -429,7 +445,9 @@ def load_curriculum(
     root = Path(root)
     stages = [
         load_config(
-            [*(root / f for f in (*curriculum.base, curriculum.model, stage)), *extra], overrides, schema=StageConfig
+            [*(root / f for f in (*curriculum.base, curriculum.model, stage, *curriculum.overlays)), *extra],
+            overrides,
+            schema=StageConfig,
         )
         for stage in curriculum.stages
     ]

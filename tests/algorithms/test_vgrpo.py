@@ -162,3 +162,32 @@ def test_surrogate_cv_statistics_by_hand():
     mags = torch.tensor([1.0, 3.0, 2.0, 2.0])
     assert m["surrogate/cv"] == pytest.approx((mags.std(unbiased=False) / mags.mean()).item())
     assert m["surrogate/cv_within_group"] == pytest.approx((1.0 / 2.0 + 0.0) / 2)
+
+
+def test_reference_kl_to_the_base_holds_a_stage_that_starts_from_an_adapter_to_the_base():
+    """``ref_kl_reference: base``: the reference is the adapter's base (LoRA B zeroed), so the KL is above 0 from the
+    first step of a stage that starts from an earlier stage's adapter; ``start`` (the default) gives 0 there."""
+    from tests.algorithms.test_flow_grpo import _velocities
+    from vgrpo.models import SD3Velocity
+    from vgrpo.models.tiny import tiny_sd3_transformer
+
+    config = make_config({"name": "vgrpo", "n_mc": 2, "ref_kl_coef": 1.0, "ref_kl_reference": "base"})
+    policy = make_policy(config)  # LoRA B moved off zero: the adapter an earlier stage left
+    base = _velocities(SD3Velocity(tiny_sd3_transformer()))
+    adapted = _velocities(policy)
+    assert (adapted - base).abs().max() > 1e-3
+    zero = torch.zeros(N)
+    algorithm, batch = prepared(config, policy, zero)
+    assert algorithm.reference is not None
+    with algorithm.reference.swapped_in():
+        assert torch.equal(_velocities(policy), base)
+    assert torch.equal(_velocities(policy), adapted)
+    policy.zero_grad(set_to_none=True)
+    kl_base = algorithm.accumulate_gradients(policy, batch, torch.arange(N), step=0)["kl_ref"]
+    assert kl_base > 1e-6 and any(g.abs().max() > 0 for g in grads(policy))
+
+    start = make_config({"name": "vgrpo", "n_mc": 2, "ref_kl_coef": 1.0})
+    assert start.algorithm.ref_kl_reference == "start"  # type: ignore[union-attr]
+    algorithm, batch = prepared(start, policy, zero)
+    policy.zero_grad(set_to_none=True)
+    assert algorithm.accumulate_gradients(policy, batch, torch.arange(N), step=0)["kl_ref"] == 0.0

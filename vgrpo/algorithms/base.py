@@ -21,7 +21,7 @@ from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import Conditioning, ParameterSnapshot, trainable_parameters
 from vgrpo.samplers import SDETrajectory, euler_ode_sample
 
-__all__ = ["Algorithm", "Payload", "PreparedBatch", "Rollout", "ScoredRollout", "micro_batches"]
+__all__ = ["Algorithm", "Payload", "PreparedBatch", "Rollout", "ScoredRollout", "micro_batches", "zero_lora_deltas"]
 
 
 def micro_batches(idx: Tensor, size: int) -> Iterator[tuple[Tensor, slice]]:
@@ -195,3 +195,14 @@ class Algorithm(ABC, Generic[PayloadT]):
         old policy), made by :meth:`keep_snapshot`: what a checkpoint must save for a resumed run to continue
         exactly."""
         return dict(self._snapshots)
+
+
+@torch.no_grad()
+def zero_lora_deltas(snapshot: ParameterSnapshot, policy: nn.Module) -> None:
+    """Zero the LoRA ``B`` matrices in ``snapshot`` (of ``policy``'s trainable parameters): a LoRA layer adds
+    ``scale * B A x`` to the frozen base layer, so with ``B = 0`` the snapshot is the base model exactly, whatever
+    adapter the stage started from. Without LoRA (full fine-tuning) it leaves the snapshot as it is."""
+    names = [name for name, p in policy.named_parameters() if p.requires_grad]  # trainable_parameters' order
+    for name, value in zip(names, snapshot.values, strict=True):
+        if "lora_B" in name:
+            value.zero_()

@@ -116,6 +116,11 @@ class VGRPOConfig(FrozenConfig):
         description="beta_ref of the same x-space KL to the stage's starting weights (the frozen reference, as "
         "Flow-GRPO's KL); 0 = off, as in the paper.",
     )
+    ref_kl_reference: Literal["start", "base"] = Field(
+        "start",
+        description="The frozen reference of ref_kl_coef: `start` = the stage's starting weights; `base` = the "
+        "pretrained model (a LoRA's deltas zeroed, as FlowGRPOConfig.reference), so every stage is held to the base.",
+    )
     memory_bounded: bool = Field(True, description="Two-pass update (one graph at a time) vs one full graph.")
     logit_normal_mean: float = 0.0
     logit_normal_std: float = Field(1.0, gt=0)

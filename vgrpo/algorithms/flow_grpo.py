@@ -17,7 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
+from vgrpo.algorithms.base import (
+    Algorithm,
+    Payload,
+    PreparedBatch,
+    Rollout,
+    ScoredRollout,
+    micro_batches,
+    zero_lora_deltas,
+)
 from vgrpo.algorithms.config import FlowGRPOConfig, MixGRPOConfig
 from vgrpo.losses import flow_grpo_loss, ratio_metrics
 from vgrpo.policy import Conditioning, ParameterSnapshot
@@ -40,17 +48,6 @@ class FlowGRPOPayload(Payload):
 
 
 FlowGRPOBatch = PreparedBatch[FlowGRPOPayload]
-
-
-@torch.no_grad()
-def zero_lora_deltas(snapshot: ParameterSnapshot, policy: nn.Module) -> None:
-    """Zero the LoRA ``B`` matrices in ``snapshot`` (of ``policy``'s trainable parameters): a LoRA layer adds
-    ``scale * B A x`` to the frozen base layer, so with ``B = 0`` the snapshot is the base model exactly, whatever
-    adapter the stage started from. Without LoRA (full fine-tuning) it leaves the snapshot as it is."""
-    names = [name for name, p in policy.named_parameters() if p.requires_grad]  # trainable_parameters' order
-    for name, value in zip(names, snapshot.values, strict=True):
-        if "lora_B" in name:
-            value.zero_()
 
 
 class FlowGRPO(Algorithm[FlowGRPOPayload]):

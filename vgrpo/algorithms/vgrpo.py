@@ -29,7 +29,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vgrpo.algorithms.base import Algorithm, Payload, PreparedBatch, Rollout, ScoredRollout, micro_batches
+from vgrpo.algorithms.base import (
+    Algorithm,
+    Payload,
+    PreparedBatch,
+    Rollout,
+    ScoredRollout,
+    micro_batches,
+    zero_lora_deltas,
+)
 from vgrpo.algorithms.config import NaiveELBOConfig, VGRPOConfig
 from vgrpo.losses import clipped_policy_loss, vgrpo_loss, vgrpo_ratio, vgrpo_surrogate_coefficients
 from vgrpo.pairs import SharedPairs, draw_pairs
@@ -87,6 +95,8 @@ class VGRPO(Algorithm[VGRPOPayload]):
         # The reference is the weights at construction: the stage's starting adapter (for the first stage of a
         # LoRA run, the base model). The paper's V-GRPO has no reference term; it is an option against drift.
         self.reference = self.keep_snapshot("reference", policy) if config.ref_kl_coef > 0 else None
+        if self.reference is not None and config.ref_kl_reference == "base":
+            zero_lora_deltas(self.reference, policy)
 
     # 1. rollout ------------------------------------------------------------------------------
     def rollout(

@@ -55,6 +55,11 @@ def training_hash(config: StageConfig) -> str:
     # ``launch`` says how many processes share the batch, not which steps it takes: a checkpoint resumes on
     # another number of processes (tests/parallel/test_distributed.py).
     trained = config.model_dump(mode="json", exclude={*EVALUATION_FIELDS, "launch"})
+    # Options added later are left out at their neutral default, so the checkpoints of stages without them resume.
+    if trained.get("hold") is None:
+        trained.pop("hold", None)
+    if trained["algorithm"].get("ref_kl_reference") == "start":
+        del trained["algorithm"]["ref_kl_reference"]
     return hashlib.sha256(json.dumps(trained, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -117,6 +122,8 @@ class TrainingState:
     """How many of the last iterations were skipped in a row (the count ``max_consecutive_skips`` bounds)."""
     run: Mapping[str, Any] = field(default_factory=dict)
     """JSON-able values the caller keeps with every checkpoint (a tracker's run id, to continue that run)."""
+    hold: Mapping[str, Any] = field(default_factory=dict)
+    """A holding stage's checks so far and their reference (:mod:`vgrpo.training.hold`); empty without ``hold``."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object :meth:`from_json` reads back."""
@@ -128,13 +135,14 @@ class TrainingState:
             "skipped": list(self.skipped),
             "consecutive_skips": self.consecutive_skips,
             "run": dict(self.run),
-        }
+        } | ({"hold": dict(self.hold)} if self.hold else {})  # a stage without hold writes what it wrote before
 
     @classmethod
     def from_json(cls, data: Any) -> TrainingState:
         """The state in a decoded ``state.json`` (keys of the run's identity are left to :class:`ResumableRun`);
         a missing field or one of the wrong JSON type raises ``ValueError`` naming it. ``skipped``,
-        ``consecutive_skips`` and ``run`` may be absent: checkpoints written before the stage kept them lack them."""
+        ``consecutive_skips``, ``run`` and ``hold`` may be absent: checkpoints written before the stage kept them
+        lack them."""
         if type(data) is not dict:
             raise ValueError(f"is {_json_type(data)}, expected an object")
         return cls(
@@ -145,6 +153,7 @@ class TrainingState:
             skipped=_records(data, "skipped", []),
             consecutive_skips=_field(data, "consecutive_skips", int, 0),
             run=_field(data, "run", dict, {}),
+            hold=_field(data, "hold", dict, {}),
         )
 
 

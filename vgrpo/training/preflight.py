@@ -52,7 +52,7 @@ from vgrpo.outputs import Output, output_problems
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.config import prompt_problems
 from vgrpo.rewards.registry import resolve_reward
-from vgrpo.training.prompt_rows import evaluation_rows, training_rows
+from vgrpo.training.prompt_rows import checked_rows, evaluation_rows, training_rows
 
 __all__ = [
     "PreflightError",
@@ -250,6 +250,11 @@ class _Findings:
             read_eval = partial(evaluation_rows, config, self.root)
             eval_key = (config.evaluation.max_prompts, config.evaluation.rewards)
             readers.append(("eval_prompts", config.eval_prompts, config.evaluation.rewards, read_eval, eval_key))
+        if config.hold is not None:  # the hold checks read their own file, scored by the evaluation rewards
+            hold = config.hold
+            read_hold = partial(checked_rows, self.root / hold.prompts, config.evaluation.rewards)
+            hold_key = (hold.max_prompts, config.evaluation.rewards)
+            readers.append(("hold.prompts", hold.prompts, config.evaluation.rewards, read_hold, hold_key))
         for key, file, rewards, read, alike in readers:
             used_by = f"{config.name}: {key}"
             if self.unset(file, used_by):
@@ -370,7 +375,7 @@ def preflight(
             findings.check("pipeline", cfg.evaluation.base_pipeline, f"{cfg.name}: evaluation.base_pipeline")
         findings.prompts(cfg)
         findings.rewards(cfg.rewards, cfg.name, "rewards")
-        if cfg.eval_prompts:
+        if cfg.eval_prompts or cfg.hold is not None:
             findings.rewards(cfg.evaluation.rewards, cfg.name, "evaluation.rewards")
         findings.add(_launch_problems(cfg, world_size), f"{cfg.name}: launch")
     if init_lora is not None and stages:

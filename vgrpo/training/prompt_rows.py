@@ -22,7 +22,7 @@ from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.config import RewardConfig, prompt_problems
 from vgrpo.seeding import derive_seed
 
-__all__ = ["StagePrompts", "evaluation_rows", "prepare_prompts", "sample_prompt_rows", "training_rows"]
+__all__ = ["StagePrompts", "checked_rows", "evaluation_rows", "prepare_prompts", "sample_prompt_rows", "training_rows"]
 
 
 def sample_prompt_rows(
@@ -53,7 +53,7 @@ class StagePrompts:
     evaluation: list[dict[str, Any]] | None
 
 
-def _checked_prompts(path: Path, rewards: Sequence[RewardConfig]) -> list[dict[str, Any]]:
+def checked_rows(path: Path, rewards: Sequence[RewardConfig]) -> list[dict[str, Any]]:
     """The rows of prompt file ``path``, checked by every reward in ``rewards`` that reads them
     (:meth:`vgrpo.rewards.base.Reward.check_prompts`: GenEval's clauses and its detector's vocabulary).
 
@@ -70,7 +70,7 @@ def _checked_prompts(path: Path, rewards: Sequence[RewardConfig]) -> list[dict[s
 def training_rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
     """The rows of the training prompt file (relative to ``root``) checked by the training rewards, with
     ``prompt_tags`` / ``prompt_tag_weights`` applied."""
-    rows = _checked_prompts(root / config.prompts, config.rewards)
+    rows = checked_rows(root / config.prompts, config.rewards)
     present = sorted({str(r.get("tag")) for r in rows})
     if config.prompt_tags is not None:
         absent = [t for t in config.prompt_tags if t not in present]
@@ -102,5 +102,5 @@ def evaluation_rows(config: StageConfig, root: Path) -> list[dict[str, Any]] | N
     rewards; ``None`` without an evaluation prompt file."""
     if not config.eval_prompts:
         return None
-    rows = _checked_prompts(root / config.eval_prompts, config.evaluation.rewards)
+    rows = checked_rows(root / config.eval_prompts, config.evaluation.rewards)
     return [dict(r) for r in rows[: config.evaluation.max_prompts]] or None

@@ -1,7 +1,10 @@
 """One curriculum stage as a short loop over named phases (:mod:`vgrpo.training.phases`):
 
-    prepare_prompts -> setup_policy -> (resume) -> per iteration: rollout -> score -> update [-> evaluate]
-    [-> checkpoint] -> export -> evaluate
+    prepare_prompts -> setup_policy -> (resume) [-> hold check] -> per iteration: rollout -> score -> update
+    [-> evaluate] [-> hold check] [-> checkpoint] -> export -> evaluate
+
+A stage with ``hold`` (:mod:`vgrpo.training.hold`) checks its held rewards on validation prompts at its start and
+every ``hold.every`` iterations, keeps every check's adapter, and exports the last one that holds.
 
 A stage resumed from a checkpoint (:class:`vgrpo.checkpoints.resume.ResumableRun`) takes exactly the steps an
 uninterrupted
@@ -21,6 +24,7 @@ from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every no
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,25 +33,30 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from vgrpo.algorithms.base import zero_lora_deltas
+from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoints.resume import ResumableRun, TrainingState
 from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
-from vgrpo.evaluation.evaluator import build_evaluator
+from vgrpo.evaluation.evaluator import Evaluator, build_evaluator
+from vgrpo.evaluation.tables import flat_metrics
 from vgrpo.parallel.distributed import Distributed
-from vgrpo.policy import trainable_parameters
+from vgrpo.policy import ParameterSnapshot, trainable_parameters
 from vgrpo.rewards.base import NonFiniteRewardError, RewardFailed
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged
+from vgrpo.training.hold import HOLD_DIR, check_holds, held_values, kept_check
 from vgrpo.training.phases import (
     StagePolicy,
     evaluate,
+    evaluate_adapter,
     export,
     rollout,
     score,
     setup_policy,
     update,
 )
-from vgrpo.training.prompt_rows import StagePrompts, prepare_prompts
+from vgrpo.training.prompt_rows import StagePrompts, checked_rows, prepare_prompts
 
 __all__ = [
     "PhaseRunner",
@@ -90,6 +99,13 @@ class StageCallbacks:
     def on_checkpoint(self, path: Path, iteration: int) -> None:
         """A resumable checkpoint was written."""
 
+    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
+        """A hold check (:mod:`vgrpo.training.hold`): its iteration, values, whether it holds, what fell below its
+        floor; ``reference`` the values held."""
+
+    def on_kept(self, hold: dict[str, Any]) -> None:
+        """A holding stage chose its export: ``hold`` as :attr:`StageResult.hold`."""
+
 
 class PrintProgress(StageCallbacks):
     """One printed line per iteration (the reward and the seconds it took), and why an iteration was skipped."""
@@ -113,6 +129,13 @@ class PrintProgress(StageCallbacks):
             flush=True,
         )
 
+    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
+        values = ", ".join(f"{k} {v:.4g} (ref {reference[k]:.4g})" for k, v in check["values"].items())
+        print(f"{self.name} hold check at {check['iteration']}: {'holds' if check['holds'] else 'BROKEN'}: {values}")
+
+    def on_kept(self, hold: dict[str, Any]) -> None:
+        print(f"{self.name}: exports iteration {hold['kept_iteration']}: {hold['reason']}", flush=True)
+
 
 @dataclass
 class StageResult:
@@ -125,6 +148,10 @@ class StageResult:
     resumed_from: int = 0
     skipped: list[dict[str, Any]] = field(default_factory=list)
     """One event per iteration skipped for a non-finite quantity (:mod:`vgrpo.training.guards`)."""
+    hold: dict[str, Any] | None = None
+    """With ``hold``: ``reference`` (the values held), ``tolerances``, ``checks`` (each check's iteration, values,
+    ``holds`` and ``failed``), ``kept_iteration`` (the exported weights' iteration), ``reason`` and ``stopped_at``
+    (the iteration the stage stopped early at, or ``None``)."""
 
 
 class StageRewardFailed(RewardFailed):
@@ -237,6 +264,9 @@ def run_stage(
         result.history, result.evaluations = list(resumed.history), list(resumed.evaluations)
         result.skipped, result.resumed_from = list(resumed.skipped), resumed.iteration
         consecutive_skips = resumed.consecutive_skips
+    hold = config.hold
+    holding = _Holding(config, work_dir, dict(resumed.hold) if resumed is not None else {})
+    hold_evaluator = _hold_evaluator(config, root, stage.shift, dist) if hold is not None else None
     dist.broadcast_parameters(trainable_parameters(stage.policy))  # as DDP: every rank starts from rank 0's
 
     def failed(exc: RewardFailed, iteration: int, evaluation: bool = False) -> StageRewardFailed:
@@ -257,9 +287,32 @@ def run_stage(
         if dist.is_main:  # sharded, every rank evaluates (vgrpo.evaluation.evaluator.build_evaluator)
             report.on_evaluate(table, images, iteration)
 
+    def run_hold_check(iteration: int) -> None:
+        assert hold is not None and hold_evaluator is not None
+        try:
+            if holding.reference is None and hold.reference == "base":
+                table, _ = phases("hold-base", iteration, _evaluate_base, stage, hold_evaluator)
+                holding.reference = held_values(flat_metrics(table), list(table["rewards"]), list(hold.rewards))
+            table, _ = phases("hold", iteration, evaluate, stage, hold_evaluator, iteration)
+        except RewardFailed as exc:
+            raise failed(exc, iteration, evaluation=True) from exc
+        except NonFiniteRewardError as exc:
+            raise failed(_nonfinite_failure(exc), iteration, evaluation=True) from exc
+        values = held_values(flat_metrics(table), list(table["rewards"]), list(hold.rewards))
+        if holding.reference is None:  # reference: stage_start, the check at iteration 0
+            holding.reference = values
+        check = check_holds(iteration, values, holding.reference, hold.rewards)
+        phases("hold-snapshot", iteration, export, stage, config, holding.snapshot(iteration))
+        holding.checks.append(check)
+        report.on_hold(check, dict(holding.reference))
+
     if result.resumed_from == 0 and config.eval_every and config.eval_at_start:
         run_evaluation(0)
+    if hold is not None and result.resumed_from == 0:
+        run_hold_check(0)
     for iteration in range(result.resumed_from, config.iterations):
+        if holding.stopped():  # a stage resumed after its hold stopped it trains no further
+            break
         started = time.perf_counter()
         try:
             rolled = phases("rollout", iteration, rollout, stage, config, prompts.train, iteration)
@@ -302,7 +355,10 @@ def run_stage(
         done = iteration + 1
         if config.eval_every and done % config.eval_every == 0 and done < config.iterations:
             run_evaluation(done)
-        if done % config.checkpoint_every == 0 or done == config.iterations:
+        if hold is not None and (done % hold.every == 0 or done == config.iterations):
+            run_hold_check(done)
+        stopping = holding.stopped()
+        if done % config.checkpoint_every == 0 or done == config.iterations or stopping:
             if dist.is_main or run.sharded:  # every rank writes its shards of a sharded checkpoint
                 state = TrainingState(
                     iteration=done,
@@ -312,17 +368,120 @@ def run_stage(
                     skipped=tuple(result.skipped),
                     consecutive_skips=consecutive_skips,
                     run=dict(run_state or {}),
+                    hold=holding.to_json(),
                 )
                 path = phases("checkpoint", done, _save, run, state, stage)
                 if dist.is_main:
                     report.on_checkpoint(path, done)
             dist.barrier()  # the checkpoint is whole before any rank goes on
-    phases("export", None, export, stage, config, out_dir)
+        if stopping:
+            break
+    if hold is None:
+        phases("export", None, export, stage, config, out_dir)
+    else:
+        result.hold = holding.summary()
+        phases("export", None, _export_kept, holding.snapshot(result.hold["kept_iteration"]), out_dir)
+        report.on_kept(result.hold)
     ended = result.evaluations and result.evaluations[-1].get("iteration") == config.iterations
-    if final_evaluation and not ended:
+    last_trained = holding.checks[-1]["iteration"] if holding.checks else config.iterations
+    kept_final = result.hold is None or (result.hold["kept_iteration"] == last_trained == config.iterations)
+    if final_evaluation and kept_final and not ended:
         run_evaluation(config.iterations)
+    elif final_evaluation and not kept_final:  # the export is an earlier checkpoint than the weights in memory
+        evaluated = evaluate_adapter(config, root / pipeline_dir, out_dir, root, config.iterations)
+        if evaluated is not None:
+            result.evaluations.append(evaluated[0])
+            report.on_evaluate(evaluated[0], evaluated[1], config.iterations)
     return result
 
 
 def _save(run: ResumableRun, state: TrainingState, stage: StagePolicy) -> Path:
     return run.save(state, stage.checkpointed(), stage.dist)
+
+
+# -- holding what earlier stages gained (vgrpo.training.hold) ----------------------------------------------------------
+
+
+class _Holding:
+    """A holding stage's checks so far, their reference and where each check's adapter is kept (empty and inert
+    for a stage without ``hold``)."""
+
+    def __init__(self, config: StageConfig, work_dir: Path, restored: Mapping[str, Any]) -> None:
+        self.config, self.dir = config, work_dir / HOLD_DIR
+        reference = restored.get("reference")
+        self.reference: dict[str, float] | None = dict(reference) if reference is not None else None
+        self.checks: list[dict[str, Any]] = [dict(c) for c in restored.get("checks", [])]
+
+    def snapshot(self, iteration: int) -> Path:
+        return self.dir / f"iter-{iteration:05d}"
+
+    def failing(self) -> int:
+        """Checks in a row, the newest last, that do not hold."""
+        count = 0
+        for check in reversed(self.checks):
+            if check["holds"]:
+                break
+            count += 1
+        return count
+
+    def stopped(self) -> bool:
+        hold = self.config.hold
+        return hold is not None and hold.stop_after is not None and self.failing() >= hold.stop_after
+
+    def to_json(self) -> dict[str, Any]:
+        return {} if self.config.hold is None else {"reference": self.reference, "checks": self.checks}
+
+    def summary(self) -> dict[str, Any]:
+        hold = self.config.hold
+        assert hold is not None and self.reference is not None
+        kept, reason = kept_check(self.checks)
+        last = int(self.checks[-1]["iteration"])
+        return {
+            "reference_kind": hold.reference,
+            "reference": dict(self.reference),
+            "tolerances": dict(hold.rewards),
+            "checks": list(self.checks),
+            "kept_iteration": kept,
+            "reason": reason,
+            "stopped_at": last if self.stopped() and last < self.config.iterations else None,
+        }
+
+
+def _hold_evaluator(config: StageConfig, root: Path, shift: float | None, dist: Distributed) -> Evaluator:
+    """The evaluator of the hold checks: the stage's evaluation rewards and sampling, on the first
+    ``hold.max_prompts`` rows of ``hold.prompts`` x ``hold.group_size`` with ``hold.seed``, no grid."""
+    hold = config.hold
+    assert hold is not None
+    evaluation = config.evaluation.model_copy(
+        update={
+            "max_prompts": hold.max_prompts,
+            "group_size": hold.group_size,
+            "seed": hold.seed,
+            "grid_prompts": 0,
+        }
+    )
+    rows = checked_rows(root / hold.prompts, evaluation.rewards)[: hold.max_prompts]
+    checking = config.model_copy(update={"evaluation": evaluation})
+    evaluator = build_evaluator(checking, rows, root, shift, dist)
+    if evaluator is None:
+        raise ValueError(f"hold.prompts: {hold.prompts} holds no prompt")
+    return evaluator
+
+
+def _evaluate_base(stage: StagePolicy, evaluator: Evaluator) -> tuple[dict[str, Any], np.ndarray]:
+    """The hold evaluation of the base model: the policy with its LoRA's deltas zeroed."""
+    base = ParameterSnapshot(trainable_parameters(stage.policy))
+    zero_lora_deltas(base, stage.policy)
+    with base.swapped_in():
+        return evaluator(stage.adapter, stage.policy, 0)
+
+
+def _export_kept(snapshot: Path, out_dir: Path) -> Path:
+    """The kept check's adapter (written by the export phase when it was checked) copied to ``out_dir``
+    atomically."""
+
+    def copy(tmp: Path) -> None:
+        shutil.copytree(snapshot, tmp, dirs_exist_ok=True)
+
+    atomic_dir(out_dir, copy)
+    return out_dir

@@ -41,7 +41,7 @@ def _pretrain_config(args: argparse.Namespace) -> PretrainConfig:
 def cmd_world_splits(args: argparse.Namespace) -> None:
     cfg = _pretrain_config(args)
     out = Path(args.out)
-    n_train, n_test, n_probe = write_splits(
+    n_train, n_test, n_probe, n_validation = write_splits(
         out,
         cfg.seed,
         cfg.train_prompts,
@@ -49,8 +49,9 @@ def cmd_world_splits(args: argparse.Namespace) -> None:
         held_out_pairs=cfg.held_out_pairs,
         tags=cfg.split_tags,
         n_probe=cfg.probe_prompts,
+        n_validation=args.validation,
     )
-    print(f"wrote {n_train} train, {n_test} test and {n_probe} probe prompts to {out}")
+    print(f"wrote {n_train} train, {n_test} test, {n_probe} probe and {n_validation} validation prompts to {out}")
 
 
 def _report(args: argparse.Namespace, metrics: dict[str, Any], line: str) -> None:
@@ -131,6 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("world-splits", help="write the seeded train/test prompt files")
     add_params_arguments(p, "params/embedded/pretrain.yaml")
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--validation",
+        type=int,
+        default=0,
+        help="rows of validation.jsonl, the split recipe selection reads (0: none); texts outside the test split",
+    )
     p.set_defaults(func=cmd_world_splits)
 
     p = _training_command(

@@ -240,6 +240,53 @@ def make_probe(
     return probe
 
 
+VALIDATION_DRAWS = 1000
+"""Draws per validation row to find a prompt text outside the test split before a tag counts as closed."""
+
+
+def make_validation(
+    seed: int,
+    n: int,
+    test_prompts: Iterable[str],
+    held_out_pairs: Iterable[Pair] = (("red", "triangle"), ("blue", "circle")),
+    tags: tuple[str, ...] = GENEVAL_TAGS,
+) -> list[Record]:
+    """The validation split: ``n`` seeded rows drawn as :func:`make_splits` draws the test split (tags cycled in
+    the same order, colour prompts naming seen pairs, ground-truth scenes from every pair), from its own stream of
+    ``seed`` (so the train and test splits do not depend on ``n``), each prompt text outside ``test_prompts``.
+
+    The world's vocabulary is small: a tag whose every prompt text is in the test split (``single_object`` has 3,
+    ``two_object`` 6, ``counting`` 9, ``colors`` 10 seen pairs, ``position`` 24; the 560-prompt test split holds
+    them all) has no text left to draw, so after :data:`VALIDATION_DRAWS` draws a row of such a *closed* tag keeps
+    its first draw. Those rows differ from the test split's by their images only: recipe selection evaluates
+    validation with another noise seed (``params/embedded/validation.yaml``). Tags with texts to spare
+    (``color_attr``, ``ocr``) get texts the test split never shows (:func:`closed_tags` names the others)."""
+    test = set(test_prompts)
+    held = [(str(c), str(s)) for c, s in held_out_pairs]
+    every = [(c, s) for c in COLORS for s in SHAPES]
+    seen = allowed_pairs(held)
+    rng = np.random.default_rng([seed, 2])
+    rows: list[Record] = []
+    for i in range(n):
+        tag = tags[i % len(tags)]
+        pairs = seen if tag in COLOR_TAGS else every
+        md = first = sample_metadata(rng, tag, pairs)
+        draws = 1
+        while md["prompt"] in test and draws < VALIDATION_DRAWS:
+            md, draws = sample_metadata(rng, tag, pairs), draws + 1
+        if md["prompt"] in test:  # a closed tag
+            md = first
+        rows.append((md, scene_for(md, rng, every)))
+    return rows
+
+
+def closed_tags(validation: Iterable[Record], test_prompts: Iterable[str]) -> list[str]:
+    """The tags of ``validation`` rows whose prompt text is also a test prompt: tags whose texts the test split
+    exhausts (:func:`make_validation`)."""
+    test = set(test_prompts)
+    return sorted({str(md["tag"]) for md, _ in validation if md["prompt"] in test})
+
+
 def scene_to_dict(scene: Scene) -> dict[str, Any]:
     """JSON-ready form of a scene."""
     return {"objects": [vars(o) for o in scene.objects], "text": scene.text}
@@ -270,17 +317,23 @@ def write_splits(
     held_out_pairs: Iterable[Pair],
     tags: tuple[str, ...],
     n_probe: int = 0,
-) -> tuple[int, int, int]:
-    """:func:`make_splits` written to ``train.jsonl`` and ``test.jsonl`` in ``out_dir``, and :func:`make_probe`
-    to ``probe.jsonl`` (with ``n_probe``), each row with its ground-truth ``scene``; returns the three sizes."""
+    n_validation: int = 0,
+) -> tuple[int, int, int, int]:
+    """:func:`make_splits` written to ``train.jsonl`` and ``test.jsonl`` in ``out_dir``, :func:`make_probe`
+    to ``probe.jsonl`` (with ``n_probe``) and :func:`make_validation` to ``validation.jsonl`` (with
+    ``n_validation``), each row with its ground-truth ``scene``; returns the four sizes. The train, test and probe
+    files do not depend on ``n_validation``."""
     held = [(str(c), str(s)) for c, s in held_out_pairs]
     train, test = make_splits(seed, n_train, n_test, held_out_pairs=held, tags=tags)
     probe = make_probe(seed, n_probe, held) if n_probe else []
-    for name, records in (("train", train), ("test", test), ("probe", probe)):
-        if name == "probe" and not n_probe:
+    test_texts = [str(md["prompt"]) for md, _ in test]
+    validation = make_validation(seed, n_validation, test_texts, held, tags) if n_validation else []
+    files = (("train", train), ("test", test), ("probe", probe), ("validation", validation))
+    for name, records in files:
+        if (name == "probe" and not n_probe) or (name == "validation" and not n_validation):
             continue
         write_jsonl(Path(out_dir) / f"{name}.jsonl", ({**md, "scene": scene_to_dict(sc)} for md, sc in records))
-    return len(train), len(test), len(probe)
+    return len(train), len(test), len(probe), len(validation)
 
 
 def read_split(path: str | Path) -> list[Record]:

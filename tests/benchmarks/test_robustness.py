@@ -1,0 +1,175 @@
+"""benchmarks.robustness: the gains table over runs from a records file, the records' gains from paired evaluations,
+and the grid on a tiny two-stage curriculum: one record per run, a recorded run kept, a killed run resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.robustness import gains_table, headline_gains, merge_record, read_records
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _record(seed: int, threads: int, strict: tuple[float, float, float], pick: tuple[float, float, float]) -> dict:
+    rows = {"geneval_strict": strict, "world_pickscore": pick}
+    rewards = {k: {"base": 0.5, "final": 0.5 + g, "gain": g, "lo": lo, "hi": hi} for k, (g, lo, hi) in rows.items()}
+    return {"seed": seed, "threads": threads, "cpu": "x", "commit": "c", "rewards": rewards}
+
+
+def test_the_table_is_rebuilt_from_the_records_file(tmp_path: Path) -> None:
+    path = tmp_path / "runs.json"
+    merge_record(path, _record(1, 1, (0.10, 0.07, 0.13), (-6.88, -7.49, -6.29)))
+    merge_record(path, _record(0, 2, (0.08, 0.05, 0.11), (1.93, 1.52, 2.30)))
+    merge_record(path, _record(0, 1, (0.05, -0.01, 0.09), (2.32, 1.98, 2.66)))
+    merge_record(path, _record(0, 1, (0.106, 0.081, 0.130), (2.32, 1.98, 2.66)))  # replaces seed 0 x 1 thread
+    records = read_records(path)
+    assert [(r["seed"], r["threads"]) for r in records] == [(0, 1), (0, 2), (1, 1)]
+    assert gains_table(records).splitlines() == [
+        "Over 3 runs (seed 0 x 1 threads, seed 0 x 2 threads, seed 1 x 1 threads):",
+        "",
+        "| | runs | median gain | min | max | CI above 0 | worst run [95% CI] |",
+        "|---|---|---|---|---|---|---|",
+        "| geneval_strict | 3 | +0.100 | +0.080 | +0.106 | 3 of 3 | +0.080 [+0.050, +0.110] |",
+        "| world_pickscore | 3 | +1.93 | -6.88 | +2.32 | 2 of 3 | -6.88 [-7.49, -6.29] |",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.robustness", "table", str(path)], cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.strip() == gains_table(records)
+
+
+def test_headline_gains_read_the_paired_evaluation() -> None:
+    """The committed headline evaluation (paired with metrics/base_eval.json): the README's numbers."""
+    final = json.loads((REPO / "metrics/curriculum_eval.json").read_text())
+    base = json.loads((REPO / "metrics/base_eval.json").read_text())
+    gains = headline_gains(final, base)
+    assert list(gains) == ["geneval_strict", "geneval_partial", "ocr", "world_clipscore", "world_pickscore"]
+    rounded = {k: {f: round(v, 3) for f, v in row.items()} for k, row in gains.items()}
+    assert rounded["geneval_strict"] == {"base": 0.479, "final": 0.585, "gain": 0.106, "lo": 0.081, "hi": 0.13}
+    assert rounded["geneval_partial"] == {"base": 0.612, "final": 0.671, "gain": 0.059, "lo": 0.037, "hi": 0.082}
+    assert rounded["ocr"] == {"base": 0.639, "final": 0.687, "gain": 0.047, "lo": 0.024, "hi": 0.074}
+    assert rounded["world_pickscore"]["gain"] == 1.93 and rounded["world_pickscore"]["lo"] == 1.52
+
+
+def test_the_grid_on_a_tiny_curriculum_records_each_run_and_resumes(tmp_path: Path) -> None:
+    from tests.tiny_world import WORLD_PICK, tiny_stage_config, write_tiny_world
+    from vgrpo.world.prompts import make_splits, make_validation, write_jsonl
+
+    root = write_tiny_world(tmp_path / "world")
+    _, test = make_splits(0, 40, 8)
+    write_jsonl(root / "validation.jsonl", [md for md, _ in make_validation(0, 8, [md["prompt"] for md, _ in test])])
+    pick = {"name": "pickscore", "key": "world_pickscore", "options": {"path": str(WORLD_PICK)}}
+    evaluation = {"group_size": 1, "num_steps": 2, "seed": 1, "rewards": [{"name": "geneval"}, pick]}
+    for i in (1, 2):
+        stage = tiny_stage_config(name=f"s{i}", iterations=2, eval_every=2, eval_prompts="validation.jsonl")
+        data = {**stage.model_dump(mode="json"), "pipeline": "base", "evaluation": evaluation}
+        (root / f"s{i}.yaml").write_text(yaml.safe_dump(data))
+    (root / "empty.yaml").write_text("{}\n")
+    spec = {"name": "tiny", "base": [], "model": "empty.yaml", "stages": ["s1.yaml", "s2.yaml"]}
+    (root / "curriculum.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
+    (root / "evaluate.yaml").write_text(yaml.safe_dump({"evaluation": {**evaluation, "seed": 0}}))
+    out, runs = tmp_path / "runs.json", tmp_path / "runs"
+    args = ["--root", str(root), "--curriculum", "curriculum.yaml", "--evaluate-params", "evaluate.yaml"]
+    args += ["--test-prompts", "test.jsonl", "--validation-prompts", "validation.jsonl"]
+    args += ["--run-root", str(runs), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def grid(*extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "benchmarks.robustness", "grid", "--seeds", "0", "--threads", "1", *extra, *args]
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+    first = grid()
+    assert first.returncode == 0, first.stderr[-3000:]
+    (record,) = read_records(out)
+    assert (record["seed"], record["threads"], record["overrides"]) == (0, 1, {})
+    assert record["cpu"] and record["commit"]
+    assert set(record["rewards"]) == {"geneval_strict", "geneval_partial", "world_pickscore"}
+    pick_row = record["rewards"]["world_pickscore"]
+    assert pick_row["lo"] <= pick_row["gain"] <= pick_row["hi"]
+    assert pick_row["gain"] == pytest.approx(pick_row["final"] - pick_row["base"])
+    assert [s["stage"] for s in record["stages"]] == ["base", "s1", "s2"]
+    assert [s["stage"] for s in record["clutter"]["stages"]] == ["base", "s1", "s2"]
+    assert "| world_pickscore | 1 |" in first.stdout
+
+    again = grid()  # recorded: kept, nothing runs
+    assert again.returncode == 0 and "seed 0, 1 threads: recorded" in again.stdout and read_records(out) == [record]
+
+    # A run killed after its stages, before its record: it restarts with its stages kept (not retrained).
+    out.unlink()
+    adapter = runs / "seed0-threads1" / "stages" / "s2" / "pytorch_lora_weights.safetensors"
+    trained_at = adapter.stat().st_mtime_ns
+    resumed = grid()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (again_record,) = read_records(out)
+    assert adapter.stat().st_mtime_ns == trained_at
+    assert {k: v for k, v in again_record.items() if k != "wall_s"} == {
+        k: v for k, v in record.items() if k != "wall_s"
+    }
+
+
+def test_give_backs_are_drops_below_an_earlier_stages_best_beyond_the_tolerance() -> None:
+    from benchmarks.robustness import give_backs
+
+    # The EPYC run of issue 42 (world PickScore on the 120 test prompts): stage 2 and stage 5 gave back.
+    pick = [10.15, 10.70, 3.42, 12.91, 12.99, 2.27]
+    stages = [
+        {"stage": s, "world_pickscore": p} for s, p in zip(["base", "s1", "s2", "s3", "s4", "s5"], pick, strict=True)
+    ]
+    found = give_backs(stages)
+    assert [(g["stage"], g["best_stage"], g["best"]) for g in found] == [("s2", "s1", 10.70), ("s5", "s4", 12.99)]
+    # Within the tolerance (0.5), or under a best that never rose above the base: no give-back.
+    assert (
+        give_backs(
+            [
+                {"stage": "base", "world_pickscore": 10.0},
+                {"stage": "a", "world_pickscore": 10.4},
+                {"stage": "b", "world_pickscore": 9.95},
+            ]
+        )
+        == []
+    )
+    assert give_backs([{"stage": "base", "ocr": 0.6}, {"stage": "a", "ocr": 0.5}, {"stage": "b", "ocr": 0.3}]) == []
+
+
+def test_the_table_counts_runs_that_held_and_did_not_clutter() -> None:
+    held = {
+        **_record(0, 1, (0.1, 0.05, 0.15), (1.0, 0.5, 1.5)),
+        "give_backs": [],
+        "clutter": {"base": 0.2, "final": 0.1},
+    }
+    broke = {**_record(0, 2, (0.1, 0.05, 0.15), (1.0, 0.5, 1.5)), "give_backs": [{"stage": "s2"}]}
+    broke["clutter"] = {"base": 0.2, "final": 0.35}
+    assert gains_table([held, broke]).splitlines()[-2:] == [
+        "Runs in which no stage gave back more than its tolerance on validation: 1 of 2",
+        "Runs whose final clutter is at most the base's: 1 of 2",
+    ]
+
+
+def test_the_tuning_table_refuses_the_test_split_and_records_commit_and_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import paired_gain
+
+    scores = json.loads((REPO / "metrics/base_eval.scores.json").read_text())
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"per_prompt": scores}))
+    with pytest.raises(SystemExit, match="the test split; recipe selection reads validation"):
+        paired_gain.main([str(run), "--base", str(REPO / "metrics/base_eval.scores.json")])
+    # The same scores as a validation evaluation: accepted, and recorded with the split's file and hash.
+    split = tmp_path / "validation.jsonl"
+    split.write_text('{"prompt": "a photo of a square"}\n')
+    (tmp_path / "base_validation.scores.json").write_text(json.dumps(scores))
+    (tmp_path / "base_validation.json").write_text(json.dumps({"prompt_file": str(split)}))
+    out = tmp_path / "record.json"
+    paired_gain.main([str(run), "--base", str(tmp_path / "base_validation.scores.json"), "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["split"]["prompt_file"] == str(split) and len(record["split"]["sha256"]) == 64
+    assert len(record["commit"]) == 40 and record["runs"][str(run)]["gain"] == 0.0
+    assert "| run | iteration |" in capsys.readouterr().out
