@@ -2,7 +2,7 @@
 
 The flow writes where it stands (stage k of n, and whether it prepares prompts, trains, evaluates or found the stage
 cached) to ``<run dir>/progress.json`` (:func:`write_stage_state`); the training stage writes its iterations
-(:class:`vgrpo.progress.Progress`) to ``<run dir>/work/<stage>/progress.json``. This watcher, a separate process
+(:class:`vgrpo.progress_line.Progress`) to ``<run dir>/work/<stage>/progress.json``. This watcher, a separate process
 beside ``prefect deployment run --watch``, reads both and draws one line (:func:`current_line`):
 
     stage 2/5 s2-geneval | iteration 12/40 | 4.1 s/it | ETA 1m55s | reward 0.532 0.541 0.538
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vgrpo.atomic import write_json_atomic
-from vgrpo.progress import Progress
+from vgrpo.progress_line import Progress
 
 __all__ = ["STATE_FILE", "current_line", "newest_state", "watch", "write_stage_state"]
 

@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 PROGRESS_FILE = "progress.json"
-"""In a stage's work folder: its live progress (:class:`vgrpo.progress.Progress` as JSON), read by
+"""In a stage's work folder: its live progress (:class:`vgrpo.progress_line.Progress` as JSON), read by
 :mod:`flows.watch`."""
 
 CODE = tuple(Path(__file__).resolve().parents[1] / name for name in ("vgrpo", "tasks"))

@@ -7,7 +7,7 @@ import io
 import json
 from pathlib import Path
 
-from vgrpo.progress import Progress, format_duration, seconds_per_iteration
+from vgrpo.progress_line import Progress, format_duration, seconds_per_iteration
 from vgrpo.training.stage import ProgressView
 
 

@@ -21,7 +21,6 @@ from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every no
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import time
@@ -37,9 +36,10 @@ from vgrpo.checkpoints.resume import ResumableRun, TrainingState
 from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
 from vgrpo.evaluation.evaluator import build_evaluator
+from vgrpo.logs import get_logger
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import trainable_parameters
-from vgrpo.progress import Progress
+from vgrpo.progress_line import Progress
 from vgrpo.rewards.base import NonFiniteRewardError, RewardFailed
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged
@@ -67,7 +67,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class PhaseRunner(Protocol):
@@ -123,7 +123,7 @@ class FanOut(StageCallbacks):
 
 
 class ProgressView(StageCallbacks):
-    """The stage's live progress as one line (:class:`vgrpo.progress.Progress`: stage k of n, iteration i of m,
+    """The stage's live progress as one line (:class:`vgrpo.progress_line.Progress`: stage k of n, iteration i of m,
     seconds per iteration, ETA, the last rewards), and why an iteration was skipped.
 
     On a terminal the line is redrawn in place; elsewhere (a log file) a new line is written at most every
