@@ -19,6 +19,7 @@ files. MLflow logging is on when ``MLFLOW_TRACKING_URI`` is set.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -32,6 +33,8 @@ from prefect.utilities.annotations import quote
 from flows.artifacts import publish_stage, publish_summary, summary_table
 from flows.devices import device_slot, local_devices
 from flows.recovery import check_attempts
+from flows.time_split import flow_split, format_split, stage_times
+from flows.watch import write_stage_state
 from tasks.callbacks import log_evaluation
 from tasks.outcome import StageOutcome
 from tasks.stage import code_version, output_is_intact
@@ -40,6 +43,7 @@ from tasks.stage_store import restore_stage, run_key
 from tasks.stage_tasks import evaluate_task, prepare_prompts_task, train_task
 from tasks.store import Store, check_results_stay_local
 from tasks.tracking import Tracking, end_run, log_json, log_metrics, log_params, start_run
+from vgrpo.atomic import write_json_atomic
 from vgrpo.config import CurriculumConfig, StageConfig, load_curriculum, read_params
 from vgrpo.errors import ConfigError
 from vgrpo.outputs import Output
@@ -120,19 +124,26 @@ def run_curriculum(
     experiment: str,
     parent: str | None,
     variant: str = "",
+    times: list[dict[str, float]] | None = None,
 ) -> list[StageOutcome]:
-    """Every stage in order through the cached tasks; returns each stage's outcome with its final evaluation."""
+    """Every stage in order through the cached tasks; returns each stage's outcome with its final evaluation.
+    Where the run stands goes to ``run_dir/progress.json`` (:func:`flows.watch.write_stage_state`), and each
+    stage's seconds by part (:func:`flows.time_split.stage_times`) to ``times`` when given."""
     logger = get_run_logger()
     store = Store.from_env()
     results: list[StageOutcome] = []
     previous: StageOutcome | None = None
-    for cfg in stages:
+    names = [cfg.name for cfg in stages]
+    for index, cfg in enumerate(stages):
+        write_stage_state(run_dir, names, index, "preparing prompts")
+        clock = time.perf_counter()
         init_lora, init_hash = (previous.out_dir, previous.hash) if previous else (None, None)
         tracking = None
         if tracking_uri:
             run_name = f"{variant}/{cfg.name}" if variant else cfg.name
             tracking = Tracking(tracking_uri, experiment, run_name, parent, run_tags(variant))
         prompts = prepare_prompts_task(cfg, root)
+        prompts_s, clock = time.perf_counter() - clock, time.perf_counter()
         intact = output_is_intact(cfg, str(run_dir), init_hash)
         # Another machine may have finished this stage: its manifest, and the adapter it names by content hash.
         if not intact and store is not None and restore_stage(store, run_dir, cfg.name, root):
@@ -141,10 +152,18 @@ def run_curriculum(
         if not intact:
             logger.info("stage %s: no intact output under %s; training (or resuming) it", cfg.name, run_dir)
         quoted = cast(StagePrompts, quote(prompts))  # Prefect would otherwise walk every row of it
+        write_stage_state(run_dir, names, index, "training" if not intact else "cached")
+        clock = time.perf_counter()
         trained = train_task.with_options(refresh_cache=not intact)(
             cfg, init_lora, init_hash, str(run_dir), root, tracking, quoted
         )
+        train_s, clock = time.perf_counter() - clock, time.perf_counter()
+        write_stage_state(run_dir, names, index, "evaluating")
         evaluation = evaluate_task(cfg, trained.out_dir, trained.hash, root)
+        evaluate_s = time.perf_counter() - clock
+        timings = trained.timings if trained.flow_run_id == str(flow_run.get_id()) else {}  # not a cache hit
+        if times is not None:
+            times.append(stage_times(timings, prompts_s, train_s, evaluate_s))
         record = _stage_record(tracking, trained, cfg)
         if tracking is not None and record is not None:
             log_evaluation(tracking.uri, record, evaluation, cfg.iterations)
@@ -154,6 +173,7 @@ def run_curriculum(
         logger.info("stage %s: %s", cfg.name, headline)
         results.append(outcome)
         previous = trained
+    write_stage_state(run_dir, names, len(names) - 1, "done")
     return results
 
 
@@ -201,6 +221,7 @@ def run_cell(
     """One validated curriculum (``variant`` a sweep's cell, ``""`` the curriculum alone) under its MLflow run;
     returns what the flow returns."""
     spec, stages = cell
+    started = time.perf_counter()
     run_dir = Path(root) / run_root / spec.name
     if variant:
         run_dir = run_dir / "ablations" / variant
@@ -212,7 +233,8 @@ def run_cell(
         # A sweep's cell holds a slot of the sweep's devices; every run holds this machine's devices it trains on.
         per_machine = max(cfg.launch.processes // cfg.launch.machines for cfg in stages)
         with device_slot() if variant else nullcontext(), local_devices(per_machine):
-            results = run_curriculum(stages, run_dir, root, tracking_uri, spec.name, parent, variant)
+            times: list[dict[str, float]] = []
+            results = run_curriculum(stages, run_dir, root, tracking_uri, spec.name, parent, variant, times)
     except BaseException:
         if tracking_uri and parent:
             end_run(MlflowClient(tracking_uri), parent, "FAILED")
@@ -226,6 +248,10 @@ def run_cell(
     get_run_logger().info("%s, final evaluation of each stage:\n%s", named, table)
     if tracking_uri and parent:
         _roll_up(tracking_uri, parent, results)
+    split = flow_split(times, time.perf_counter() - started)
+    by_stage = dict(zip([cfg.name for cfg in stages], times, strict=True))
+    write_json_atomic(run_dir / "time_split.json", {"split": split, "stages": by_stage})
+    get_run_logger().info("%s, wall time by part:\n%s", named, format_split(split))
     return {"curriculum": spec.name, "variant": variant, "stages": [r.to_json() for r in results], "run_id": parent}
 
 

@@ -24,10 +24,9 @@ from vgrpo.checkpoints.state import LORA_FILE
 from vgrpo.config import StageConfig
 from vgrpo.evaluation.grids import grid_image, grid_of
 from vgrpo.evaluation.tables import flat_metrics
-from vgrpo.progress import progress_bar
-from vgrpo.training.stage import StageCallbacks
+from vgrpo.training.stage import FanOut, ProgressView, StageCallbacks
 
-__all__ = ["SYSTEM_METRICS_INTERVAL_S", "StageTracker", "log_adapter_model", "log_evaluation"]
+__all__ = ["SYSTEM_METRICS_INTERVAL_S", "FanOut", "StageTracker", "log_adapter_model", "log_evaluation"]
 
 SYSTEM_METRICS_INTERVAL_S = 10.0
 """Seconds between system-metric samples (CPU, memory, disk, GPU) logged to a stage's run, unless
@@ -40,40 +39,10 @@ def system_metrics_interval() -> float:
     return float(os.environ.get("VGRPO_SYSTEM_METRICS_INTERVAL_S", SYSTEM_METRICS_INTERVAL_S))
 
 
-class FanOut(StageCallbacks):
-    """Every report to each of ``callbacks`` in turn (a tracker and the store's checkpoint upload)."""
-
-    def __init__(self, *callbacks: StageCallbacks) -> None:
-        self.callbacks = callbacks
-
-    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
-        for c in self.callbacks:
-            c.on_log(metrics, iteration)
-
-    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
-        for c in self.callbacks:
-            c.on_evaluate(table, images, iteration)
-
-    def on_skip(self, event: dict[str, Any]) -> None:
-        for c in self.callbacks:
-            c.on_skip(event)
-
-    def on_checkpoint(self, path: Path, iteration: int) -> None:
-        for c in self.callbacks:
-            c.on_checkpoint(path, iteration)
-
-    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
-        for c in self.callbacks:
-            c.on_hold(check, reference)
-
-    def on_kept(self, hold: dict[str, Any]) -> None:
-        for c in self.callbacks:
-            c.on_kept(hold)
-
-
 class StageTracker(StageCallbacks):
-    """Progress bar and, with a run, MLflow logging of one stage (rank 0); each evaluation's grid shows its first
-    ``grid_prompts`` prompts (``evaluation.grid_prompts``; none with 0)."""
+    """The progress line (:class:`vgrpo.training.stage.ProgressView`, on stderr and, with ``state_file``, as JSON
+    for :mod:`flows.watch`) and, with a run, MLflow logging of one stage (rank 0); each evaluation's grid shows its
+    first ``grid_prompts`` prompts (``evaluation.grid_prompts``; none with 0)."""
 
     def __init__(
         self,
@@ -83,19 +52,27 @@ class StageTracker(StageCallbacks):
         run_id: str | None = None,
         registered_name: str | None = None,
         grid_prompts: int = 8,
+        state_file: Path | None = None,
     ) -> None:
         self.name, self.iterations, self.grid_prompts = name, iterations, grid_prompts
         self.client, self.run_id, self.registered_name = client, run_id, registered_name
         self.model_uri: str | None = None
-        self._bar: Any = None
+        self.view = ProgressView(name, iterations, state_file=state_file)
         self._monitor: Any = None
 
     @classmethod
-    def open(cls, cfg: StageConfig, tracking: Tracking | None, previous_run_id: str | None) -> StageTracker:
+    def open(
+        cls,
+        cfg: StageConfig,
+        tracking: Tracking | None,
+        previous_run_id: str | None,
+        state_file: Path | None = None,
+    ) -> StageTracker:
         """A tracker for ``cfg``: no run without ``tracking``; the run ``previous_run_id`` when it still exists
-        (a resumed stage), moved under this flow's parent; else a new run with the stage's params."""
+        (a resumed stage), moved under this flow's parent; else a new run with the stage's params. The progress
+        goes to ``state_file`` too when given."""
         if tracking is None:
-            return cls(cfg.name, cfg.iterations, grid_prompts=cfg.evaluation.grid_prompts)
+            return cls(cfg.name, cfg.iterations, grid_prompts=cfg.evaluation.grid_prompts, state_file=state_file)
         client = MlflowClient(tracking.uri)
         run_id = None
         if previous_run_id is not None:
@@ -121,6 +98,7 @@ class StageTracker(StageCallbacks):
             run_id,
             registered_name=tracking.experiment,
             grid_prompts=cfg.evaluation.grid_prompts,
+            state_file=state_file,
         )
         tracker._start_system_metrics(tracking.uri, resumed=previous_run_id == run_id)
         return tracker
@@ -132,10 +110,7 @@ class StageTracker(StageCallbacks):
         self._monitor.start()
 
     def on_log(self, metrics: dict[str, float], iteration: int) -> None:
-        if self._bar is None:  # created at the first iteration run, so a resumed stage starts where it resumed
-            self._bar = progress_bar(self.iterations, self.name, initial=iteration)
-        self._bar.update(1)
-        self._bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}", refresh=False)
+        self.view.on_log(metrics, iteration)
         if self.client is not None and self.run_id is not None:
             log_metrics(self.client, self.run_id, metrics, step=iteration)
 
@@ -152,6 +127,7 @@ class StageTracker(StageCallbacks):
             )
 
     def on_skip(self, event: dict[str, Any]) -> None:
+        self.view.on_skip(event)
         if self.client is not None and self.run_id is not None:
             log_json(self.client, self.run_id, event, f"guard/iter-{event['iteration']:05d}.json")
             self.client.set_tag(
@@ -204,9 +180,6 @@ class StageTracker(StageCallbacks):
         self.close("FINISHED")
 
     def close(self, status: str) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
         if self._monitor is not None:
             self._monitor.finish()
             self._monitor = None

@@ -32,6 +32,8 @@ class StageOutcome:
             one once the stage has been evaluated.
         final_eval: The final evaluation's flat ``eval/...`` metrics (empty until evaluated, or without
             evaluation prompts).
+        timings: Seconds the last start spent on each part of training
+            (:attr:`vgrpo.training.stage.StageResult.timings`; empty when not recorded).
         flow_run_id: The Prefect flow run that trained it (``None`` outside Prefect).
         record_run_id: The MLflow run that holds its final evaluation in the current flow run: the training run,
             or a run marking a cache hit.
@@ -50,6 +52,7 @@ class StageOutcome:
     skipped: int = 0
     evaluations: tuple[dict[str, Any], ...] = ()
     final_eval: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
     flow_run_id: str | None = None
     record_run_id: str | None = None
     hold: dict[str, Any] | None = None

@@ -39,6 +39,7 @@ from vgrpo.training.stage import PhaseRunner, StageCallbacks, call_directly
 
 __all__ = [
     "MANIFEST",
+    "PROGRESS_FILE",
     "code_version",
     "dir_hash",
     "evaluate",
@@ -49,6 +50,10 @@ __all__ = [
     "train",
     "train_and_track",
 ]
+
+PROGRESS_FILE = "progress.json"
+"""In a stage's work folder: its live progress (:class:`vgrpo.progress_line.Progress` as JSON), read by
+:mod:`flows.watch`."""
 
 CODE = tuple(Path(__file__).resolve().parents[1] / name for name in ("vgrpo", "tasks"))
 """The code that decides a stage's result and its shape: the library and these task bodies."""
@@ -120,7 +125,8 @@ def train_and_track(
     tracker = None
     if dist is None or dist.is_main:
         previous = ResumableRun.for_stage(cfg, work_dir, init).peek()
-        tracker = StageTracker.open(cfg, tracking, previous.run.get("mlflow_run_id") if previous else None)
+        run_id = previous.run.get("mlflow_run_id") if previous else None
+        tracker = StageTracker.open(cfg, tracking, run_id, state_file=work_dir / PROGRESS_FILE)
     store = Store.from_env()
     callbacks: StageCallbacks | None = tracker
     if store is not None and tracker is not None:
@@ -166,6 +172,7 @@ def train_and_track(
         skipped=len(result.skipped),
         evaluations=tuple({"iteration": e.get("iteration"), **flat_metrics(e)} for e in result.evaluations),
         hold=result.hold,
+        timings=dict(result.timings),
     )
 
 

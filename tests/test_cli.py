@@ -221,3 +221,38 @@ def test_detector_check_needs_a_split_with_scenes(tmp_path: Path, capsys: pytest
     )
     quality = json.loads((tmp_path / "q.json").read_text())
     assert quality["ground_truth"] == 1.0 and quality["pipeline"] is None and quality["images"] > 0
+
+
+def test_help_shows_each_commands_defaults_and_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert exit_.value.code == 0 and top.startswith("usage: vgrpo [-h] [-v | -q] {train,evaluate,export}")
+    assert "examples:\n  vgrpo train --params params/base.yaml" in top and "-v, --verbose" in top
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    train = " ".join(capsys.readouterr().out.split())  # argparse wraps at the terminal's width
+    assert "CPU threads per process (default: 2)" in train
+    assert "(default: runs/work)" in train and "(default: .)" in train
+    assert "--out OUT the stage's adapter (or full pipeline) directory --work-dir" in train  # required: no default
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    assert "(default: ['params/embedded/evaluate.yaml'])" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_command_line_imports_no_torch_until_a_command_runs() -> None:
+    """``vgrpo --help`` answers in well under a second: neither torch, diffusers nor transformers is imported
+    for it (each is seconds), and it prints no warning."""
+    import subprocess
+    import sys
+
+    check = (
+        "import sys, vgrpo.cli\n"
+        "heavy = sorted(m for m in ('torch', 'diffusers', 'transformers', 'mlflow', 'prefect') if m in sys.modules)\n"
+        "print(heavy)\n"
+        "vgrpo.cli.main(['--help'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "[]" and "examples:" in done.stdout
+    assert done.stderr == ""

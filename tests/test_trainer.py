@@ -4,6 +4,7 @@ params."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,22 @@ def test_bad_rewards_and_stages_are_config_errors_naming_them(world: Path, param
     )
     with pytest.raises(ConfigError, match="no stage 'nope'"):
         Trainer.from_curriculum(curriculum, "nope", work_dir=world / "c", root=root)
+
+
+def test_progress_true_shows_the_live_line_on_stderr(world: Path, params: Path, capsys: pytest.CaptureFixture) -> None:
+    trainer = Trainer.from_params(
+        params,
+        overrides={"eval_prompts": None},
+        pipeline="base",
+        work_dir=world / "progress",
+        root=world,
+        progress=True,
+    )
+    result = trainer.train()
+    lines = [line for line in capsys.readouterr().err.splitlines() if " | iteration " in line]  # not diffusers' bars
+    assert len(lines) == 2  # off a terminal: the first iteration, then the last (no 30 s passed between)
+    rewards = [f"{h['reward/total_mean']:.3f}" for h in result.history]
+    assert re.fullmatch(
+        rf"{trainer.config.name} \| iteration 1/2 \| \d+\.\d s/it \| ETA \d+s \| reward {rewards[0]}", lines[0]
+    )
+    assert re.fullmatch(rf".* \| iteration 2/2 \| .* \| ETA 0s \| reward {rewards[0]} {rewards[1]}", lines[1])

@@ -17,35 +17,45 @@ the file and the key, a diverged stage with 3.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-from diffusers.utils import logging as diffusers_logging
-from transformers.utils import logging as transformers_logging
-
-from vgrpo.atomic import dir_size_mb, write_json_atomic
-from vgrpo.checkpoints.weight_files import adapter_problems, pipeline_problems
-from vgrpo.config import load_config, load_stage, overrides_from_pairs
 from vgrpo.errors import UserError
-from vgrpo.evaluation.config import EvaluationConfig
-from vgrpo.evaluation.report import evaluate_to_files, format_table
-from vgrpo.outputs import Output, check_outputs
-from vgrpo.parallel.distributed import Distributed
-from vgrpo.rewards.config import reward_classes
-from vgrpo.trainer import Trainer, export_lora_merged
-from vgrpo.training.guards import TrainingDiverged
-from vgrpo.training.preflight import PreflightError, Problem, preflight_evaluation
-from vgrpo.training.stage import PrintProgress
 
-__all__ = ["add_params_arguments", "main", "run_command", "use_threads"]
+# torch, diffusers and transformers are imported inside the commands, so `vgrpo --help` answers at once.
+
+__all__ = ["add_params_arguments", "configure_logging", "main", "run_command", "use_threads"]
+
+EXAMPLES = """examples:
+  vgrpo train --params params/base.yaml params/models/embedded.yaml params/stages/embedded/1-preference.yaml \\
+      --out runs/s1/lora --work-dir runs/s1/work --set iterations=2
+  vgrpo evaluate models/embedded-base --prompts data/world/test.jsonl --out runs/base_eval.json \\
+      --set num_steps=20 --grid runs/base_grid.png
+  vgrpo export models/embedded-base --lora runs/s1/lora --out runs/s1/merged
+  accelerate launch --config_file configs/accelerate/ddp_8gpu.yaml -m vgrpo.cli train --params ... --out DIR
+
+Bad input exits with status 2 and one message naming the file and the key; a diverged stage with 3.
+The embedded world's own jobs (prompt splits, base pretraining, reward models): python -m vgrpo.world.cli --help
+"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after each option's help (not where there is none to tell: a required option, a flag, ``None``), and
+    the epilog's examples kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, argparse.SUPPRESS) or action.required or action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def use_threads(threads: int, *, flush_denormal: bool = False) -> None:
     """This process's torch CPU threads, and with ``flush_denormal`` denormal floats flushed to zero."""
+    import torch
 
     torch.set_num_threads(threads)
     if flush_denormal:
@@ -53,6 +63,13 @@ def use_threads(threads: int, *, flush_denormal: bool = False) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
+    from vgrpo.config import load_config, overrides_from_pairs
+    from vgrpo.evaluation.config import EvaluationConfig
+    from vgrpo.evaluation.report import evaluate_to_files, format_table
+    from vgrpo.outputs import Output
+    from vgrpo.rewards.config import reward_classes
+    from vgrpo.training.preflight import PreflightError, preflight_evaluation
+
     cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
     outputs = [Output("--out", Path(args.out), is_file=True)]
     outputs += [Output("--grid", Path(args.grid), is_file=True)] if args.grid else []
@@ -68,6 +85,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
+    from vgrpo.atomic import dir_size_mb
+    from vgrpo.checkpoints.weight_files import adapter_problems, pipeline_problems
+    from vgrpo.outputs import Output, check_outputs
+    from vgrpo.trainer import export_lora_merged
+    from vgrpo.training.preflight import PreflightError, Problem
+
     check_outputs([Output("--out", Path(args.out))], {"pipeline": args.pipeline, "--lora adapter": args.lora})
     problems = pipeline_problems(Path(args.pipeline)) + adapter_problems(Path(args.lora))
     if problems:
@@ -79,6 +102,11 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     """One stage (:class:`vgrpo.trainer.Trainer`), sharded over the processes ``accelerate launch`` started, after
     :func:`vgrpo.training.preflight.preflight` has checked every input it reads."""
+    from vgrpo.atomic import write_json_atomic
+    from vgrpo.config import load_stage, overrides_from_pairs
+    from vgrpo.outputs import Output
+    from vgrpo.parallel.distributed import Distributed
+    from vgrpo.trainer import Trainer
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # checked before the processes wait for each other
     cfg = load_stage(args.params, overrides_from_pairs(args.set), world_size=world_size)
@@ -89,7 +117,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         out_dir=Path(args.out),
         init_lora=args.init_lora,
         root=Path(args.root),
-        callbacks=PrintProgress(cfg.name),
+        progress=args.verbosity >= 0,
     )
     metrics = [Output("--metrics", Path(args.metrics), is_file=True)] if args.metrics else []
     params = {f"--params {file}": file for file in args.params}
@@ -107,9 +135,19 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
 
 
-def _quiet_libraries() -> None:
-    """Keep diffusers / transformers to errors: their per-save shard bars and the "text_encoder_3=None cannot
-    be saved" notice (expected: the embedded default has no T5) would bury the training progress."""
+def configure_logging(verbosity: int) -> None:
+    """The command line's logging: the library's ``vgrpo`` loggers at INFO (``-q``: WARNING, ``-v``: DEBUG) on
+    stderr; diffusers and transformers at ERROR without their progress bars (their per-save shard bars and
+    expected notices, such as "text_encoder_3=None cannot be saved" for the embedded default, would bury the
+    training progress) unless ``-v``."""
+    level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("vgrpo").setLevel(level)
+    logging.captureWarnings(True)  # the library's warnings (a corrupt checkpoint moved aside) in the same stream
+    if verbosity > 0:
+        return
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
 
     diffusers_logging.set_verbosity_error()
     diffusers_logging.disable_progress_bar()
@@ -123,11 +161,21 @@ def add_params_arguments(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a params entry")
 
 
+def add_verbosity_arguments(p: argparse.ArgumentParser) -> None:
+    """``-v/--verbose`` and ``-q/--quiet`` (``args.verbosity``: 1, -1, 0 without either)."""
+    group = p.add_mutually_exclusive_group()
+    verbose, quiet = "debug logs and the libraries' notices", "warnings and errors only (no progress line)"
+    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0, help=verbose)
+    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1, help=quiet)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command (``args.func``). Bad input (a :class:`vgrpo.errors.UserError`: params, prompt files,
     pipeline, adapter or checkpoint directories) prints its one-line message and returns 2, a diverged stage 3;
     anything else is a bug and propagates with its traceback."""
-    _quiet_libraries()
+    configure_logging(getattr(args, "verbosity", 0))
+    from vgrpo.training.guards import TrainingDiverged
+
     try:
         args.func(args)
     except UserError as exc:
@@ -139,31 +187,22 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vgrpo.cli", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    """The ``vgrpo`` parser: ``train``, ``evaluate``, ``export``, each with its defaults and the examples."""
+    parser = argparse.ArgumentParser(
+        prog="vgrpo", description=__doc__.splitlines()[0], epilog=EXAMPLES, formatter_class=_HelpFormatter
+    )
+    add_verbosity_arguments(parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,export}")
 
-    p = sub.add_parser("evaluate", help="per-reward table (GenEval per tag, OCR, preference) and image grid")
-    p.add_argument("pipeline", help="a StableDiffusion3Pipeline or FluxPipeline directory")
-    p.add_argument("--lora", default=None, help="a LoRA directory (a stage's output) loaded with load_lora_weights")
-    add_params_arguments(p, "params/embedded/evaluate.yaml")
-    p.add_argument("--prompts", required=True, help="metadata JSONL (GenEval format, world splits) or .txt prompts")
-    p.add_argument("--out", required=True, help="JSON result file")
-    p.add_argument("--grid", help="PNG grid of the first `grid_prompts` prompts' samples, captioned and marked")
-    p.add_argument("--baseline", help="an earlier --out of the same prompts and settings: add paired gains with CIs")
-    p.add_argument("--threads", type=int, default=2)
-    p.set_defaults(func=cmd_evaluate)
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=summary, description=summary, epilog=EXAMPLES, formatter_class=_HelpFormatter)
+        add_verbosity_arguments(p)
+        return p
 
-    p = sub.add_parser("export", help="merge a stage's LoRA into the base and write a full diffusers pipeline")
-    p.add_argument("pipeline", help="the base pipeline directory the adapter was trained on")
-    p.add_argument("--lora", required=True, help="the LoRA directory (a stage's output)")
-    p.add_argument("--out", required=True, help="the merged pipeline directory (written atomically)")
-    p.add_argument("--scale", type=float, default=1.0, help="LoRA scale at merge (1 = as trained)")
-    p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("train", help="train one stage; under `accelerate launch -m vgrpo.cli train` on every process")
+    p = command("train", "train one stage; under `accelerate launch -m vgrpo.cli train` on every process")
     p.add_argument("--params", nargs="+", required=True, help="base, model and stage params files, merged in order")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a params entry")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override a params entry (YAML value)")
     p.add_argument("--out", required=True, help="the stage's adapter (or full pipeline) directory")
     p.add_argument("--work-dir", default="runs/work", help="checkpoints (a run resumes from the newest of its params)")
     p.add_argument("--init-lora", default=None, help="the previous stage's adapter directory")
@@ -173,7 +212,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="CPU threads per process")
     p.set_defaults(func=cmd_train)
 
-    return run_command(parser.parse_args(argv))
+    p = command("evaluate", "per-reward table (GenEval per tag, OCR, preference) and image grid")
+    p.add_argument("pipeline", help="a StableDiffusion3Pipeline or FluxPipeline directory")
+    p.add_argument("--lora", default=None, help="a LoRA directory (a stage's output) loaded with load_lora_weights")
+    add_params_arguments(p, "params/embedded/evaluate.yaml")
+    p.add_argument("--prompts", required=True, help="metadata JSONL (GenEval format, world splits) or .txt prompts")
+    p.add_argument("--out", required=True, help="JSON result file")
+    p.add_argument("--grid", help="PNG grid of the first `grid_prompts` prompts' samples, captioned and marked")
+    p.add_argument("--baseline", help="an earlier --out of the same prompts and settings: add paired gains with CIs")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = command("export", "merge a stage's LoRA into the base and write a full diffusers pipeline")
+    p.add_argument("pipeline", help="the base pipeline directory the adapter was trained on")
+    p.add_argument("--lora", required=True, help="the LoRA directory (a stage's output)")
+    p.add_argument("--out", required=True, help="the merged pipeline directory (written atomically)")
+    p.add_argument("--scale", type=float, default=1.0, help="LoRA scale at merge (1 = as trained)")
+    p.set_defaults(func=cmd_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,15 @@ from vgrpo.rewards.multi import MultiReward, RewardTerm
 from vgrpo.rewards.registry import FunctionReward
 from vgrpo.training.phases import evaluate_adapter
 from vgrpo.training.preflight import check_or_raise
-from vgrpo.training.stage import PhaseRunner, StageCallbacks, StageResult, call_directly, run_stage
+from vgrpo.training.stage import (
+    FanOut,
+    PhaseRunner,
+    ProgressView,
+    StageCallbacks,
+    StageResult,
+    call_directly,
+    run_stage,
+)
 
 __all__ = ["RewardLike", "Trainer", "export_lora_merged"]
 
@@ -100,6 +108,8 @@ class Trainer:
             (a Reward's constructor arguments) are not part of that name: give the reward another key when you
             change them mid-run.
         callbacks: what the stage reports (:class:`vgrpo.training.stage.StageCallbacks`, rank 0).
+        progress: show the live progress line on stderr while training (:class:`vgrpo.training.stage.ProgressView`:
+            iteration i of m, seconds per iteration, ETA, the last rewards), beside ``callbacks``.
         phases: how each phase runs (:data:`vgrpo.training.stage.PhaseRunner`; the Prefect layer runs each as a task).
         dist: the processes sharing each iteration (default: from ``accelerate launch``'s environment).
     """
@@ -112,6 +122,7 @@ class Trainer:
     root: Path = Path(".")
     rewards: Mapping[str, RewardLike] | None = None
     callbacks: StageCallbacks | None = None
+    progress: bool = False
     phases: PhaseRunner = call_directly
     dist: Distributed | None = None
     reward_set: MultiReward | None = field(default=None, init=False, repr=False)
@@ -188,6 +199,10 @@ class Trainer:
         assert self.pipeline is not None and self.out_dir is not None
         if not self.checked:
             self.preflight()
+        callbacks = self.callbacks
+        if self.progress:
+            view = ProgressView(self.config.name, self.config.iterations)
+            callbacks = view if callbacks is None else FanOut(callbacks, view)
         return run_stage(
             self.config,
             pipeline_dir=self.pipeline,
@@ -195,7 +210,7 @@ class Trainer:
             out_dir=self.out_dir,
             init_lora=self.init_lora,
             root=self.root,
-            callbacks=self.callbacks,
+            callbacks=callbacks,
             phases=self.phases,
             final_evaluation=final_evaluation,
             run_state=run_state,

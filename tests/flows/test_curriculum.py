@@ -117,6 +117,18 @@ def test_curriculum_flow_runs_each_phase_as_a_task_caches_stages_and_tracks_them
     table = json.loads(artifacts[0].data) if isinstance(artifacts[0].data, str) else artifacts[0].data
     assert [row["stage"] for row in table] == ["s1-pick", "s2-geneval"]
     assert (project / "runs/tiny/results.md").read_text().startswith("stage")
+    # The wall time by part (flows.time_split): the parts sum to the flow's total, training is the iterations'.
+    split = json.loads((project / "runs/tiny/time_split.json").read_text())
+    parts = split["split"]
+    assert sum(parts[p] for p in ("training", "evaluation", "loading", "orchestration")) == pytest.approx(
+        parts["total"]
+    )
+    assert 0 < parts["training"] < parts["total"] and parts["evaluation"] > 0 and parts["orchestration"] > 0
+    assert sorted(split["stages"]) == ["s1-pick", "s2-geneval"]
+    assert first["timings"]["iterations_s"] == pytest.approx(split["stages"]["s1-pick"]["training"])
+    # Where the run stands, for the terminal's watcher (flows.watch): done, and each stage's last iteration.
+    assert json.loads((project / "runs/tiny/progress.json").read_text())["phase"] == "done"
+    assert json.loads((project / "runs/tiny/work/s1-pick/progress.json").read_text())["done"] == 2
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("tiny")

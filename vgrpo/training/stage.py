@@ -24,24 +24,28 @@ from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every no
 
 from __future__ import annotations
 
+import math
 import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import numpy as np
 
 from vgrpo.algorithms.base import zero_lora_deltas
-from vgrpo.atomic import atomic_dir
+from vgrpo.atomic import atomic_dir, write_json_atomic
 from vgrpo.checkpoints.resume import ResumableRun, TrainingState
 from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
 from vgrpo.evaluation.evaluator import Evaluator, build_evaluator
 from vgrpo.evaluation.tables import flat_metrics
+from vgrpo.logs import get_logger
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import ParameterSnapshot, trainable_parameters
+from vgrpo.progress_line import Progress
 from vgrpo.rewards.base import NonFiniteRewardError, RewardFailed
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged
@@ -59,8 +63,9 @@ from vgrpo.training.phases import (
 from vgrpo.training.prompt_rows import StagePrompts, checked_rows, prepare_prompts
 
 __all__ = [
+    "FanOut",
     "PhaseRunner",
-    "PrintProgress",
+    "ProgressView",
     "StageCallbacks",
     "StageResult",
     "StageRewardFailed",
@@ -69,6 +74,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+logger = get_logger(__name__)
 
 
 class PhaseRunner(Protocol):
@@ -107,34 +114,106 @@ class StageCallbacks:
         """A holding stage chose its export: ``hold`` as :attr:`StageResult.hold`."""
 
 
-class PrintProgress(StageCallbacks):
-    """One printed line per iteration (the reward and the seconds it took), and why an iteration was skipped."""
+class FanOut(StageCallbacks):
+    """Every report to each of ``callbacks`` in turn (a tracker and a progress view, a checkpoint upload)."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, *callbacks: StageCallbacks) -> None:
+        self.callbacks = callbacks
 
     def on_log(self, metrics: dict[str, float], iteration: int) -> None:
-        if metrics.get("guard/skipped"):
-            return  # on_skip says why
-        print(
-            f"{self.name} iteration {iteration}: reward {metrics.get('reward/total_mean', float('nan')):.4f}, "
-            f"{metrics['time/iteration_s']:.1f} s",
-            flush=True,
-        )
+        for c in self.callbacks:
+            c.on_log(metrics, iteration)
+
+    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
+        for c in self.callbacks:
+            c.on_evaluate(table, images, iteration)
 
     def on_skip(self, event: dict[str, Any]) -> None:
-        print(
-            f"{self.name} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
-            f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied",
-            flush=True,
+        for c in self.callbacks:
+            c.on_skip(event)
+
+    def on_checkpoint(self, path: Path, iteration: int) -> None:
+        for c in self.callbacks:
+            c.on_checkpoint(path, iteration)
+
+    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
+        for c in self.callbacks:
+            c.on_hold(check, reference)
+
+    def on_kept(self, hold: dict[str, Any]) -> None:
+        for c in self.callbacks:
+            c.on_kept(hold)
+
+
+class ProgressView(StageCallbacks):
+    """The stage's live progress as one line (:class:`vgrpo.progress_line.Progress`: stage k of n, iteration i of m,
+    seconds per iteration, ETA, the last rewards), and why an iteration was skipped.
+
+    On a terminal the line is redrawn in place; elsewhere (a log file) a new line is written at most every
+    ``every_s`` seconds and at the stage's last iteration, so a long stage leaves a few dozen lines. With
+    ``state_file`` each update is also written there as JSON (atomically), for a watcher in another process
+    (:mod:`flows.watch`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        iterations: int,
+        *,
+        stage_index: int = 0,
+        stages: int = 0,
+        stream: TextIO | None = None,
+        every_s: float = 30.0,
+        state_file: Path | None = None,
+    ) -> None:
+        self.progress = Progress(name, iterations, stage_index=stage_index, stages=stages)
+        self.stream, self.every_s, self.state_file = stream, every_s, state_file
+        self._last_written = -math.inf
+
+    def _out(self) -> TextIO:
+        return self.stream if self.stream is not None else sys.stderr
+
+    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
+        skipped = bool(metrics.get("guard/skipped"))
+        reward = None if skipped else metrics.get("reward/total_mean", float("nan"))
+        self.progress.record(iteration, None if skipped else metrics.get("time/iteration_s"), reward)
+        self.show()
+
+    def show(self) -> None:
+        """Draw (or, off a terminal, write when due) the current line, and update ``state_file``."""
+        if self.state_file is not None:
+            write_json_atomic(self.state_file, self.progress.to_json())
+        out, now = self._out(), time.monotonic()
+        last = self.progress.done >= self.progress.iterations
+        if out.isatty():
+            out.write("\r" + self.progress.line() + "\x1b[K" + ("\n" if last else ""))
+        elif last or now - self._last_written >= self.every_s:
+            out.write(self.progress.line() + "\n")
+            self._last_written = now
+        out.flush()
+
+    def on_skip(self, event: dict[str, Any]) -> None:
+        out = self._out()
+        out.write(
+            ("\n" if out.isatty() else "")
+            + f"{self.progress.stage} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
+            f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied\n"
         )
+        out.flush()
+
+    def _note(self, text: str) -> None:
+        """A line of its own beside the progress line (which a terminal redraws in place)."""
+        out = self._out()
+        out.write(("\n" if out.isatty() else "") + text + "\n")
+        out.flush()
 
     def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
         values = ", ".join(f"{k} {v:.4g} (ref {reference[k]:.4g})" for k, v in check["values"].items())
-        print(f"{self.name} hold check at {check['iteration']}: {'holds' if check['holds'] else 'BROKEN'}: {values}")
+        verdict = "holds" if check["holds"] else "BROKEN"
+        self._note(f"{self.progress.stage} hold check at {check['iteration']}: {verdict}: {values}")
 
     def on_kept(self, hold: dict[str, Any]) -> None:
-        print(f"{self.name}: exports iteration {hold['kept_iteration']}: {hold['reason']}", flush=True)
+        self._note(f"{self.progress.stage}: exports iteration {hold['kept_iteration']}: {hold['reason']}")
 
 
 @dataclass
@@ -152,6 +231,10 @@ class StageResult:
     """With ``hold``: ``reference`` (the values held), ``tolerances``, ``checks`` (each check's iteration, values,
     ``holds`` and ``failed``), ``kept_iteration`` (the exported weights' iteration), ``reason`` and ``stopped_at``
     (the iteration the stage stopped early at, or ``None``)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds this start spent on each part of the stage (rank 0's clock): ``setup_s`` (prompts, model loading,
+    restoring a checkpoint), ``iterations_s`` (every iteration run, skipped ones included), ``evaluation_s``
+    (in-stage and final evaluations), ``checkpoint_s`` and ``export_s``."""
 
 
 class StageRewardFailed(RewardFailed):
@@ -245,6 +328,8 @@ def run_stage(
             sets, else one process, on the GPU when there is one).
     """
     dist = dist if dist is not None else Distributed.from_environment()
+    setup_started = time.perf_counter()
+    timings = dict.fromkeys(("setup_s", "iterations_s", "evaluation_s", "checkpoint_s", "export_s"), 0.0)
     report = callbacks if callbacks is not None else StageCallbacks()
     check_batch(
         config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches, dist.world_size
@@ -257,17 +342,19 @@ def run_stage(
     stage.adapter.encode_ahead([str(r["prompt"]) for r in [*prompts.train, *(prompts.evaluation or [])]])
     evaluator = build_evaluator(config, prompts.evaluation, root, stage.shift, dist)
     run = ResumableRun.for_stage(config, work_dir, init)
-    result = StageResult(out_dir=out_dir, iterations=config.iterations)
+    result = StageResult(out_dir=out_dir, iterations=config.iterations, timings=timings)
     resumed = run.restore(stage.checkpointed(), dist)
     consecutive_skips = 0
     if resumed is not None:
         result.history, result.evaluations = list(resumed.history), list(resumed.evaluations)
         result.skipped, result.resumed_from = list(resumed.skipped), resumed.iteration
         consecutive_skips = resumed.consecutive_skips
+        logger.info("stage %s: resumed from the checkpoint of iteration %d", config.name, resumed.iteration)
     hold = config.hold
     holding = _Holding(config, work_dir, dict(resumed.hold) if resumed is not None else {})
     hold_evaluator = _hold_evaluator(config, root, stage.shift, dist) if hold is not None else None
     dist.broadcast_parameters(trainable_parameters(stage.policy))  # as DDP: every rank starts from rank 0's
+    timings["setup_s"] = time.perf_counter() - setup_started
 
     def failed(exc: RewardFailed, iteration: int, evaluation: bool = False) -> StageRewardFailed:
         return StageRewardFailed(
@@ -277,6 +364,7 @@ def run_stage(
     def run_evaluation(iteration: int) -> None:
         if evaluator is None:  # the other ranks go on to wait in the next collective (within the group's timeout)
             return
+        evaluation_started = time.perf_counter()
         try:
             table, images = phases("evaluate", iteration, evaluate, stage, evaluator, iteration)
         except RewardFailed as exc:
@@ -284,6 +372,7 @@ def run_stage(
         except NonFiniteRewardError as exc:  # nothing to skip in an evaluation
             raise failed(_nonfinite_failure(exc), iteration, evaluation=True) from exc
         result.evaluations.append(table)
+        timings["evaluation_s"] += time.perf_counter() - evaluation_started
         if dist.is_main:  # sharded, every rank evaluates (vgrpo.evaluation.evaluator.build_evaluator)
             report.on_evaluate(table, images, iteration)
 
@@ -352,6 +441,7 @@ def run_stage(
             result.history.append(metrics)
             if dist.is_main:
                 report.on_log(metrics, iteration)
+        timings["iterations_s"] += time.perf_counter() - started
         done = iteration + 1
         if config.eval_every and done % config.eval_every == 0 and done < config.iterations:
             run_evaluation(done)
@@ -370,18 +460,30 @@ def run_stage(
                     run=dict(run_state or {}),
                     hold=holding.to_json(),
                 )
+                checkpoint_started = time.perf_counter()
                 path = phases("checkpoint", done, _save, run, state, stage)
+                timings["checkpoint_s"] += time.perf_counter() - checkpoint_started
                 if dist.is_main:
                     report.on_checkpoint(path, done)
             dist.barrier()  # the checkpoint is whole before any rank goes on
         if stopping:
             break
+    export_started = time.perf_counter()
     if hold is None:
         phases("export", None, export, stage, config, out_dir)
+        logger.info("stage %s: exported to %s after %d iterations", config.name, out_dir, config.iterations)
     else:
         result.hold = holding.summary()
         phases("export", None, _export_kept, holding.snapshot(result.hold["kept_iteration"]), out_dir)
         report.on_kept(result.hold)
+        logger.info(
+            "stage %s: exported iteration %s to %s (%s)",
+            config.name,
+            result.hold["kept_iteration"],
+            out_dir,
+            result.hold["reason"],
+        )
+    timings["export_s"] = time.perf_counter() - export_started
     ended = result.evaluations and result.evaluations[-1].get("iteration") == config.iterations
     last_trained = holding.checks[-1]["iteration"] if holding.checks else config.iterations
     kept_final = result.hold is None or (result.hold["kept_iteration"] == last_trained == config.iterations)
