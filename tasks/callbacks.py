@@ -267,7 +267,8 @@ def pyfunc_signature(base: Path, sampling: Sampling) -> ModelSignature:
     if side is None:
         transformer = json.loads((base / "transformer" / "config.json").read_text())
         vae = json.loads((base / "vae" / "config.json").read_text())
-        side = int(transformer["sample_size"]) * 2 ** (len(vae["block_out_channels"]) - 1)
+        # FLUX's transformer config has no sample_size: FluxPipeline's default_sample_size is 128
+        side = int(transformer.get("sample_size", 128)) * 2 ** (len(vae["block_out_channels"]) - 1)
     return ModelSignature(
         inputs=Schema([ColSpec(type=DataType.string)]),  # unnamed: predict takes a plain list of prompts
         outputs=Schema([ColSpec(type=DataType.binary, name="image")]),
