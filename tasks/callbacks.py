@@ -6,7 +6,10 @@ A resumed stage continues the run its checkpoint names (``run_state``), so one s
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,9 @@ import mlflow.diffusers
 import numpy as np
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from mlflow.models.signature import ModelSignature
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
 from tasks.outcome import StageEvaluation
 from tasks.tracking import Tracking, end_run, log_image, log_json, log_metrics, log_params, start_run
@@ -26,7 +31,7 @@ from vgrpo.evaluation.grids import grid_image, grid_of
 from vgrpo.evaluation.tables import flat_metrics
 from vgrpo.training.stage import FanOut, ProgressView, StageCallbacks
 
-__all__ = ["SYSTEM_METRICS_INTERVAL_S", "FanOut", "StageTracker", "log_adapter_model", "log_evaluation"]
+__all__ = ["SYSTEM_METRICS_INTERVAL_S", "FanOut", "StageTracker", "log_adapter_model", "log_evaluation", "model_alias"]
 
 SYSTEM_METRICS_INTERVAL_S = 10.0
 """Seconds between system-metric samples (CPU, memory, disk, GPU) logged to a stage's run, unless
@@ -53,8 +58,10 @@ class StageTracker(StageCallbacks):
         registered_name: str | None = None,
         grid_prompts: int = 8,
         state_file: Path | None = None,
+        sampling: Sampling | None = None,
     ) -> None:
         self.name, self.iterations, self.grid_prompts = name, iterations, grid_prompts
+        self.sampling = sampling
         self.client, self.run_id, self.registered_name = client, run_id, registered_name
         self.model_uri: str | None = None
         self.view = ProgressView(name, iterations, state_file=state_file)
@@ -99,6 +106,7 @@ class StageTracker(StageCallbacks):
             registered_name=tracking.experiment,
             grid_prompts=cfg.evaluation.grid_prompts,
             state_file=state_file,
+            sampling=Sampling.of(cfg),
         )
         tracker._start_system_metrics(tracking.uri, resumed=previous_run_id == run_id)
         return tracker
@@ -176,7 +184,9 @@ class StageTracker(StageCallbacks):
                 self.client.set_tag(self.run_id, key, value)
             if hold is not None:
                 self.on_kept(hold)
-            self.model_uri = log_adapter_model(self.client, self.run_id, out_dir, base, self.registered_name)
+            self.model_uri = log_adapter_model(
+                self.client, self.run_id, out_dir, base, self.registered_name, stage=self.name, sampling=self.sampling
+            )
         self.close("FINISHED")
 
     def close(self, status: str) -> None:
@@ -204,12 +214,23 @@ def log_evaluation(uri: str, run_id: str, evaluation: StageEvaluation, iteration
 
 
 def log_adapter_model(
-    client: MlflowClient, run_id: str, out_dir: Path, base: Path, registered_name: str | None
+    client: MlflowClient,
+    run_id: str,
+    out_dir: Path,
+    base: Path,
+    registered_name: str | None,
+    *,
+    stage: str | None = None,
+    sampling: Sampling | None = None,
 ) -> str | None:
     """Log a stage's export as an MLflow model: a LoRA directory with MLflow's diffusers flavour
-    (``mlflow.diffusers.load_model(uri).load_pipeline()`` rebuilds the pipeline from the local ``base``),
-    registered as ``registered_name``; a whole pipeline (full fine-tune) as artifacts under ``pipeline/``.
-    Returns the model's URI."""
+    (``mlflow.diffusers.load_model(uri).load_pipeline()`` and ``mlflow.pyfunc.load_model(uri).predict(prompts)``
+    rebuild the pipeline from the local ``base`` with a bare ``from_pretrained``), registered as
+    ``registered_name``, its version tagged ``vgrpo.training.stage`` and aliased by ``stage``
+    (``models:/NAME@STAGE``: the newest version of that stage); a whole pipeline (full fine-tune) as artifacts
+    under ``pipeline/``. ``predict``'s default parameters are ``sampling``'s (the stage's evaluation sampling; None:
+    no CFG, 20 steps, the base's own resolution), not the flavour's 512 x 512 at CFG 7.5, which the embedded base
+    cannot sample. Returns the model's URI."""
     if not (out_dir / LORA_FILE).is_file():
         client.log_artifacts(run_id, str(out_dir), "pipeline")
         return f"runs:/{run_id}/pipeline"
@@ -220,8 +241,60 @@ def log_adapter_model(
             adapter_path=str(out_dir),
             base_model=str(base.resolve()),
             name="adapter",
+            signature=pyfunc_signature(base, sampling or Sampling()),
             registered_model_name=registered_name,
             pip_requirements=requirements,
             await_registration_for=0,
         )
+    registered = info.registered_model_version
+    if registered_name is not None and stage is not None and registered is not None:
+        client.set_model_version_tag(registered_name, str(registered), "vgrpo.training.stage", stage)
+        client.set_registered_model_alias(registered_name, model_alias(stage), str(registered))
     return str(info.model_uri)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The defaults of a logged model's ``predict``: Euler steps, CFG scale (1: none) and image side (None: the
+    base's own)."""
+
+    num_inference_steps: int = 20
+    guidance_scale: float = 1.0
+    resolution: int | None = None
+
+    @classmethod
+    def of(cls, cfg: StageConfig) -> Sampling:
+        """A stage's evaluation sampling."""
+        ev = cfg.evaluation
+        return cls(ev.num_steps, ev.guidance_scale or 1.0, ev.resolution or cfg.rollout.resolution)
+
+
+def pyfunc_signature(base: Path, sampling: Sampling) -> ModelSignature:
+    """The diffusers flavour's signature (prompt strings in, a PNG ``image`` out) with ``sampling``'s
+    defaults; the resolution defaults to the base's (its transformer's ``sample_size`` times the VAE's factor)."""
+    side = sampling.resolution
+    if side is None:
+        transformer = json.loads((base / "transformer" / "config.json").read_text())
+        vae = json.loads((base / "vae" / "config.json").read_text())
+        # FLUX's transformer config has no sample_size: FluxPipeline's default_sample_size is 128
+        side = int(transformer.get("sample_size", 128)) * 2 ** (len(vae["block_out_channels"]) - 1)
+    return ModelSignature(
+        inputs=Schema([ColSpec(type=DataType.string)]),  # unnamed: predict takes a plain list of prompts
+        outputs=Schema([ColSpec(type=DataType.binary, name="image")]),
+        params=ParamSchema(
+            [
+                ParamSpec(name="num_inference_steps", dtype=DataType.integer, default=sampling.num_inference_steps),
+                ParamSpec(name="guidance_scale", dtype=DataType.double, default=float(sampling.guidance_scale)),
+                ParamSpec(name="height", dtype=DataType.integer, default=side),
+                ParamSpec(name="width", dtype=DataType.integer, default=side),
+                ParamSpec(name="negative_prompt", dtype=DataType.string, default=""),
+            ]
+        ),
+    )
+
+
+def model_alias(stage: str) -> str:
+    """A stage's name as a registered-model alias: letters, digits, ``_`` and ``-`` (others become ``-``); one that
+    MLflow reserves (``latest``, ``v<digits>``) gets a ``stage-`` prefix."""
+    alias = re.sub(r"[^\w-]", "-", stage)
+    return f"stage-{alias}" if alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias) else alias

@@ -60,6 +60,21 @@ def test_export_merges_the_adapter_into_a_plain_pipeline(base_and_lora: tuple[Pa
     assert (expected - plain).abs().max() > 1e-3  # the adapter matters, so the comparison can fail
 
 
+def test_the_merged_export_loads_with_a_bare_from_pretrained(base_and_lora: tuple[Path, Path], tmp_path: Path) -> None:
+    """A user's ``StableDiffusion3Pipeline.from_pretrained(dir)`` with no arguments, though the base has no T5."""
+    from diffusers import DiffusionPipeline, StableDiffusion3Pipeline
+
+    base, lora = base_and_lora
+    with pytest.raises(ValueError, match="expected"):  # the base, written by a bare save_pretrained, does not
+        StableDiffusion3Pipeline.from_pretrained(base)
+    assert main(["export", str(base), "--lora", str(lora), "--out", str(tmp_path / "merged")]) == 0
+    merged = DiffusionPipeline.from_pretrained(tmp_path / "merged")
+    assert isinstance(merged, StableDiffusion3Pipeline)
+    torch.testing.assert_close(
+        _velocity(merged.transformer), _velocity(load_sd3_pipeline(tmp_path / "merged").transformer), rtol=0, atol=0
+    )
+
+
 def test_export_without_an_adapter_exits_2_naming_the_directory(
     base_and_lora: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -55,6 +55,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "corrupt" / LORA_FILE).write_bytes((root / "init" / LORA_FILE).read_bytes()[:200])
     (root / "rewards_syntax.py").write_text("def brightness(images, prompts, metadata:\n    return 0\n")
     (root / "rewards_raises.py").write_text("raise RuntimeError('needs a GPU')\n")
+    (root / "rewards_signatures.py").write_text(
+        "from vgrpo.rewards.base import Reward\n\n"
+        "def per_image(image):\n    return 0.0\n\n"
+        "def trl_style(completions, prompts, channel=0):\n    return [0.0] * len(completions)\n\n"
+        "class Half(Reward):\n    name = 'half'\n"
+    )
     (root / "bomb.yaml").write_text(BOMB + "\n")
     (root / "twice.yaml").write_text("rollout:\n  group_size: 4\noptim:\n  lr: 1.0e-3\nrollout:\n  num_steps: 3\n")
     (root / "nested_twice.yaml").write_text("optim:\n  lr: 1.0e-3\n  lr: 1.0e-2\n")
@@ -128,6 +134,24 @@ CASES: list[Case] = [
             "rewards_raises",
             "RuntimeError: needs a GPU",
         ],
+    ),
+    (
+        "reward function of no known signature",
+        {"rewards": [{"name": "rewards_signatures:per_image"}]},
+        {},
+        ["rewards_signatures:per_image", "not a reward function", "fn(completions, **kwargs) -> list[float]"],
+    ),
+    (
+        "abstract reward class",
+        {"rewards": [{"name": "rewards_signatures:Half"}]},
+        {},
+        ["rewards_signatures:Half", "class Half cannot be built: it is abstract (score() not implemented)"],
+    ),
+    (
+        "trl reward function with a misspelt option",
+        {"rewards": [{"name": "rewards_signatures:trl_style", "options": {"chanel": 1}}]},
+        {},
+        ["rewards_signatures:trl_style", "options ['chanel']"],
     ),
     ("starting adapter of another rank", {}, {"init": "rank8"}, ["rank8", "rank 8", "lora.rank is 4"]),
     (

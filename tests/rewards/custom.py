@@ -71,3 +71,25 @@ class Exposure(Reward):
 
 class NotAReward:
     """A class that does not implement the Reward interface."""
+
+
+def trl_redness(completions: list[np.ndarray], prompts: list[str], **kwargs: Any) -> list[float]:
+    """trl's ``reward_funcs`` signature: the images as ``completions``, a list of scores back."""
+    assert len(completions) == len(prompts) and "metadata" in kwargs
+    return [float(redness(image[None], prompts[:1], None)[0]) for image in completions]
+
+
+def flow_grpo_redness(images: np.ndarray, prompts: Sequence[str], metadata: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """flow_grpo's reward signature: ``(scores, metadata)``."""
+    return redness(images, prompts, metadata), {}
+
+
+def one_image_reward(image: np.ndarray) -> float:
+    """A function no reward caller can call: one argument, neither ``completions`` nor three positionals."""
+    return float(image.mean())
+
+
+class HalfReward(Reward):
+    """A Reward subclass that forgot ``score``: abstract, cannot be built."""
+
+    name = "half"

@@ -48,6 +48,32 @@ def test_a_bad_custom_reward_is_named_when_the_params_are_validated(name: str, m
         RewardConfig(name=name)
 
 
+def test_trl_and_flow_grpo_reward_functions_are_adapted() -> None:
+    """trl's ``fn(completions, **kwargs) -> list[float]`` and flow_grpo's ``(scores, metadata)`` give the scores
+    vgrpo's own signature gives."""
+    expected = build_reward("tests.rewards.custom:redness")(IMAGES, ["a", "b"]).scores
+    for name in ("tests.rewards.custom:trl_redness", "tests.rewards.custom:flow_grpo_redness"):
+        np.testing.assert_allclose(build_reward(name)(IMAGES, ["a", "b"]).scores, expected, rtol=1e-12)
+    assert list(expected.round(6)) == [0.333333, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "tests.rewards.custom:one_image_reward",
+            r"one_image_reward\(image: 'np.ndarray'\) -> 'float' is not a reward function; expected "
+            r"fn\(images, prompts, metadata, \*\*options\).*or fn\(completions, \*\*kwargs\) -> list\[float\]",
+        ),
+        ("tests.rewards.custom:HalfReward", r"class HalfReward cannot be built: it is abstract \(score\(\) not"),
+    ],
+)
+def test_a_reward_no_caller_can_call_or_build_is_refused_in_one_line(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        RewardConfig(name=name)
+    assert "bad options" not in str(info.value)
+
+
 def test_a_reward_registered_by_another_package_under_the_entry_point_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,10 +33,13 @@ from torch import nn
 
 from vgrpo.atomic import atomic_dir
 from vgrpo.errors import UserError
+from vgrpo.models.saving import save_pipeline
 from vgrpo.policy import ParameterSnapshot
 
 __all__ = [
     "MAX_LORA_SCALE",
+    "PEFT_CONFIG_FILE",
+    "PEFT_WEIGHTS_FILE",
     "CheckpointError",
     "Checkpointed",
     "canonicalize_safetensors_header",
@@ -53,6 +56,8 @@ __all__ = [
 ]
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
+PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+"""The same adapter in PEFT's format, beside :data:`LORA_FILE`: ``PeftModel.from_pretrained(transformer, dir)``."""
 LORA_PIPELINES = {"SD3Transformer2DModel": "StableDiffusion3Pipeline", "FluxTransformer2DModel": "FluxPipeline"}
 """Transformer class -> the pipeline class whose LoRA loader mixin writes (and reads) its adapter files."""
 
@@ -215,8 +220,10 @@ def canonicalize_safetensors_header(path: Path) -> None:
 
 
 def save_lora(transformer: nn.Module, out_dir: Path) -> None:
-    """The transformer's LoRA adapter in diffusers' format (``pytorch_lora_weights.safetensors``), atomically,
-    written by its pipeline class's ``save_lora_weights`` (:data:`LORA_PIPELINES`)."""
+    """The transformer's LoRA adapter, atomically, in diffusers' format (``pytorch_lora_weights.safetensors``,
+    written by its pipeline class's ``save_lora_weights``: :data:`LORA_PIPELINES`) and beside it in PEFT's
+    (``adapter_config.json`` + ``adapter_model.safetensors``, what ``PeftModel.save_pretrained`` writes), so
+    ``pipe.load_lora_weights(out_dir)`` and ``PeftModel.from_pretrained(transformer, out_dir)`` both load it."""
 
     kind = type(transformer).__name__
     if kind not in LORA_PIPELINES:
@@ -238,8 +245,21 @@ def save_lora(transformer: nn.Module, out_dir: Path) -> None:
             tmp, transformer_lora_layers=layers, safe_serialization=True, transformer_lora_adapter_metadata=metadata
         )
         canonicalize_safetensors_header(tmp / LORA_FILE)
+        if peft_config is not None:
+            _write_peft_adapter(tmp, peft_config, layers)
 
     atomic_dir(out_dir, write)
+
+
+def _write_peft_adapter(directory: Path, peft_config: Any, layers: Mapping[str, torch.Tensor]) -> None:
+    """PEFT's files for ``layers`` (:func:`peft.utils.get_peft_model_state_dict`'s keys): its config, and the weights
+    under ``base_model.model.``, the prefix ``PeftModel.save_pretrained`` writes and ``from_pretrained`` expects."""
+    config = peft_config.to_dict()
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}  # sets: bytes vary by process
+    (directory / PEFT_CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    weights = {f"base_model.model.{name}": t.detach().contiguous() for name, t in layers.items()}
+    save_file(weights, str(directory / PEFT_WEIGHTS_FILE), metadata={"format": "pt"})
+    canonicalize_safetensors_header(directory / PEFT_WEIGHTS_FILE)
 
 
 def load_lora_into(transformer: nn.Module, lora_dir: Path) -> None:
@@ -272,8 +292,9 @@ def lora_scale_problem(lora_scale: float) -> str | None:
 
 def export_merged_pipeline(pipe: Any, lora_dir: Path, out_dir: Path, *, lora_scale: float = 1.0) -> None:
     """Merge a :func:`save_lora` adapter into ``pipe``'s transformer and write the whole pipeline to ``out_dir``
-    (``save_pretrained``, safetensors, atomically): a plain diffusers pipeline with no LoRA left, for serving or
-    for the next run's base. ``pipe`` is changed in place.
+    (:func:`vgrpo.models.saving.save_pipeline`: ``save_pretrained``, safetensors, atomically): a plain diffusers
+    pipeline with no LoRA left that ``from_pretrained`` loads without arguments, for serving or for the next run's
+    base. ``pipe`` is changed in place.
 
     Uses the pipeline's own LoRA loader (``load_lora_weights`` -> ``fuse_lora`` -> ``unload_lora_weights``), so
     it is the merge a diffusers user would do by hand. The merged weights are checked to be finite before anything
@@ -297,4 +318,4 @@ def export_merged_pipeline(pipe: Any, lora_dir: Path, out_dir: Path, *, lora_sca
             f"{lora_dir} merged at scale {lora_scale:g} gives non-finite weights in {len(bad)} tensors "
             f"(first: {bad[:3]}); nothing was written"
         )
-    atomic_dir(out_dir, lambda tmp: pipe.save_pretrained(tmp, safe_serialization=True))
+    save_pipeline(pipe, out_dir)

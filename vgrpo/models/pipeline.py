@@ -21,6 +21,7 @@ from vgrpo.errors import UserError
 from vgrpo.models.adapter import PipelineAdapter
 from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.flux import FluxAdapter, FluxVelocity
+from vgrpo.models.saving import is_absent_t5
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
 
 __all__ = [
@@ -111,7 +112,8 @@ def load_sd3_pipeline(
         dtype: the transformer's weights dtype.
         frozen_dtype: the text encoders' and VAE's; None = ``dtype``.
         load_t5: load ``text_encoder_3`` when the directory has one; False skips it (zeros stand in for
-            its tokens, as diffusers does for pipelines without T5).
+            its tokens, as diffusers does for pipelines without T5). The all-zero stand-in that
+            :func:`vgrpo.models.saving.save_pipeline` writes for a pipeline without T5 is never loaded.
 
     Raises:
         PipelineError: naming the path and the missing component.
@@ -120,6 +122,7 @@ def load_sd3_pipeline(
     root = Path(path)
     index = _check_pipeline_dir(root, ("StableDiffusion3Pipeline",))
     has_t5 = bool(index.get("text_encoder_3")) and index["text_encoder_3"][0] is not None
+    has_t5 = has_t5 and not is_absent_t5(root / "text_encoder_3")
     extra: dict[str, Any] = {} if (has_t5 and load_t5) else {"text_encoder_3": None, "tokenizer_3": None}
     if has_t5 and load_t5 and not (root / "text_encoder_3").is_dir():
         raise PipelineError(f"{root}: component folder text_encoder_3/ is missing (or pass load_t5=False)")

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from vgrpo.atomic import atomic_dir
+from vgrpo.models.saving import save_pipeline
 from vgrpo.parallel.distributed import Distributed
 
 __all__ = ["export_pipeline", "full_state_dict", "shard_transformer", "unsharded_copy"]
@@ -99,4 +99,4 @@ def export_pipeline(pipe: Any, dist: Distributed, out_dir: Path) -> None:
     state = full_state_dict(pipe.transformer)
     if dist.is_main:
         whole = type(pipe)(**{**pipe.components, "transformer": unsharded_copy(pipe.transformer, state)})
-        atomic_dir(out_dir, lambda tmp: whole.save_pretrained(tmp, safe_serialization=True))
+        save_pipeline(whole, out_dir)

@@ -4,6 +4,11 @@ path to a plain function, or a name another package registers under the ``vgrpo.
 :func:`reward_class` is the class that answers for a name before anything is built (the class methods of
 :class:`Reward`: prompt checks, headline columns, evaluation summaries); a function's is :class:`FunctionReward`.
 
+A function may have the ecosystem's signatures (:data:`FUNCTION_SIGNATURES`): vgrpo's and flow_grpo's
+``fn(images, prompts, metadata)`` (flow_grpo's returns ``(scores, metadata)``: the scores are taken), or trl's
+``reward_funcs`` style ``fn(completions, **kwargs) -> list[float]``. Any other signature, and a class that cannot be
+built (abstract), is refused when the name is resolved, before any compute.
+
 A reward's heavy dependencies (open_clip, mmdet, an HTTP client) are imported by its own module, so
 selecting ``ocr`` never imports a CLIP model.
 """
@@ -11,9 +16,10 @@ selecting ``ocr`` never imports a CLIP model.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -21,9 +27,12 @@ from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward, RewardOutput, p
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "FUNCTION_SIGNATURES",
     "REWARDS",
     "FunctionReward",
     "build_reward",
+    "function_problem",
+    "function_style",
     "get_reward_class",
     "resolve_reward",
     "reward_class",
@@ -48,14 +57,70 @@ ENTRY_POINT_GROUP = "vgrpo.rewards"
 mine = "my_package.rewards:MyReward"``; params files then say ``name: mine``."""
 
 
+FUNCTION_SIGNATURES = (
+    "fn(images, prompts, metadata, **options) -> N scores (vgrpo's; flow_grpo's returns (scores, metadata))",
+    "fn(completions, **kwargs) -> list[float] (trl's reward_funcs; completions: the N images, prompts= and "
+    "metadata= by keyword)",
+)
+"""The reward function signatures accepted, as a refusal names them."""
+
+FunctionStyle = Literal["vgrpo", "trl"]
+
+
+def _accepts(signature: inspect.Signature, keyword: str) -> bool:
+    params = signature.parameters.values()
+    return keyword in signature.parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def function_style(fn: Callable[..., Any], name: str) -> FunctionStyle:
+    """How reward function ``fn`` is called (:data:`FUNCTION_SIGNATURES`): ``"trl"`` when it takes ``completions``,
+    else ``"vgrpo"`` (three positional arguments; flow_grpo's too). A ``TypeError`` naming both signatures when it
+    takes neither."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to inspect, called as vgrpo's
+        return "vgrpo"
+    if "completions" in signature.parameters:
+        return "trl"
+    try:
+        signature.bind(None, None, None)
+    except TypeError:
+        expected = "; or ".join(FUNCTION_SIGNATURES)
+        raise TypeError(
+            f"reward {name!r}: {getattr(fn, '__name__', 'the function')}{signature} is not a reward function; "
+            f"expected {expected}"
+        ) from None
+    return "vgrpo"
+
+
+def function_problem(fn: Callable[..., Any], name: str, options: Mapping[str, Any]) -> str | None:
+    """What keeps reward function ``fn`` from taking ``options`` as keywords (a misspelt option), or None."""
+    style = function_style(fn, name)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        if style == "trl":
+            signature.bind(completions=None, **options)
+        else:
+            signature.bind(None, None, None, **options)
+    except TypeError as exc:
+        return f"reward {name!r}: options {sorted(options)}: {exc}"
+    return None
+
+
 class FunctionReward(Reward):
-    """A plain function as a reward (as trl's ``reward_funcs``): ``fn(images, prompts, metadata, **options)``
-    takes ``uint8 (N, H, W, 3)`` images, ``N`` prompts and ``N`` metadata rows (or ``None``) and returns ``N``
-    scores (or a :class:`RewardOutput`); anything else fails as :class:`vgrpo.rewards.base.RewardFailed`, naming what
-    it returned."""
+    """A plain function as a reward, in one of :data:`FUNCTION_SIGNATURES`: ``fn(images, prompts, metadata,
+    **options)`` takes ``uint8 (N, H, W, 3)`` images, ``N`` prompts and ``N`` metadata rows (or ``None``) and returns
+    ``N`` scores, a :class:`RewardOutput`, or flow_grpo's ``(scores, metadata)``; trl's ``fn(completions,
+    **kwargs)`` gets the ``N`` images as a list of ``(H, W, 3)`` arrays, and ``prompts`` and ``metadata`` when it
+    takes them, and returns ``N`` scores. Anything else fails as :class:`vgrpo.rewards.base.RewardFailed`, naming
+    what it returned."""
 
     def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None):
         self.fn, self.options = fn, dict(options or {})
+        self.style = function_style(fn, name)
         setattr(self, "name", name)  # noqa: B010 -- per instance: Reward declares the registry name a ClassVar
 
     @classmethod
@@ -64,7 +129,15 @@ class FunctionReward(Reward):
         return (HeadlineColumn(key, f"eval/{key}"),)
 
     def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
-        out = self.fn(images, list(prompts), metadata, **self.options)
+        if self.style == "trl":
+            signature = inspect.signature(self.fn)
+            given = {"prompts": list(prompts), "metadata": metadata}
+            keywords = {k: v for k, v in given.items() if _accepts(signature, k) and k not in self.options}
+            out = self.fn(completions=list(images), **keywords, **self.options)
+        else:
+            out = self.fn(images, list(prompts), metadata, **self.options)
+            if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
+                out = out[0]  # flow_grpo's (scores, metadata)
         return out if isinstance(out, RewardOutput) else plain_scores(out)  # Reward.__call__ checks it
 
 
@@ -123,9 +196,14 @@ def resolve_reward(name: str) -> type[Reward] | Callable[..., Any]:
                 f"reward {name!r}: {target.__name__} is not a vgrpo.rewards.base.Reward subclass (implement score(), "
                 "or pass a function)"
             )
+        if inspect.isabstract(target):
+            missing = ", ".join(f"{m}()" for m in sorted(getattr(target, "__abstractmethods__", ())))
+            raise TypeError(f"reward {name!r}: class {target.__name__} cannot be built: it is abstract ({missing} "
+                            "not implemented)")  # fmt: skip
         return target
     if not callable(target):
         raise TypeError(f"reward {name!r}: {type(target).__name__} is neither a Reward subclass nor a function")
+    function_style(target, name)  # a signature no caller can call is refused now
     return cast(Callable[..., Any], target)
 
 

@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from vgrpo.algorithms import Algorithm, build_algorithm
-from vgrpo.atomic import atomic_dir
 from vgrpo.checkpoints.state import Checkpointed, load_lora_into, save_lora
 from vgrpo.config import StageConfig
 from vgrpo.evaluation.evaluator import Evaluator, build_evaluator
@@ -38,6 +37,7 @@ from vgrpo.images import tensor_to_images
 from vgrpo.models import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
 from vgrpo.models.precision import apply_precision, frozen_dtype
+from vgrpo.models.saving import save_pipeline
 from vgrpo.parallel.distributed import Distributed, is_sharded
 from vgrpo.parallel.fsdp import export_pipeline, shard_transformer
 from vgrpo.policy import ParameterSnapshot, trainable_parameters
@@ -305,6 +305,6 @@ def export(stage: StagePolicy, config: StageConfig, out_dir: Path) -> Path:
             if config.lora is not None:
                 save_lora(stage.transformer, out_dir)
             else:
-                atomic_dir(out_dir, stage.pipe.save_pretrained)
+                save_pipeline(stage.pipe, out_dir)
     stage.dist.barrier()  # every rank returns once the export exists
     return out_dir

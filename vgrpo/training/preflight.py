@@ -51,7 +51,7 @@ from vgrpo.models.geometry import read_geometry
 from vgrpo.outputs import Output, output_problems
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.config import prompt_problems
-from vgrpo.rewards.registry import resolve_reward
+from vgrpo.rewards.registry import function_problem, resolve_reward
 from vgrpo.training.prompt_rows import checked_rows, evaluation_rows, training_rows
 
 __all__ = [
@@ -119,10 +119,11 @@ def _leaves(options: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, str,
 
 
 def _options_problem(reward: Any) -> str | None:
-    """A reward class's constructor refusing the options (a missing ``path``, a misspelt keyword)."""
+    """A reward class's constructor or a reward function refusing the options (a missing ``path``, a misspelt
+    keyword)."""
     target = resolve_reward(reward.name)
     if not isinstance(target, type):
-        return None
+        return function_problem(target, reward.name, reward.options)
     try:
         inspect.signature(target).bind(**reward.options)
     except TypeError as exc:

@@ -41,6 +41,7 @@ from vgrpo.flow import interpolate, timestep_grid, velocity_target
 from vgrpo.images import images_to_tensor, tensor_to_images
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.models.pipeline import load_sd3_pipeline
+from vgrpo.models.saving import write_pipeline
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
 from vgrpo.policy import Conditioning
 from vgrpo.progress import progress_bar
@@ -298,7 +299,7 @@ def pretrain(
     def save_checkpoint() -> None:
         def write(tmp: Path) -> None:
             use(ema)
-            pipe.save_pretrained(tmp / "pipeline")
+            write_pipeline(pipe, tmp / "pipeline")
             use(trained)
             state_dict = {
                 "trained": trained.state_dict(),
@@ -360,7 +361,7 @@ def pretrain(
     use(ema)
 
     def write_final(tmp: Path) -> None:
-        pipe.save_pretrained(tmp)
+        write_pipeline(pipe, tmp)
         (tmp / "pretrain_history.json").write_text(json.dumps(state.history, indent=1))
 
     atomic_dir(final, write_final)
