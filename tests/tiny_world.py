@@ -32,13 +32,14 @@ TINY_MODEL_PARAMS = {
 def write_tiny_world(root: Path, n_train: int = 40, n_test: int = 8) -> Path:
     """``root/train.jsonl``, ``root/test.jsonl`` and ``root/base`` (a 16 px embedded pipeline); returns root."""
     from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
+    from vgrpo.models.saving import save_pipeline
     from vgrpo.world import make_splits, write_jsonl
 
     train, test = make_splits(0, n_train, n_test)
     write_jsonl(root / "train.jsonl", [md for md, _ in train])
     write_jsonl(root / "test.jsonl", [md for md, _ in test])
     prompts = [md["prompt"] for md, _ in train + test] + [""]
-    build_pipeline(TINY, train_clip_tokenizer(prompts, TINY), seed=0).save_pretrained(root / "base")
+    save_pipeline(build_pipeline(TINY, train_clip_tokenizer(prompts, TINY), seed=0), root / "base")  # as pretrain
     return root
 
 

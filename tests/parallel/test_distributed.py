@@ -213,7 +213,7 @@ def test_train_command_runs_a_stage_and_exits_2_on_params_that_do_not_shard(worl
     assert main(["train", "--params", str(params), *common, "--metrics", str(metrics)]) == 0
     assert (world / "lora" / "pytorch_lora_weights.safetensors").is_file()
     assert json.loads(metrics.read_text())["world_size"] == 1
-    assert "tiny iteration 0: reward" in capsys.readouterr().out
+    assert "tiny | iteration 1/1 | " in capsys.readouterr().err  # the progress line (off a terminal: on stderr)
     monkeypatch.setenv("WORLD_SIZE", "4")  # 2 prompts per iteration do not split over 4 processes
     assert main(["train", "--params", str(params), *common]) == 2
     assert "rollout.prompts_per_iteration=2 must be divisible by the 4 processes" in capsys.readouterr().err
@@ -278,7 +278,7 @@ def test_two_process_stage_resumes_a_one_process_checkpoint_and_matches_one_proc
     )
     summary = json.loads(metrics.read_text())
     assert summary["world_size"] == 2 and summary["resumed_from"] == 1
-    assert log.count("tiny iteration 1: reward") == 1  # rank 0 alone logs
+    assert log.count("tiny | iteration 2/2 | ") == 1  # rank 0 alone shows the progress line
     assert sorted(p.name for p in (world / "cut" / "checkpoints").iterdir()) == ["iter-1", "iter-2"]
     a = load_file(world / "whole_lora" / "pytorch_lora_weights.safetensors")
     b = load_file(world / "cut_lora" / "pytorch_lora_weights.safetensors")
