@@ -126,3 +126,14 @@ def test_the_stress_rows_read_wider_and_say_what_their_seeds_would_do(committed_
     assert [r.id for r in rows].index("S1o") == [r.id for r in rows].index("S1") + 1
     assert by_id["S2o"].family == "exploratory" and by_id["S2o"].estimate is not None
     assert by_id["E3"].threshold == -claims.E3_MARGIN == -0.03 and "iterations" in by_id["E3"].claim
+
+
+def test_the_power_command_reads_the_seeds_off_the_committed_rows(committed_rows) -> None:
+    from benchmarks import power
+
+    _, rows = committed_rows
+    lines = {line.split(" | ")[0]: line for line in power.power_table(rows, "cells.jsonl") if line.startswith("| ")}
+    # E1: 4 seeds per method at 0.05, 7 at Bonferroni's 0.05/14; E2 (exploratory in v2): 10 at Bonferroni.
+    assert lines["| E1"].endswith("| 5 | 4 | 7 | reproduce |")
+    assert lines["| E2"].endswith("| 5 | 4 | 10 | reproduce |")
+    assert lines["| S2"].endswith("| 3 | 9 | 15 | reproduce |") and lines["| N2"].endswith("| 114 | 205 | refute |")
