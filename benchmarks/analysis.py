@@ -10,6 +10,7 @@ drawn with replacement; the seed spread is in every interval.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import fisher_exact, norm
+from scipy.stats import fisher_exact
 
 from benchmarks.bootstrap import point_weights, prompt_weights
 from benchmarks.common import METHODS
@@ -126,6 +127,16 @@ class Group:
         worst = drop.max(axis=-1)
         return np.where(self.diverged, per_seed[..., 0], worst)
 
+    def drop_values(self, point: np.ndarray) -> np.ndarray:
+        """``(S, P)``: each seed's worst drop (:meth:`worst_drop` at the point weights) per prompt, read at the
+        evaluation point where the seed's drop is largest (a diverged seed: its start), so that ``point @`` a
+        seed's row is its worst drop: the linearisation :mod:`benchmarks.studentized` tests."""
+        per = self.per_seed(point)
+        k = 1 + np.argmax(per[:, :1] - per[:, 1:], axis=1)
+        rows = np.arange(self.seeds)
+        values = self.scores[rows, 0] - self.scores[rows, k]
+        return np.where(self.diverged[:, None], self.scores[:, 0], values)
+
 
 class Analysis:
     """The shared bootstrap draws (one per reward's test prompts, and one for the sweep's validation prompts,
@@ -135,13 +146,14 @@ class Analysis:
     uses the point weights and every seed; each replicate uses a prompt draw shared by all groups of the reward
     and, per group, a draw of its seeds."""
 
-    def __init__(self, records: dict[str, dict[str, Any]], n_boot: int = N_BOOT) -> None:
+    def __init__(self, records: dict[str, dict[str, Any]], n_boot: int = N_BOOT, stream: int = 0) -> None:
         self.records = records
         self.n_boot = n_boot
+        self.stream = stream
         self.bases = {r: records.get(f"base-{r}-test") for r in ("geneval", "preference")}
         self.bases["geneval-val"] = records.get("base-geneval-val")  # the sweep's validation prompts
         self.base = self.bases["geneval"]
-        self.rng = np.random.default_rng(0)
+        self.rng = np.random.default_rng(stream)
         self._weights: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._seed_draws: dict[tuple[str, int], np.ndarray] = {}
         self.groups: dict[str, Group] = {}
@@ -156,6 +168,47 @@ class Analysis:
         runs = cells(self.records, phase, method, reward=reward, variant=variant)
         base = self.bases.get(reward)
         return Group(runs, base) if runs and base else None
+
+    def redraw(self, n_boot: int, chunk: int) -> Analysis:
+        """The same records and groups with fresh draws of ``n_boot`` replicates from chunk ``chunk`` of this
+        analysis's stream (:meth:`replicates` joins the chunks)."""
+        other = copy.copy(self)
+        other.n_boot, other.rng = n_boot, np.random.default_rng([self.stream, 1 + chunk])
+        other._weights, other._seed_draws = {}, {}
+        return other
+
+    def replicates(self, n_boot: int, draw: Callable[[Analysis], np.ndarray], chunk: int = 50_000) -> np.ndarray:
+        """``n_boot`` replicates of a statistic, ``draw(analysis) -> (B,)`` run on chunks of at most ``chunk``
+        replicates each (memory: a chunk's prompt weights are ``chunk x P`` floats)."""
+        parts, done = [], 0
+        while done < n_boot:
+            size = min(chunk, n_boot - done)
+            parts.append(np.asarray(draw(self.redraw(size, len(parts))), dtype=np.float64))
+            done += size
+        return np.concatenate(parts)
+
+    def design(self, groups: Sequence[tuple[str, Group]], fn: Callable[..., np.ndarray]) -> list[np.ndarray]:
+        """Each group's signed per-seed per-prompt values ``(S, P)`` of a statistic linear in the curves (every
+        claim's ``fn`` is): ``fn`` probed with one group's curves at a time, the others' set to 0, so that the
+        estimate is the sum over groups of ``point @`` each group's seed mean."""
+        out = []
+        for i, (_, g) in enumerate(groups):
+            args = [
+                np.moveaxis(g.scores, -1, 0)[:, :, None, :] if j == i else np.zeros((1, 1, 1, h.scores.shape[1]))
+                for j, (_, h) in enumerate(groups)
+            ]
+            out.append(np.asarray(fn(*args), dtype=np.float64).T)  # (P, S) -> (S, P)
+        return out
+
+    def drop_design(
+        self, groups: Sequence[tuple[str, Group]], combine: Callable[..., np.ndarray], reward: str
+    ) -> list[np.ndarray]:
+        """:meth:`design` for a combination (linear in the groups' means) of seeds' worst drops, linearised at the
+        point estimate (:meth:`Group.drop_values`)."""
+        point, _ = self.weights(reward)
+        n = len(groups)
+        signs = [float(combine(*(1.0 if j == i else 0.0 for j in range(n)))) for i in range(n)]
+        return [c * g.drop_values(point) for c, (_, g) in zip(signs, groups, strict=True)]
 
     def weights(self, reward: str) -> tuple[np.ndarray, np.ndarray]:
         """The point weights ``(P,)`` and the shared prompt replicates ``(B, P)`` of ``reward``'s test prompts."""
@@ -190,7 +243,7 @@ class Analysis:
     ) -> tuple[float, np.ndarray]:
         """``fn`` over the groups' per-seed curves ``(..., S, K)`` (each reduced over seeds by ``fn`` itself,
         e.g. :func:`final`): the estimate and ``(B,)`` replicates. ``mode`` ``seeds`` or ``prompts`` draws only
-        those (the split of the variance :func:`seeds_to_resolve` reads)."""
+        those."""
         point, _ = self.weights(reward)
         est = np.asarray(fn(*(g.per_seed(point) for _, g in groups)), dtype=np.float64)
         reps = fn(*(self._curves(g, key, reward, mode) for key, g in groups))
@@ -311,28 +364,3 @@ def fisher_power(n: int, p_a: float, p_b: float, alpha: float = 0.05) -> float:
 def seeds_for_power(p_a: float, p_b: float, target: float = 0.8, most: int = 60) -> int | None:
     """The fewest seeds per arm at which Fisher's test reaches ``target`` power (None beyond ``most``)."""
     return next((n for n in range(2, most + 1) if fisher_power(n, p_a, p_b) >= target), None)
-
-
-def seeds_to_resolve(
-    estimate: float,
-    seed_var: float,
-    prompt_var: float,
-    seeds: int,
-    alpha: float = 0.05,
-    observed_p: float | None = None,
-) -> float | None:
-    """Seeds per group at which a difference of ``estimate`` would have a two-sided (1 - ``alpha``) interval
-    excluding 0, from the variance of its replicates split into a part that shrinks with seeds (``seed_var`` at
-    ``seeds`` seeds) and a part that does not (the prompts'). None when the prompts' part alone is too wide.
-
-    With ``observed_p`` (the bootstrap's own p-value at ``seeds``), both parts are scaled so that their sum is the
-    variance a normal statistic with that p-value would have: the answer then agrees with the bootstrap, falling
-    at or below ``seeds`` exactly when ``observed_p <= alpha``, however heavy the replicates' tails."""
-    if observed_p is not None and 0.0 < observed_p < 1.0 and seed_var + prompt_var > 0:
-        total = (abs(estimate) / float(norm.ppf(1 - observed_p / 2))) ** 2
-        seed_var, prompt_var = (v * total / (seed_var + prompt_var) for v in (seed_var, prompt_var))
-    z = float(norm.ppf(1 - alpha / 2))
-    room = (abs(estimate) / z) ** 2 - prompt_var
-    if room <= 0:
-        return None
-    return seeds * seed_var / room

@@ -42,9 +42,13 @@ def prompt_weights(tags: Sequence[str], n_boot: int, rng: np.random.Generator) -
     w = np.zeros((n_boot, labels.size))
     for k in kinds:
         idx = np.flatnonzero(labels == k)
-        draws = idx[rng.integers(0, idx.size, size=(n_boot, idx.size))]
-        for b in range(n_boot):
-            np.add.at(w[b], draws[b], 1.0 / (idx.size * len(kinds)))
+        draws = rng.integers(0, idx.size, size=(n_boot, idx.size))  # positions within the tag
+        flat = (np.arange(n_boot)[:, None] * idx.size + draws).ravel()
+        counts = np.bincount(flat, minlength=n_boot * idx.size).reshape(n_boot, idx.size)
+        # A prompt drawn c times carries c repeated additions of its share (cumsum adds in order), not c times it:
+        # the same floating-point weights as adding the share once per draw, so the replicates do not move.
+        share = np.concatenate([[0.0], np.cumsum(np.full(idx.size, 1.0 / (idx.size * len(kinds))))])
+        w[:, idx] = share[counts]
     return w
 
 

@@ -3,8 +3,11 @@ reward, the learning-rate sweep, stability, the ablations, the preference stage,
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -109,6 +112,46 @@ def methods_table(an: Analysis, lines: list[str]) -> None:
                 f"| {LABELS[m]} | {est_ci(an, pair, lambda a, b: final(a) - final(b))} | "
                 f"{est_ci(an, pair, lambda a, b: curve_mean(a) - curve_mean(b))} |"
             )
+    lines.append("")
+
+
+def cost_ratios(an: Analysis, speed_dir: Path, lines: list[str]) -> None:
+    """Each method's seconds per iteration over V-GRPO's: in the grid's own cells (T = 10 sampling steps) and, where
+    ``speed_dir`` holds :mod:`benchmarks.speed`'s repeats, at each T they ran (ratio of the medians over repeats)."""
+    v = an.groups.get("vgrpo")
+    if v is None:
+        return
+    by_steps: dict[int, dict[str, float]] = {}
+    for path in sorted(speed_dir.glob("embedded-T*-r*.json")):
+        steps = int(path.stem.split("-T")[1].split("-r")[0])
+        by_steps.setdefault(steps, {})
+    for steps in by_steps:
+        repeats = [json.loads(p.read_text())["results"] for p in sorted(speed_dir.glob(f"embedded-T{steps}-r*.json"))]
+        by_steps[steps] = {
+            m: statistics.median(r[m]["time/total_s"] for r in repeats) for m in METHODS if all(m in r for r in repeats)
+        }
+    own = {m: float(np.mean([r["time_split_s"]["iteration"] for r in g.runs])) for m, g in an.groups.items()}
+    steps_grid = an.groups["vgrpo"].runs[0]["config"]["rollout"]["num_steps"]
+    lines += [
+        "Seconds per iteration over V-GRPO's, by the number of sampling steps T: the grid's own cells (T = "
+        f"{steps_grid}, mean over seeds) and the clean repeats of [speed.md](speed.md) (ratio of the medians). "
+        "Where a method's cost grows with T, a ratio holds only at the T it was measured at.",
+        "",
+        f"| method | grid cells, T = {steps_grid} | "
+        + " | ".join(f"speed.md, T = {t}" for t in sorted(by_steps))
+        + " |",
+        "|---" * (2 + len(by_steps)) + "|",
+    ]
+    for m in an.groups:
+        if m == "vgrpo":
+            continue
+        cells_ = [
+            f"{by_steps[t][m] / by_steps[t]['vgrpo']:.2f}x"
+            if m in by_steps[t] and "vgrpo" in by_steps[t]
+            else "not run"
+            for t in sorted(by_steps)
+        ]
+        lines.append(f"| {LABELS[m]} | {own[m] / own['vgrpo']:.2f}x | " + " | ".join(cells_) + " |")
     lines.append("")
 
 

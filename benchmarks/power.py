@@ -1,0 +1,73 @@
+"""Seeds per group for 80% power on each claim row, from the variances of the committed grid: the power analysis
+the v3 pre-registration (`docs/benchmarks/v3-preregistration.md`) sizes its seeds by.
+
+    python -m benchmarks.power docs/benchmarks/cells.jsonl [--out docs/benchmarks/v3-power.md]
+
+For each row: its estimate's distance from the threshold (taken as the true effect), the seeds' part of the
+variance at one seed per group (unbiased) and the prompt interaction (which seeds do not lower), both from
+:mod:`benchmarks.studentized`, and the seeds per group at which a two-sided test at 0.05 and at Bonferroni's level
+over the confirmatory rows would pass with probability 0.8, to reproduce or to refute the claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks.analysis import Analysis, load_records
+from benchmarks.claims import ALPHA, CONFIRMATORY, Row, claim_rows, fmt_seeds
+from benchmarks.studentized import POWER, seeds_for_power
+from vgrpo.atomic import write_text_atomic
+
+
+def bonferroni(r: Row) -> float | None:
+    """Seeds per group for 80% power at Bonferroni's level over the confirmatory rows, for any row (an exploratory
+    row may become confirmatory), at least 2."""
+    assert r.t is not None and r.estimate is not None
+    n = seeds_for_power(abs(r.estimate - r.threshold), r.t.seed_units, r.t.interaction_var, ALPHA / len(CONFIRMATORY))
+    return None if n is None else max(2.0, n)
+
+
+def power_table(rows: list[Row], source: str) -> list[str]:
+    """The power analysis as markdown lines."""
+    lines = [
+        f"Seeds per group (per cell for the S rows) for {POWER:.0%} power if each estimate were the truth, from "
+        f"`{source}` (`python -m benchmarks.power {source}`). *Seed part*: the variance of the row's statistic at one "
+        "seed per group (unbiased); *interaction*: the prompts' part, which seeds do not lower. Bonferroni: "
+        f"{ALPHA}/{len(CONFIRMATORY)}, which passes Holm however the other rows fall (given for exploratory rows too, "
+        "should they become confirmatory).",
+        "",
+        "| id | family | estimate - threshold | seed part (1 seed) | interaction | seeds now | at 0.05 | "
+        "at Bonferroni | would |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.t is None or r.estimate is None or "power_goal" not in r.extra:
+            continue
+        now = min(r.extra.get("seeds", []), default=None)
+        lines.append(
+            f"| {r.id} | {r.family} | {r.estimate - r.threshold:+.4f} | {r.t.seed_units:.3g} | "
+            f"{r.t.interaction_var:.3g} | {'' if now is None else now} | {fmt_seeds(r.extra['seeds_power'])} | "
+            f"{fmt_seeds(bonferroni(r))} | "
+            f"{r.extra['power_goal']} |"
+        )
+    lines.append("")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", type=Path, help="a report's cells.jsonl (or a grid's cell folder)")
+    parser.add_argument("--out", type=Path, default=None, help="write the table here (markdown) as well")
+    args = parser.parse_args()
+    if not args.records.exists():
+        parser.error(f"records: {args.records} does not exist")
+    rows = claim_rows(Analysis(load_records(args.records)), refine_near=False)
+    lines = power_table(rows, args.records.as_posix())
+    print("\n".join(lines))
+    if args.out:
+        write_text_atomic(args.out, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
