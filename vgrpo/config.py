@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator
 
 from vgrpo.algorithms.config import (
     AdvantageConfig,
@@ -402,6 +402,7 @@ class StageConfig(TrainConfig):
                 raise ValueError("hold: checks run in one process; a launched or sharded stage cannot hold yet")
             if self.hold.reference == "base" and self.lora is None:
                 raise ValueError("hold.reference: base needs lora (a full fine-tune keeps no base weights apart)")
+
         rollout = self.rollout
         self.launch.check_fits(
             autocast=self.precision.autocast,
@@ -414,6 +415,15 @@ class StageConfig(TrainConfig):
         if self.advantage.weights:
             raise ValueError("a stage weights its rewards with rewards[].weight; leave advantage.weights empty")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_hold(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Without ``hold`` when it is None: a stage without it dumps (and so fingerprints, and is recorded in
+        benchmark cells) as it did before the option existed."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("hold", 0) is None:
+            del data["hold"]
+        return data
 
 
 class CurriculumConfig(FrozenConfig):

@@ -7,9 +7,9 @@ otherwise; ``[inferred]`` marks reconstructions the paper's text could not confi
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from vgrpo.config_base import (
     MAX_GROUP_SIZE,
@@ -124,6 +124,15 @@ class VGRPOConfig(FrozenConfig):
     memory_bounded: bool = Field(True, description="Two-pass update (one graph at a time) vs one full graph.")
     logit_normal_mean: float = 0.0
     logit_normal_std: float = Field(1.0, gt=0)
+
+    @model_serializer(mode="wrap")
+    def _without_default_reference(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Without ``ref_kl_reference`` at its default: a config that does not set it dumps (and fingerprints) as
+        it did before the option existed."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("ref_kl_reference") == "start":
+            del data["ref_kl_reference"]
+        return data
 
 
 class NaiveELBOConfig(VGRPOConfig):

@@ -55,11 +55,6 @@ def training_hash(config: StageConfig) -> str:
     # ``launch`` says how many processes share the batch, not which steps it takes: a checkpoint resumes on
     # another number of processes (tests/parallel/test_distributed.py).
     trained = config.model_dump(mode="json", exclude={*EVALUATION_FIELDS, "launch"})
-    # Options added later are left out at their neutral default, so the checkpoints of stages without them resume.
-    if trained.get("hold") is None:
-        trained.pop("hold", None)
-    if trained["algorithm"].get("ref_kl_reference") == "start":
-        del trained["algorithm"]["ref_kl_reference"]
     return hashlib.sha256(json.dumps(trained, sort_keys=True).encode()).hexdigest()[:16]
 
 
