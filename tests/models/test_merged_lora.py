@@ -143,3 +143,11 @@ def test_compiled_policy_agrees_with_eager_and_keeps_its_names() -> None:
     torch.testing.assert_close(compiled(x, t, cond), eager(x, t, cond), rtol=1e-4, atol=1e-5)
     for a, b in zip(trainable_parameters(eager), trainable_parameters(compiled), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_the_speed_settings_dump_only_when_set() -> None:
+    """Off, they leave a config's dump (its fingerprint, benchmark cells' recorded configs) as it was before."""
+    assert {"compile", "merged_lora"}.isdisjoint(load_config(overrides={}).model_dump()["precision"])
+    dumped = load_config(overrides={"precision": {"merged_lora": True}}).model_dump()["precision"]
+    assert dumped["merged_lora"] is True and "compile" not in dumped
+    assert load_config(overrides={"precision": dumped}).precision.merged_lora is True

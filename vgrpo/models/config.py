@@ -3,9 +3,9 @@ embedded default pipeline (``pretrain.model:``, built by :mod:`vgrpo.models.embe
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from vgrpo.config_base import MAX_LORA_RANK, FrozenConfig
 
@@ -63,6 +63,17 @@ class PrecisionConfig(FrozenConfig):
         description="CPU memory budget of the prompt-embedding cache (least recently used prompts are evicted and "
         "re-encoded when met again); 0 = no cache. With drop_after_encoding it must hold the whole prompt set.",
     )
+
+    @model_serializer(mode="wrap")
+    def _without_default_speed_settings(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Without ``compile`` and ``merged_lora`` when off: a config that does not set them dumps (and so
+        fingerprints, and is recorded in benchmark cells) as it did before the settings existed."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("compile", "merged_lora"):
+                if data.get(key) is False:
+                    del data[key]
+        return data
 
 
 class EmbeddedModelConfig(FrozenConfig):
