@@ -33,6 +33,7 @@ from torch import nn
 
 from vgrpo.atomic import atomic_dir
 from vgrpo.errors import UserError
+from vgrpo.models.registry import FAMILIES
 from vgrpo.policy import ParameterSnapshot
 
 __all__ = [
@@ -53,8 +54,9 @@ __all__ = [
 ]
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
-LORA_PIPELINES = {"SD3Transformer2DModel": "StableDiffusion3Pipeline", "FluxTransformer2DModel": "FluxPipeline"}
-"""Transformer class -> the pipeline class whose LoRA loader mixin writes (and reads) its adapter files."""
+LORA_PIPELINES = {f.transformer_class: f.pipeline_class for f in FAMILIES.values()}
+"""Transformer class -> the pipeline class whose LoRA loader mixin writes (and reads) its adapter files
+(:mod:`vgrpo.models.registry`)."""
 
 
 class CheckpointError(UserError, RuntimeError):

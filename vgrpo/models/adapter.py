@@ -92,8 +92,9 @@ class PipelineAdapter(ABC):
         """The pipeline's own image side in pixels."""
 
     @abstractmethod
-    def _encode_prompt(self, prompt: str) -> tuple[Tensor, Tensor]:
-        """One prompt's ``(token embeddings (L, D), pooled embedding (P,))`` from the pipeline's ``encode_prompt``."""
+    def _encode_prompt(self, prompt: str) -> tuple[Tensor, ...]:
+        """One prompt's ``(token embeddings (L, D), pooled embedding (P,))`` from the pipeline's ``encode_prompt``
+        (families without a pooled vector: the token embeddings alone, batched by their :meth:`_batch`)."""
 
     @property
     def patch_size(self) -> int:
@@ -181,9 +182,13 @@ class PipelineAdapter(ABC):
         # embedding must not depend on which iteration first saw it (a resumed run would drift by 1e-10).
         # Rows are held here until the batch is built: the cache may evict a prompt of this very batch.
         rows = {p: self._encode_cached(p) for p in sorted(set(prompts))}
+        return self._batch([rows[p] for p in prompts]).to(self.device)
+
+    def _batch(self, rows: Sequence[tuple[Tensor, ...]]) -> Conditioning:
+        """One batch's conditioning from its prompts' cached ``_encode_prompt`` rows: token embeddings and pooled
+        vectors stacked (a family whose prompts have their own lengths pads them and sets the mask)."""
         return Conditioning(
-            prompt_embeds=torch.stack([rows[p][0] for p in prompts]).to(self.device),
-            pooled_prompt_embeds=torch.stack([rows[p][1] for p in prompts]).to(self.device),
+            prompt_embeds=torch.stack([r[0] for r in rows]), pooled_prompt_embeds=torch.stack([r[1] for r in rows])
         )
 
     @torch.no_grad()

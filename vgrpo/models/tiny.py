@@ -1,5 +1,5 @@
-"""Tiny randomly initialised models built from config (no hub): an SD3 transformer with its conditioning, and a
-complete ``FluxPipeline``.
+"""Tiny randomly initialised models built from config (no hub): an SD3 transformer with its conditioning, and
+complete ``FluxPipeline`` and ``ZImagePipeline`` s.
 
 For tests, the demo and benchmarks of the algorithms and adapters themselves; the embedded default model that
 is actually pretrained lives elsewhere.
@@ -12,9 +12,20 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel, SD3Transformer2DModel
+from diffusers import (
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
+    SD3Transformer2DModel,
+    ZImagePipeline,
+    ZImageTransformer2DModel,
+)
+from tokenizers import pre_tokenizers
 from torch import nn
 from transformers import (
+    Qwen2Tokenizer,  # transformers 5: tokenizers-backed byte-level BPE
+    Qwen3Config,
+    Qwen3Model,
     T5Config,
     T5EncoderModel,
     T5Tokenizer,  # transformers 5: the tokenizers-backed (fast) T5 tokenizer
@@ -29,8 +40,10 @@ __all__ = [
     "TINY_LATENT_SHAPE",
     "tiny_conditioning",
     "tiny_flux_pipeline",
+    "tiny_qwen_tokenizer",
     "tiny_sd3_transformer",
     "tiny_t5_tokenizer",
+    "tiny_z_image_pipeline",
 ]
 
 TINY_LATENT_SHAPE = (4, 8, 8)
@@ -157,3 +170,71 @@ def tiny_flux_pipeline(seed: int = 0, *, corpus: Iterable[str] = _DEFAULT_CORPUS
         tokenizer_2=t5_tokenizer,
         transformer=transformer,
     )
+
+
+QWEN_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+"""Qwen3's chat template cut to what ``ZImagePipeline`` renders (plain user messages, a generation prompt, the
+``enable_thinking`` switch): the same text for those."""
+_QWEN_WIDTH, _QWEN_TOKENS = 16, 64
+
+
+def tiny_qwen_tokenizer(model_max_length: int = _QWEN_TOKENS) -> Any:
+    """A Qwen2 tokenizer (byte-level BPE, no merges: one token per UTF-8 byte, so any prompt tokenizes) with
+    Qwen's ``<|endoftext|>``/``<|im_start|>``/``<|im_end|>`` special tokens and :data:`QWEN_CHAT_TEMPLATE`;
+    no files."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {token: i for i, token in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=model_max_length)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[1:]})
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_z_image_pipeline(seed: int = 0) -> Any:
+    """A randomly initialised ``ZImagePipeline`` with Z-Image-Turbo's structure: a two-layer Qwen3 text encoder
+    (the pipeline reads its penultimate hidden states) with :func:`tiny_qwen_tokenizer`, the FLUX VAE's
+    normalisation on a 2x VAE to ``(4, 8, 8)`` latents at 16 px (:data:`TINY_FLUX`'s VAE), a one-layer
+    ``ZImageTransformer2DModel`` (patch 2: 16 image tokens) and Z-Image-Turbo's scheduler (static shift 3).
+    ``save_pretrained`` + ``ZImagePipeline.from_pretrained`` round-trip it."""
+
+    cfg = TINY_FLUX
+    tokenizer = tiny_qwen_tokenizer()
+    vae: Any = build_vae(cfg, seed + 1)
+    vae.register_to_config(scaling_factor=_FLUX_VAE_SCALING, shift_factor=_FLUX_VAE_SHIFT)
+    torch.manual_seed(seed + 2)
+    qwen = Qwen3Model(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=_QWEN_WIDTH,
+            intermediate_size=2 * _QWEN_WIDTH,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            max_position_embeddings=2 * _QWEN_TOKENS,
+            pad_token_id=0,
+        )
+    ).eval()
+    torch.manual_seed(seed)
+    transformer = ZImageTransformer2DModel(
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=cfg.latent_channels,
+        dim=32,
+        n_layers=1,
+        n_refiner_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        cap_feat_dim=_QWEN_WIDTH,
+        axes_dims=[4, 6, 6],  # sums to the head width, like Z-Image's (32, 48, 48) to 128
+        axes_lens=[256, 32, 32],
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+    return ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=qwen, tokenizer=tokenizer, transformer=transformer)
