@@ -62,6 +62,8 @@ def test_adapter_encodes_each_prompt_at_its_own_length_as_the_pipeline_does(save
     moved = cond.index(torch.tensor([1])).repeat_interleave(2).to("cpu", torch.float64)
     assert moved.prompt_mask is not None and moved.prompt_mask.dtype == torch.bool
     assert moved.prompt_mask.shape == (2, max(lengths)) and moved.prompt_embeds.dtype == torch.float64
+    with pytest.raises(ValueError, match="Z-Image needs the prompts' token mask"):  # CFG's conditioning has none
+        policy(torch.zeros(1, 4, 8, 8), torch.ones(1), Conditioning(prompt_embeds=cond.prompt_embeds[:1]))
     with pytest.raises(ValueError, match="prompt_mask must be bool of shape"):
         Conditioning(prompt_embeds=torch.zeros(2, 3, 4), prompt_mask=torch.ones(2, 3))
     images = torch.rand(2, 3, 16, 16) * 2 - 1

@@ -31,10 +31,18 @@ __all__ = ["ZImageAdapter", "ZImageVelocity", "captions"]
 
 
 def captions(cond: Conditioning) -> list[Tensor]:
-    """Each prompt's own token embeddings ``(L_i, D)``: the rows of ``cond.prompt_embeds`` cut by its mask (all
-    tokens when there is none)."""
+    """Each prompt's own token embeddings ``(L_i, D)``: the rows of ``cond.prompt_embeds`` cut by its mask.
+
+    Raises:
+        ValueError: ``cond`` has no mask. Padding read as tokens would change every sample silently; the guided
+            sampler (:class:`vgrpo.samplers.ClassifierFreeGuidance`, ``evaluation.guidance_scale``) builds its
+            conditioning without one, so Z-Image samples without CFG here (as Z-Image-Turbo does).
+    """
     if cond.prompt_mask is None:
-        return list(cond.prompt_embeds.unbind(0))
+        raise ValueError(
+            "Z-Image needs the prompts' token mask (Conditioning.prompt_mask, set by ZImageAdapter.encode_prompts); "
+            "classifier-free guidance (evaluation.guidance_scale) does not carry it: sample Z-Image without CFG"
+        )
     return [embeds[mask] for embeds, mask in zip(cond.prompt_embeds, cond.prompt_mask, strict=True)]
 
 
