@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("evaluate", help="per-reward table (GenEval per tag, OCR, preference) and image grid")
-    p.add_argument("pipeline", help="a StableDiffusion3Pipeline or FluxPipeline directory")
+    p.add_argument("pipeline", help="a diffusers pipeline directory of a family in vgrpo.models.registry")
     p.add_argument("--lora", default=None, help="a LoRA directory (a stage's output) loaded with load_lora_weights")
     add_params_arguments(p, "params/embedded/evaluate.yaml")
     p.add_argument("--prompts", required=True, help="metadata JSONL (GenEval format, world splits) or .txt prompts")

@@ -107,3 +107,16 @@ def test_a_killed_z_image_stage_resumes_to_the_same_weights(z_world: Path) -> No
     b = load_file(z_world / "cut_lora" / "pytorch_lora_weights.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert any(bool(a[k].abs().max() > 0) for k in a if "lora_B" in k)  # trained: B left its zero init
+
+
+def test_the_sd3_lora_targets_on_a_z_image_pipeline_are_refused_naming_the_family_s(z_world: Path) -> None:
+    from vgrpo.checkpoints.weight_files import lora_target_problems, transformer_shapes
+    from vgrpo.models.config import LoraConfig
+
+    pipeline = z_world / "base"
+    shapes = transformer_shapes(pipeline)
+    assert shapes is not None
+    assert lora_target_problems(FAMILIES["z-image"].lora_targets, shapes, pipeline) == []
+    (problem,) = lora_target_problems(LoraConfig().target_modules, shapes, pipeline)
+    assert problem.startswith("lora.target_modules: ['add_q_proj', 'add_k_proj', 'add_v_proj', 'to_add_out'] name no")
+    assert problem.endswith("the z-image family's: ['to_q', 'to_k', 'to_v', 'to_out.0'])")
