@@ -21,12 +21,12 @@ from vgrpo.models.registry import (
 
 
 def test_the_registry_holds_the_families_by_name_and_refuses_an_unknown_one_listing_them() -> None:
-    assert sorted(FAMILIES) == ["flux", "sd3", "z-image"]
+    assert sorted(FAMILIES) == ["flux", "qwen-image", "sd3", "z-image"]
     assert family("sd3").pipeline_class == "StableDiffusion3Pipeline"
     assert family_for_pipeline("FluxPipeline") is FAMILIES["flux"]
     assert family_for_transformer("ZImageTransformer2DModel") is FAMILIES["z-image"]
-    with pytest.raises(UnknownFamilyError, match=r"no model family for name 'qwen-image'; known: flux, sd3, z-image$"):
-        family("qwen-image")
+    with pytest.raises(UnknownFamilyError, match=r"no model family for name 'wan'; known: flux, qwen-image, sd3, z-i"):
+        family("wan")
     with pytest.raises(UnknownFamilyError, match=r"pipeline class 'FluxKontextPipeline'; known: StableDiffusion3Pipe"):
         family_for_pipeline("FluxKontextPipeline")
     with pytest.raises(UnknownFamilyError, match=r"transformer class 'WanTransformer3DModel'; known: SD3Transf"):
@@ -68,16 +68,19 @@ def test_sd3_and_flux_lora_targets_are_the_config_default() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "config", "expected"),
+    ("name", "transformer", "vae", "expected"),
     [
-        ("sd3", {"patch_size": 2, "sample_size": 128, "pos_embed_max_size": 384}, (2, 1024, 6144)),
-        ("sd3", {"patch_size": 2, "sample_size": 64}, (2, 512, None)),
-        ("flux", {"patch_size": 1}, (2, 1024, None)),
-        ("z-image", {"all_patch_size": [2]}, (2, 1024, None)),
+        ("sd3", {"patch_size": 2, "sample_size": 128, "pos_embed_max_size": 384}, [1, 2, 3, 4], (8, 2, 1024, 6144)),
+        ("sd3", {"patch_size": 2, "sample_size": 64}, [1, 2, 3, 4], (8, 2, 512, None)),
+        ("flux", {"patch_size": 1}, [1, 2, 3, 4], (8, 2, 1024, None)),
+        ("z-image", {"all_patch_size": [2]}, [1, 2, 3, 4], (8, 2, 1024, None)),
+        ("qwen-image", {"patch_size": 2}, None, (8, 2, 1024, None)),
     ],
 )
-def test_each_family_reads_its_image_sides_from_the_transformer_config(
-    name: str, config: dict[str, object], expected: tuple[int, int, int | None]
+def test_each_family_reads_its_image_sides_from_the_configs(
+    name: str, transformer: dict[str, object], vae: list[int] | None, expected: tuple[int, int, int, int | None]
 ) -> None:
-    sides = FAMILIES[name].geometry(config, 8)
-    assert (sides.patch_size, sides.default_resolution, sides.max_resolution) == expected
+    # An AutoencoderKL's block_out_channels give 2 ** (len - 1); Qwen-Image's video VAE 2 ** len(temperal_downsample).
+    vae_config = {"block_out_channels": vae} if vae else {"temperal_downsample": [False, True, True]}
+    sides = FAMILIES[name].geometry(transformer, vae_config)
+    assert (sides.vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution) == expected

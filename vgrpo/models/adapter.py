@@ -24,7 +24,7 @@ from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.prompt_cache import PromptEmbeddingCache
 from vgrpo.policy import Conditioning
 
-__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PipelineAdapter"]
+__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PipelineAdapter", "padded_conditioning"]
 
 DEFAULT_PROMPT_CACHE_BYTES = int(PrecisionConfig.model_fields["prompt_cache_mb"].default * 2**20)
 """The prompt cache's budget when none is given: ``precision.prompt_cache_mb``'s default."""
@@ -237,3 +237,15 @@ class PipelineAdapter(ABC):
         cfg = self.vae.config
         z = latents / cfg.scaling_factor + (cfg.shift_factor or 0.0)
         return self.vae.decode(z.to(self.vae.dtype), return_dict=False)[0].float()
+
+
+def padded_conditioning(embeds: Sequence[Tensor]) -> Conditioning:
+    """Prompts' token embeddings ``(L_i, D)`` of their own lengths as one batch: zero-padded to the longest, with
+    :attr:`Conditioning.prompt_mask` True on each prompt's own tokens (Z-Image, Qwen-Image)."""
+    longest = max(e.shape[0] for e in embeds)
+    padded = torch.zeros(len(embeds), longest, embeds[0].shape[1], dtype=embeds[0].dtype)
+    mask = torch.zeros(len(embeds), longest, dtype=torch.bool)
+    for i, e in enumerate(embeds):
+        padded[i, : e.shape[0]] = e
+        mask[i, : e.shape[0]] = True
+    return Conditioning(prompt_embeds=padded, prompt_mask=mask)

@@ -70,10 +70,9 @@ def read_geometry(pipeline: Path) -> PipelineGeometry | None:
     if index is None or transformer is None or vae is None:
         return None
     try:
-        vae_scale_factor = 2 ** (len(vae["block_out_channels"]) - 1)
-        sides = family_for_pipeline(str(index.get("_class_name"))).geometry(transformer, vae_scale_factor)
+        sides = family_for_pipeline(str(index.get("_class_name"))).geometry(transformer, vae)
         return PipelineGeometry(
-            pipeline, vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution
+            pipeline, sides.vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution
         )
     except (KeyError, TypeError, ValueError, IndexError, UnknownFamilyError):
         return None

@@ -43,21 +43,29 @@ class FamilyGeometry:
     """Image sides a pipeline folder can sample, from its configs: every side a multiple of
     ``vae_scale_factor * patch_size`` pixels, at most ``max_resolution`` (None = no table bounds it)."""
 
+    vae_scale_factor: int
     patch_size: int
     default_resolution: int
     max_resolution: int | None
 
 
-GeometryReader = Callable[[Mapping[str, Any], int], FamilyGeometry]
-"""``(transformer/config.json, vae_scale_factor) -> FamilyGeometry``; KeyError/TypeError/ValueError when the config
-lacks what it needs."""
+GeometryReader = Callable[[Mapping[str, Any], Mapping[str, Any]], FamilyGeometry]
+"""``(transformer/config.json, vae/config.json) -> FamilyGeometry``; KeyError/TypeError/ValueError/IndexError when a
+config lacks what it needs."""
 
 
-def _sd3_geometry(transformer: Mapping[str, Any], vae_scale_factor: int) -> FamilyGeometry:
+def _image_vae_scale(vae: Mapping[str, Any]) -> int:
+    # diffusers' AutoencoderKL pipelines: 2 ** (len(block_out_channels) - 1).
+    return int(2 ** (len(vae["block_out_channels"]) - 1))
+
+
+def _sd3_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
     # SD3's PatchEmbed holds pos_embed_max_size patches a side (192 or 384 in the family's checkpoints).
+    vae_scale_factor = _image_vae_scale(vae)
     patch = int(transformer["patch_size"])
     table = transformer.get("pos_embed_max_size")
     return FamilyGeometry(
+        vae_scale_factor,
         patch,
         int(transformer["sample_size"]) * vae_scale_factor,
         None if table is None else int(table) * patch * vae_scale_factor,
@@ -68,18 +76,31 @@ FLUX_DEFAULT_SAMPLE_SIZE = 128
 """``FluxPipeline.default_sample_size``: its default side in latent pixels (1024 px at the VAE's 8x)."""
 
 
-def _flux_geometry(transformer: Mapping[str, Any], vae_scale_factor: int) -> FamilyGeometry:
+def _flux_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
     # FLUX packs 2 x 2 latent patches itself (its transformer's patch_size is 1) and has rotary positions: no table.
-    return FamilyGeometry(2, FLUX_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
+    vae_scale_factor = _image_vae_scale(vae)
+    return FamilyGeometry(vae_scale_factor, 2, FLUX_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
 
 
 Z_IMAGE_DEFAULT_RESOLUTION = 1024
 """``ZImagePipeline.__call__``'s default height and width in pixels."""
 
 
-def _z_image_geometry(transformer: Mapping[str, Any], vae_scale_factor: int) -> FamilyGeometry:
+def _z_image_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
     # The transformer patchifies with all_patch_size[0] (the pipeline's default patch_size=2); rotary positions.
-    return FamilyGeometry(int(transformer["all_patch_size"][0]), Z_IMAGE_DEFAULT_RESOLUTION, None)
+    return FamilyGeometry(
+        _image_vae_scale(vae), int(transformer["all_patch_size"][0]), Z_IMAGE_DEFAULT_RESOLUTION, None
+    )
+
+
+QWEN_IMAGE_DEFAULT_SAMPLE_SIZE = 128
+"""``QwenImagePipeline.default_sample_size``: its default side in latent pixels (1024 px at the VAE's 8x)."""
+
+
+def _qwen_image_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+    # A video VAE: 2 ** len(temperal_downsample) spatially (QwenImagePipeline); FLUX's 2 x 2 packing, rotary positions.
+    vae_scale_factor = int(2 ** len(vae["temperal_downsample"]))
+    return FamilyGeometry(vae_scale_factor, 2, QWEN_IMAGE_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
 
 
 def _import(target: str) -> Any:
@@ -170,6 +191,16 @@ FAMILIES: dict[str, ModelFamily] = {
             velocity="vgrpo.models.z_image:ZImageVelocity",
             lora_targets=("to_q", "to_k", "to_v", "to_out.0"),  # one stream: no context projections
             geometry=_z_image_geometry,
+        ),
+        ModelFamily(
+            name="qwen-image",
+            pipeline_class="QwenImagePipeline",
+            transformer_class="QwenImageTransformer2DModel",
+            components=_ONE_TEXT_ENCODER,
+            adapter="vgrpo.models.qwen_image:QwenImageAdapter",
+            velocity="vgrpo.models.qwen_image:QwenImageVelocity",
+            lora_targets=_SD3_FLUX_ATTENTION,  # double-stream joint attention, as SD3's and FLUX's
+            geometry=_qwen_image_geometry,
         ),
     )
 }

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vgrpo.models.adapter import PipelineAdapter
+from vgrpo.models.adapter import PipelineAdapter, padded_conditioning
 from vgrpo.models.registry import Z_IMAGE_DEFAULT_RESOLUTION
 from vgrpo.policy import Conditioning
 
@@ -98,11 +98,4 @@ class ZImageAdapter(PipelineAdapter):
         return (embeds[0],)
 
     def _batch(self, rows: Sequence[tuple[Tensor, ...]]) -> Conditioning:
-        embeds = [r[0] for r in rows]
-        longest = max(e.shape[0] for e in embeds)
-        padded = torch.zeros(len(embeds), longest, embeds[0].shape[1], dtype=embeds[0].dtype)
-        mask = torch.zeros(len(embeds), longest, dtype=torch.bool)
-        for i, e in enumerate(embeds):
-            padded[i, : e.shape[0]] = e
-            mask[i, : e.shape[0]] = True
-        return Conditioning(prompt_embeds=padded, prompt_mask=mask)
+        return padded_conditioning([r[0] for r in rows])
