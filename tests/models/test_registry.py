@@ -84,3 +84,21 @@ def test_each_family_reads_its_image_sides_from_the_configs(
     vae_config = {"block_out_channels": vae} if vae else {"temperal_downsample": [False, True, True]}
     sides = FAMILIES[name].geometry(transformer, vae_config)
     assert (sides.vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution) == expected
+
+
+@pytest.mark.parametrize(
+    ("builder", "blocks"),
+    [
+        ("tiny_flux_pipeline", {"FluxTransformerBlock": 1, "FluxSingleTransformerBlock": 1}),
+        ("tiny_z_image_pipeline", {"ZImageTransformerBlock": 3}),  # two refiners and one main layer
+        ("tiny_qwen_image_pipeline", {"QwenImageTransformerBlock": 1}),
+    ],
+)
+def test_fsdp_finds_the_blocks_of_each_family_s_transformer(builder: str, blocks: dict[str, int]) -> None:
+    from collections import Counter
+
+    from vgrpo.models import tiny
+    from vgrpo.parallel.fsdp import _blocks
+
+    transformer = getattr(tiny, builder)(seed=0).transformer
+    assert Counter(type(b).__name__ for b in _blocks(transformer)) == blocks
