@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = command("evaluate", "per-reward table (GenEval per tag, OCR, preference) and image grid")
-    p.add_argument("pipeline", help="a StableDiffusion3Pipeline or FluxPipeline directory")
+    p.add_argument("pipeline", help="a diffusers pipeline directory of a family in vgrpo.models.registry")
     p.add_argument("--lora", default=None, help="a LoRA directory (a stage's output) loaded with load_lora_weights")
     add_params_arguments(p, "params/embedded/evaluate.yaml")
     p.add_argument("--prompts", required=True, help="metadata JSONL (GenEval format, world splits) or .txt prompts")

@@ -33,25 +33,35 @@ class Conditioning:
     Attributes:
         prompt_embeds: ``(B, L, D)`` token embeddings (SD3: CLIP-L/G + T5 joint sequence).
         pooled_prompt_embeds: ``(B, P)`` pooled embeddings, or ``None`` for models without them.
+        prompt_mask: ``(B, L)`` bool, True on each prompt's own tokens, for models whose prompts have their own
+            lengths (Z-Image: the rows are padded to the batch's longest); ``None`` = every token counts.
     """
 
     prompt_embeds: Tensor
     pooled_prompt_embeds: Tensor | None = None
+    prompt_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
-        pooled = self.pooled_prompt_embeds
+        pooled, mask = self.pooled_prompt_embeds, self.prompt_mask
         if pooled is not None and pooled.shape[0] != self.prompt_embeds.shape[0]:
             raise ValueError(
                 f"pooled_prompt_embeds has batch {pooled.shape[0]}, prompt_embeds {self.prompt_embeds.shape[0]}"
+            )
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != self.prompt_embeds.shape[:2]):
+            raise ValueError(
+                f"prompt_mask must be bool of shape {tuple(self.prompt_embeds.shape[:2])}, "
+                f"got {mask.dtype} {tuple(mask.shape)}"
             )
 
     def __len__(self) -> int:
         return int(self.prompt_embeds.shape[0])
 
-    def _map(self, fn: Callable[[Tensor], Tensor]) -> Conditioning:
-        pooled = self.pooled_prompt_embeds
+    def _map(self, fn: Callable[[Tensor], Tensor], mask_fn: Callable[[Tensor], Tensor] | None = None) -> Conditioning:
+        pooled, mask = self.pooled_prompt_embeds, self.prompt_mask
         return Conditioning(
-            prompt_embeds=fn(self.prompt_embeds), pooled_prompt_embeds=None if pooled is None else fn(pooled)
+            prompt_embeds=fn(self.prompt_embeds),
+            pooled_prompt_embeds=None if pooled is None else fn(pooled),
+            prompt_mask=None if mask is None else (mask_fn or fn)(mask),
         )
 
     def index(self, idx: Tensor) -> Conditioning:
@@ -63,7 +73,8 @@ class Conditioning:
         return self._map(lambda x: x.repeat_interleave(repeats, dim=0))
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Conditioning:
-        return self._map(lambda x: x.to(device=device, dtype=dtype))
+        """On ``device``, the embeddings in ``dtype`` (the mask stays bool)."""
+        return self._map(lambda x: x.to(device=device, dtype=dtype), lambda m: m.to(device=device))
 
 
 @runtime_checkable

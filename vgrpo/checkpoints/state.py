@@ -33,6 +33,7 @@ from torch import nn
 
 from vgrpo.atomic import atomic_dir
 from vgrpo.errors import UserError
+from vgrpo.models.registry import FAMILIES
 from vgrpo.models.saving import save_pipeline
 from vgrpo.policy import ParameterSnapshot
 
@@ -58,8 +59,9 @@ __all__ = [
 LORA_FILE = "pytorch_lora_weights.safetensors"
 PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 """The same adapter in PEFT's format, beside :data:`LORA_FILE`: ``PeftModel.from_pretrained(transformer, dir)``."""
-LORA_PIPELINES = {"SD3Transformer2DModel": "StableDiffusion3Pipeline", "FluxTransformer2DModel": "FluxPipeline"}
-"""Transformer class -> the pipeline class whose LoRA loader mixin writes (and reads) its adapter files."""
+LORA_PIPELINES = {f.transformer_class: f.pipeline_class for f in FAMILIES.values()}
+"""Transformer class -> the pipeline class whose LoRA loader mixin writes (and reads) its adapter files
+(:mod:`vgrpo.models.registry`)."""
 
 
 class CheckpointError(UserError, RuntimeError):

@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from vgrpo.checkpoints.state import LORA_FILE
 from vgrpo.models.pipeline import PIPELINE_COMPONENTS
+from vgrpo.models.registry import UnknownFamilyError, family_for_pipeline
 
 __all__ = [
     "PICKLE_SUFFIXES",
@@ -155,9 +156,15 @@ def lora_target_problems(targets: Sequence[str], shapes: dict[str, list[int]], p
     if not missing:
         return []
     names = sorted({m.split(".attn.", 1)[1] for m in layers if ".attn." in m})
+    try:
+        index = json.loads((pipeline / "model_index.json").read_text(encoding="utf-8"))
+        entry = family_for_pipeline(str(index.get("_class_name")))
+        family = f"; the {entry.name} family's: {list(entry.lora_targets)}"
+    except (OSError, ValueError, AttributeError, UnknownFamilyError):  # pipeline_problems names an unreadable index
+        family = ""
     return [
         f"lora.target_modules: {missing} name no linear layer of {pipeline / 'transformer'} "
-        f"(its attention layers: {names[:12]})"
+        f"(its attention layers: {names[:12]}{family})"
     ]
 
 

@@ -24,7 +24,7 @@ from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.prompt_cache import PromptEmbeddingCache
 from vgrpo.policy import Conditioning
 
-__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PipelineAdapter"]
+__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PipelineAdapter", "padded_conditioning"]
 
 DEFAULT_PROMPT_CACHE_BYTES = int(PrecisionConfig.model_fields["prompt_cache_mb"].default * 2**20)
 """The prompt cache's budget when none is given: ``precision.prompt_cache_mb``'s default."""
@@ -92,8 +92,9 @@ class PipelineAdapter(ABC):
         """The pipeline's own image side in pixels."""
 
     @abstractmethod
-    def _encode_prompt(self, prompt: str) -> tuple[Tensor, Tensor]:
-        """One prompt's ``(token embeddings (L, D), pooled embedding (P,))`` from the pipeline's ``encode_prompt``."""
+    def _encode_prompt(self, prompt: str) -> tuple[Tensor, ...]:
+        """One prompt's ``(token embeddings (L, D), pooled embedding (P,))`` from the pipeline's ``encode_prompt``
+        (families without a pooled vector: the token embeddings alone, batched by their :meth:`_batch`)."""
 
     @property
     def patch_size(self) -> int:
@@ -181,9 +182,13 @@ class PipelineAdapter(ABC):
         # embedding must not depend on which iteration first saw it (a resumed run would drift by 1e-10).
         # Rows are held here until the batch is built: the cache may evict a prompt of this very batch.
         rows = {p: self._encode_cached(p) for p in sorted(set(prompts))}
+        return self._batch([rows[p] for p in prompts]).to(self.device)
+
+    def _batch(self, rows: Sequence[tuple[Tensor, ...]]) -> Conditioning:
+        """One batch's conditioning from its prompts' cached ``_encode_prompt`` rows: token embeddings and pooled
+        vectors stacked (a family whose prompts have their own lengths pads them and sets the mask)."""
         return Conditioning(
-            prompt_embeds=torch.stack([rows[p][0] for p in prompts]).to(self.device),
-            pooled_prompt_embeds=torch.stack([rows[p][1] for p in prompts]).to(self.device),
+            prompt_embeds=torch.stack([r[0] for r in rows]), pooled_prompt_embeds=torch.stack([r[1] for r in rows])
         )
 
     @torch.no_grad()
@@ -232,3 +237,15 @@ class PipelineAdapter(ABC):
         cfg = self.vae.config
         z = latents / cfg.scaling_factor + (cfg.shift_factor or 0.0)
         return self.vae.decode(z.to(self.vae.dtype), return_dict=False)[0].float()
+
+
+def padded_conditioning(embeds: Sequence[Tensor]) -> Conditioning:
+    """Prompts' token embeddings ``(L_i, D)`` of their own lengths as one batch: zero-padded to the longest, with
+    :attr:`Conditioning.prompt_mask` True on each prompt's own tokens (Z-Image, Qwen-Image)."""
+    longest = max(e.shape[0] for e in embeds)
+    padded = torch.zeros(len(embeds), longest, embeds[0].shape[1], dtype=embeds[0].dtype)
+    mask = torch.zeros(len(embeds), longest, dtype=torch.bool)
+    for i, e in enumerate(embeds):
+        padded[i, : e.shape[0]] = e
+        mask[i, : e.shape[0]] = True
+    return Conditioning(prompt_embeds=padded, prompt_mask=mask)

@@ -1,11 +1,11 @@
 """The image sizes a pipeline can sample, read from its folder's config files without loading a weight, so that a
 resolution it cannot take is refused when a run's inputs are checked, not when the model first meets it.
 
-A side must be a multiple of the VAE's downsampling times the transformer's patch (SD3 and FLUX.1: 8 x 2 = 16
-px; diffusers' ``vae_scale_factor`` is ``2 ** (len(vae.block_out_channels) - 1)``), and SD3's position embedding
+A side must be a multiple of the VAE's downsampling times the transformer's patch (SD3, FLUX.1 and Z-Image: 8 x 2 =
+16 px; diffusers' ``vae_scale_factor`` is ``2 ** (len(vae.block_out_channels) - 1)``), and SD3's position embedding
 holds ``pos_embed_max_size`` patches a side (diffusers ``PatchEmbed``; the SD3 family's checkpoints hold 192 or
-384). FLUX packs
-2 x 2 latent patches (:mod:`vgrpo.models.flux`) and has no such table.
+384). Each family's registry entry reads its patch, default side and bound from the transformer's config
+(:attr:`vgrpo.models.registry.ModelFamily.geometry`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PipelineGeometry", "read_geometry"]
+from vgrpo.models.registry import UnknownFamilyError, family_for_pipeline
 
-FLUX_DEFAULT_SAMPLE_SIZE = 128
-"""``FluxPipeline.default_sample_size``: its default side in latent pixels (1024 px at the VAE's 8x)."""
+__all__ = ["PipelineGeometry", "read_geometry"]
 
 
 @dataclass(frozen=True)
@@ -71,17 +70,9 @@ def read_geometry(pipeline: Path) -> PipelineGeometry | None:
     if index is None or transformer is None or vae is None:
         return None
     try:
-        vae_scale_factor = 2 ** (len(vae["block_out_channels"]) - 1)
-        if index.get("_class_name") == "FluxPipeline":
-            return PipelineGeometry(pipeline, vae_scale_factor, 2, FLUX_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
-        patch = int(transformer["patch_size"])
-        table = transformer.get("pos_embed_max_size")
+        sides = family_for_pipeline(str(index.get("_class_name"))).geometry(transformer, vae)
         return PipelineGeometry(
-            pipeline,
-            vae_scale_factor,
-            patch,
-            int(transformer["sample_size"]) * vae_scale_factor,
-            None if table is None else int(table) * patch * vae_scale_factor,
+            pipeline, sides.vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, IndexError, UnknownFamilyError):
         return None

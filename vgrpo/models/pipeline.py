@@ -1,9 +1,9 @@
-"""Loading a diffusers pipeline directory (SD3 family or FLUX.1), and the adapter and velocity model for it.
+"""Loading a diffusers pipeline directory of a registered family, and the adapter and velocity model for it.
 
-The same code loads a real SD3.5-Medium or FLUX.1 directory and the embedded default
-(:mod:`vgrpo.models.embedded`). :func:`build_adapter` picks the family's :class:`vgrpo.models.adapter.PipelineAdapter`
-(prompt conditioning, latent size, latent <-> image conversion): :class:`vgrpo.models.sd3.SD3Adapter` or
-:class:`vgrpo.models.flux.FluxAdapter`.
+The same code loads a real SD3.5-Medium, FLUX.1 or Z-Image directory and the embedded default
+(:mod:`vgrpo.models.embedded`). :func:`build_adapter` takes the family's :class:`vgrpo.models.adapter.PipelineAdapter`
+(prompt conditioning, latent size, latent <-> image conversion) and velocity wrapper from its registry entry
+(:mod:`vgrpo.models.registry`).
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import FluxPipeline, StableDiffusion3Pipeline
+from diffusers import StableDiffusion3Pipeline
 from torch import nn
 
 from vgrpo.errors import UserError
 from vgrpo.models.adapter import PipelineAdapter
 from vgrpo.models.config import PrecisionConfig
-from vgrpo.models.flux import FluxAdapter, FluxVelocity
+from vgrpo.models.registry import FAMILIES, family_for_pipeline, family_of
 from vgrpo.models.saving import is_absent_t5
-from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
 
 __all__ = [
     "PipelineError",
@@ -32,11 +31,7 @@ __all__ = [
     "place_pipeline",
 ]
 
-_TWO_TEXT_ENCODERS = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
-PIPELINE_COMPONENTS: dict[str, tuple[str, ...]] = {
-    "StableDiffusion3Pipeline": _TWO_TEXT_ENCODERS,
-    "FluxPipeline": _TWO_TEXT_ENCODERS,
-}
+PIPELINE_COMPONENTS: dict[str, tuple[str, ...]] = {f.pipeline_class: f.components for f in FAMILIES.values()}
 """Pipeline classes we load, and the components each must have (SD3's T5 is optional: :func:`load_sd3_pipeline`)."""
 
 
@@ -75,8 +70,8 @@ def _component_dtypes(dtype: torch.dtype, frozen: torch.dtype | None) -> torch.d
 def load_pipeline(
     path: str | Path, *, dtype: torch.dtype = torch.float32, frozen_dtype: torch.dtype | None = None
 ) -> Any:
-    """A ``StableDiffusion3Pipeline`` or ``FluxPipeline`` from a local directory (never the hub), by its
-    ``model_index.json`` ``_class_name``.
+    """A pipeline of a registered family (:mod:`vgrpo.models.registry`) from a local directory (never the hub), by
+    its ``model_index.json`` ``_class_name``.
 
     Args:
         dtype: the transformer's weights dtype.
@@ -91,7 +86,8 @@ def load_pipeline(
     if index["_class_name"] == "StableDiffusion3Pipeline":
         return load_sd3_pipeline(root, dtype=dtype, frozen_dtype=frozen_dtype)
 
-    pipe = FluxPipeline.from_pretrained(
+    pipeline_class = family_for_pipeline(index["_class_name"]).diffusers_pipeline()
+    pipe = pipeline_class.from_pretrained(
         root, local_files_only=True, use_safetensors=True, dtype=_component_dtypes(dtype, frozen_dtype)
     )
     pipe.set_progress_bar_config(disable=True)
@@ -159,9 +155,5 @@ def build_adapter(
         "prompt_cache_bytes": int(precision.prompt_cache_mb * 2**20),
         "text_encoders": precision.text_encoders,
     }
-    transformer: nn.Module = pipe.transformer
-    if isinstance(pipe, FluxPipeline):
-        return FluxAdapter(pipe, **options), FluxVelocity(transformer)
-    if isinstance(pipe, StableDiffusion3Pipeline):
-        return SD3Adapter(pipe, **options), SD3Velocity(transformer)
-    raise TypeError(f"no adapter for {type(pipe).__name__}; expected {' or '.join(PIPELINE_COMPONENTS)}")
+    entry = family_of(pipe)
+    return entry.adapter_class()(pipe, **options), entry.velocity_class()(pipe.transformer)

@@ -1,5 +1,5 @@
-"""Tiny randomly initialised models built from config (no hub): an SD3 transformer with its conditioning, and a
-complete ``FluxPipeline``.
+"""Tiny randomly initialised models built from config (no hub): an SD3 transformer with its conditioning, and
+complete ``FluxPipeline``, ``ZImagePipeline`` and ``QwenImagePipeline`` s.
 
 For tests, the demo and benchmarks of the algorithms and adapters themselves; the embedded default model that
 is actually pretrained lives elsewhere.
@@ -12,9 +12,25 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel, SD3Transformer2DModel
+from diffusers import (
+    AutoencoderKLQwenImage,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
+    QwenImagePipeline,
+    QwenImageTransformer2DModel,
+    SD3Transformer2DModel,
+    ZImagePipeline,
+    ZImageTransformer2DModel,
+)
+from tokenizers import pre_tokenizers
 from torch import nn
 from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2Tokenizer,  # transformers 5: tokenizers-backed byte-level BPE
+    Qwen3Config,
+    Qwen3Model,
     T5Config,
     T5EncoderModel,
     T5Tokenizer,  # transformers 5: the tokenizers-backed (fast) T5 tokenizer
@@ -29,8 +45,11 @@ __all__ = [
     "TINY_LATENT_SHAPE",
     "tiny_conditioning",
     "tiny_flux_pipeline",
+    "tiny_qwen_image_pipeline",
+    "tiny_qwen_tokenizer",
     "tiny_sd3_transformer",
     "tiny_t5_tokenizer",
+    "tiny_z_image_pipeline",
 ]
 
 TINY_LATENT_SHAPE = (4, 8, 8)
@@ -156,4 +175,143 @@ def tiny_flux_pipeline(seed: int = 0, *, corpus: Iterable[str] = _DEFAULT_CORPUS
         text_encoder_2=t5,
         tokenizer_2=t5_tokenizer,
         transformer=transformer,
+    )
+
+
+QWEN_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+"""Qwen3's chat template cut to what ``ZImagePipeline`` renders (plain user messages, a generation prompt, the
+``enable_thinking`` switch): the same text for those."""
+_QWEN_WIDTH, _QWEN_TOKENS = 16, 64
+
+
+def tiny_qwen_tokenizer(model_max_length: int = _QWEN_TOKENS) -> Any:
+    """A Qwen2 tokenizer (byte-level BPE, no merges: one token per UTF-8 byte, so any prompt tokenizes) with
+    Qwen's ``<|endoftext|>``/``<|im_start|>``/``<|im_end|>`` special tokens and :data:`QWEN_CHAT_TEMPLATE`;
+    no files."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {token: i for i, token in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=model_max_length)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[1:]})
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_z_image_pipeline(seed: int = 0) -> Any:
+    """A randomly initialised ``ZImagePipeline`` with Z-Image-Turbo's structure: a two-layer Qwen3 text encoder
+    (the pipeline reads its penultimate hidden states) with :func:`tiny_qwen_tokenizer`, the FLUX VAE's
+    normalisation on a 2x VAE to ``(4, 8, 8)`` latents at 16 px (:data:`TINY_FLUX`'s VAE), a one-layer
+    ``ZImageTransformer2DModel`` (patch 2: 16 image tokens) and Z-Image-Turbo's scheduler (static shift 3).
+    ``save_pretrained`` + ``ZImagePipeline.from_pretrained`` round-trip it."""
+
+    cfg = TINY_FLUX
+    tokenizer = tiny_qwen_tokenizer()
+    vae: Any = build_vae(cfg, seed + 1)
+    vae.register_to_config(scaling_factor=_FLUX_VAE_SCALING, shift_factor=_FLUX_VAE_SHIFT)
+    torch.manual_seed(seed + 2)
+    qwen = Qwen3Model(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=_QWEN_WIDTH,
+            intermediate_size=2 * _QWEN_WIDTH,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            max_position_embeddings=2 * _QWEN_TOKENS,
+            pad_token_id=0,
+        )
+    ).eval()
+    torch.manual_seed(seed)
+    transformer = ZImageTransformer2DModel(
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=cfg.latent_channels,
+        dim=32,
+        n_layers=1,
+        n_refiner_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        cap_feat_dim=_QWEN_WIDTH,
+        axes_dims=[4, 6, 6],  # sums to the head width, like Z-Image's (32, 48, 48) to 128
+        axes_lens=[256, 32, 32],
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+    return ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=qwen, tokenizer=tokenizer, transformer=transformer)
+
+
+def tiny_qwen_image_pipeline(seed: int = 0) -> Any:
+    """A randomly initialised ``QwenImagePipeline`` with Qwen-Image's structure: a two-layer Qwen2.5-VL text encoder
+    (with a one-block vision tower the text path never runs) and :func:`tiny_qwen_tokenizer` (its byte-level tokens
+    make the chat template's system prefix longer than the 34 tokens the pipeline drops, as Qwen's own are), a
+    video VAE (one temporal stage, 2x spatially) with per-channel latent normalisation to ``(4, 8, 8)`` latents at
+    16 px, a one-layer ``QwenImageTransformer2DModel`` over FLUX-packed 2 x 2 patches, and the dynamically shifted
+    scheduler with Qwen-Image's shift parameters but no ``shift_terminal`` (:mod:`vgrpo.models.qwen_image`)."""
+
+    tokenizer = tiny_qwen_tokenizer(model_max_length=1024)
+    torch.manual_seed(seed + 2)
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": _QWEN_WIDTH,
+        "intermediate_size": 2 * _QWEN_WIDTH,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 1024,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},  # sums to half the head width, as Qwen's
+    }
+    vision = {
+        "depth": 1,
+        "hidden_size": _QWEN_WIDTH,
+        "intermediate_size": 2 * _QWEN_WIDTH,
+        "num_heads": 2,
+        "out_hidden_size": _QWEN_WIDTH,
+        "patch_size": 2,
+        "spatial_merge_size": 1,
+        "temporal_patch_size": 1,
+        "fullatt_block_indexes": [0],
+        "window_size": 4,
+    }
+    text_encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision)).eval()
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLQwenImage(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False],
+        latents_mean=[0.1, -0.2, 0.3, 0.0],
+        latents_std=[1.5, 2.0, 0.8, 1.1],
+    )
+    torch.manual_seed(seed)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,  # 4 latent channels x a 2 x 2 patch
+        out_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=_QWEN_WIDTH,
+        axes_dims_rope=(2, 2, 4),  # sums to the head width, like Qwen-Image's (16, 56, 56) to 128
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=0.9,
+        base_image_seq_len=256,
+        max_image_seq_len=8192,
+        time_shift_type="exponential",
+    )
+    return QwenImagePipeline(
+        scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
     )

@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from vgrpo.errors import UserError
-from vgrpo.training.guards import NonFiniteError
+from vgrpo.errors import NonFiniteError, UserError
 
 __all__ = [
     "NonFiniteRewardError",

@@ -8,27 +8,14 @@ after ``max_consecutive_skips`` bad iterations in a row, leaving its last checkp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from vgrpo.errors import NonFiniteError  # defined below the training loop: rewards subclass it
+
 __all__ = ["NonFiniteError", "TrainingDiverged", "check_finite", "nonfinite_summary"]
-
-
-class NonFiniteError(RuntimeError):
-    """A quantity of one iteration is NaN or Inf.
-
-    Attributes:
-        quantity: what (``reward/pickscore``, ``advantages``, ``old_surrogates``, ``loss``, ``gradients``).
-        details: JSON-able facts for the log: how many entries, which sample indices (first 16), the step.
-    """
-
-    def __init__(self, quantity: str, details: Mapping[str, Any], *, message: str | None = None):
-        self.quantity = quantity
-        self.details = dict(details)
-        super().__init__(message or f"non-finite {quantity}: {self.details}")
 
 
 class TrainingDiverged(RuntimeError):

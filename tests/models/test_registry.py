@@ -1,0 +1,104 @@
+"""The model registry (vgrpo/models/registry.py): names, the refusal of an unknown one, and every entry's classes
+importable and consistent with diffusers' (the pipeline's transformer, the blocks FSDP wraps, the LoRA loader, the
+LoRA targets present in the transformer)."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from vgrpo.models.config import LoraConfig
+from vgrpo.models.registry import (
+    FAMILIES,
+    UnknownFamilyError,
+    family,
+    family_for_pipeline,
+    family_for_transformer,
+)
+
+
+def test_the_registry_holds_the_families_by_name_and_refuses_an_unknown_one_listing_them() -> None:
+    assert sorted(FAMILIES) == ["flux", "qwen-image", "sd3", "z-image"]
+    assert family("sd3").pipeline_class == "StableDiffusion3Pipeline"
+    assert family_for_pipeline("FluxPipeline") is FAMILIES["flux"]
+    assert family_for_transformer("ZImageTransformer2DModel") is FAMILIES["z-image"]
+    with pytest.raises(UnknownFamilyError, match=r"no model family for name 'wan'; known: flux, qwen-image, sd3, z-i"):
+        family("wan")
+    with pytest.raises(UnknownFamilyError, match=r"pipeline class 'FluxKontextPipeline'; known: StableDiffusion3Pipe"):
+        family_for_pipeline("FluxKontextPipeline")
+    with pytest.raises(UnknownFamilyError, match=r"transformer class 'WanTransformer3DModel'; known: SD3Transf"):
+        family_for_transformer("WanTransformer3DModel")
+
+
+def test_importing_the_registry_imports_no_family_code() -> None:
+    code = (
+        "import sys; import vgrpo.models.registry; "
+        "print(sorted(m for m in sys.modules if m.startswith('diffusers') or m in "
+        "('vgrpo.models.sd3', 'vgrpo.models.flux', 'vgrpo.models.z_image')))"
+    )
+    # vgrpo.models' package __init__ imports the SD3 and FLUX wrappers (and diffusers through peft's mixins) as it
+    # did before the registry; what the registry itself adds is nothing: Z-Image's module stays unimported.
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "vgrpo.models.z_image" not in out
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_entry_imports_and_agrees_with_diffusers(name: str) -> None:
+    from vgrpo.models.adapter import PipelineAdapter
+
+    entry = FAMILIES[name]
+    pipeline, transformer = entry.diffusers_pipeline(), entry.diffusers_transformer()
+    assert pipeline.__name__ == entry.pipeline_class and transformer.__name__ == entry.transformer_class
+    assert issubclass(entry.adapter_class(), PipelineAdapter)
+    assert callable(entry.velocity_class())
+    # The pipeline's constructor takes this transformer class and every component the entry requires.
+    parameters = inspect.signature(pipeline.__init__).parameters
+    assert set(entry.components) <= set(parameters)
+    assert transformer.__name__ in str(parameters["transformer"].annotation)
+    # FSDP wraps the blocks the transformer names (vgrpo/parallel/fsdp.py); the LoRA export uses the pipeline's loader.
+    assert transformer._no_split_modules
+    assert callable(pipeline.save_lora_weights) and callable(pipeline.load_lora_weights)
+
+
+def test_sd3_and_flux_lora_targets_are_the_config_default() -> None:
+    assert FAMILIES["sd3"].lora_targets == FAMILIES["flux"].lora_targets == LoraConfig().target_modules
+
+
+@pytest.mark.parametrize(
+    ("name", "transformer", "vae", "expected"),
+    [
+        ("sd3", {"patch_size": 2, "sample_size": 128, "pos_embed_max_size": 384}, [1, 2, 3, 4], (8, 2, 1024, 6144)),
+        ("sd3", {"patch_size": 2, "sample_size": 64}, [1, 2, 3, 4], (8, 2, 512, None)),
+        ("flux", {"patch_size": 1}, [1, 2, 3, 4], (8, 2, 1024, None)),
+        ("z-image", {"all_patch_size": [2]}, [1, 2, 3, 4], (8, 2, 1024, None)),
+        ("qwen-image", {"patch_size": 2}, None, (8, 2, 1024, None)),
+    ],
+)
+def test_each_family_reads_its_image_sides_from_the_configs(
+    name: str, transformer: dict[str, object], vae: list[int] | None, expected: tuple[int, int, int, int | None]
+) -> None:
+    # An AutoencoderKL's block_out_channels give 2 ** (len - 1); Qwen-Image's video VAE 2 ** len(temperal_downsample).
+    vae_config = {"block_out_channels": vae} if vae else {"temperal_downsample": [False, True, True]}
+    sides = FAMILIES[name].geometry(transformer, vae_config)
+    assert (sides.vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution) == expected
+
+
+@pytest.mark.parametrize(
+    ("builder", "blocks"),
+    [
+        ("tiny_flux_pipeline", {"FluxTransformerBlock": 1, "FluxSingleTransformerBlock": 1}),
+        ("tiny_z_image_pipeline", {"ZImageTransformerBlock": 3}),  # two refiners and one main layer
+        ("tiny_qwen_image_pipeline", {"QwenImageTransformerBlock": 1}),
+    ],
+)
+def test_fsdp_finds_the_blocks_of_each_family_s_transformer(builder: str, blocks: dict[str, int]) -> None:
+    from collections import Counter
+
+    from vgrpo.models import tiny
+    from vgrpo.parallel.fsdp import _blocks
+
+    transformer = getattr(tiny, builder)(seed=0).transformer
+    assert Counter(type(b).__name__ for b in _blocks(transformer)) == blocks
