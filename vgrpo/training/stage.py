@@ -24,32 +24,25 @@ from the checkpoint rank 0 picked (``work_dir`` must be on a filesystem every no
 
 from __future__ import annotations
 
-import math
-import shutil
-import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import numpy as np
-
-from vgrpo.algorithms.base import zero_lora_deltas
-from vgrpo.atomic import atomic_dir, write_json_atomic
 from vgrpo.checkpoints.resume import ResumableRun, TrainingState
 from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
-from vgrpo.evaluation.evaluator import Evaluator, build_evaluator
+from vgrpo.evaluation.evaluator import build_evaluator
 from vgrpo.evaluation.tables import flat_metrics
 from vgrpo.logs import get_logger
 from vgrpo.parallel.distributed import Distributed
-from vgrpo.policy import ParameterSnapshot, trainable_parameters
-from vgrpo.progress_line import Progress
+from vgrpo.policy import trainable_parameters
 from vgrpo.rewards.base import NonFiniteRewardError, RewardFailed
 from vgrpo.rewards.multi import MultiReward
+from vgrpo.training.callbacks import FanOut, ProgressView, StageCallbacks
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged
-from vgrpo.training.hold import HOLD_DIR, check_holds, held_values, kept_check
+from vgrpo.training.hold import check_holds, held_values
+from vgrpo.training.holding import Holding, evaluate_base, export_kept, hold_evaluator
 from vgrpo.training.phases import (
     StagePolicy,
     evaluate,
@@ -60,7 +53,8 @@ from vgrpo.training.phases import (
     setup_policy,
     update,
 )
-from vgrpo.training.prompt_rows import StagePrompts, checked_rows, prepare_prompts
+from vgrpo.training.prompt_rows import StagePrompts, prepare_prompts
+from vgrpo.training.stage_result import StageResult, StageRewardFailed, nonfinite_failure, skipped_summary
 
 __all__ = [
     "FanOut",
@@ -87,207 +81,6 @@ class PhaseRunner(Protocol):
 
 def call_directly(phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T:
     return fn(*args)
-
-
-class StageCallbacks:
-    """What a stage reports as it runs, on rank 0 (as transformers' ``TrainerCallback``); override what you need."""
-
-    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
-        """Each iteration's flat metrics: rewards, every sub-score, surrogate CV, ratio and clip statistics, KL,
-        grad norm, seconds per phase."""
-
-    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
-        """Each evaluation table and its images."""
-
-    def on_skip(self, event: dict[str, Any]) -> None:
-        """An iteration skipped for a NaN or Inf (reward, advantage, surrogate, loss or gradient: which, how many,
-        where)."""
-
-    def on_checkpoint(self, path: Path, iteration: int) -> None:
-        """A resumable checkpoint was written."""
-
-    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
-        """A hold check (:mod:`vgrpo.training.hold`): its iteration, values, whether it holds, what fell below its
-        floor; ``reference`` the values held."""
-
-    def on_kept(self, hold: dict[str, Any]) -> None:
-        """A holding stage chose its export: ``hold`` as :attr:`StageResult.hold`."""
-
-
-class FanOut(StageCallbacks):
-    """Every report to each of ``callbacks`` in turn (a tracker and a progress view, a checkpoint upload)."""
-
-    def __init__(self, *callbacks: StageCallbacks) -> None:
-        self.callbacks = callbacks
-
-    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
-        for c in self.callbacks:
-            c.on_log(metrics, iteration)
-
-    def on_evaluate(self, table: dict[str, Any], images: np.ndarray, iteration: int) -> None:
-        for c in self.callbacks:
-            c.on_evaluate(table, images, iteration)
-
-    def on_skip(self, event: dict[str, Any]) -> None:
-        for c in self.callbacks:
-            c.on_skip(event)
-
-    def on_checkpoint(self, path: Path, iteration: int) -> None:
-        for c in self.callbacks:
-            c.on_checkpoint(path, iteration)
-
-    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
-        for c in self.callbacks:
-            c.on_hold(check, reference)
-
-    def on_kept(self, hold: dict[str, Any]) -> None:
-        for c in self.callbacks:
-            c.on_kept(hold)
-
-
-class ProgressView(StageCallbacks):
-    """The stage's live progress as one line (:class:`vgrpo.progress_line.Progress`: stage k of n, iteration i of m,
-    seconds per iteration, ETA, the last rewards), and why an iteration was skipped.
-
-    On a terminal the line is redrawn in place; elsewhere (a log file) a new line is written at most every
-    ``every_s`` seconds and at the stage's last iteration, so a long stage leaves a few dozen lines. With
-    ``state_file`` each update is also written there as JSON (atomically), for a watcher in another process
-    (:mod:`flows.watch`).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        iterations: int,
-        *,
-        stage_index: int = 0,
-        stages: int = 0,
-        stream: TextIO | None = None,
-        every_s: float = 30.0,
-        state_file: Path | None = None,
-    ) -> None:
-        self.progress = Progress(name, iterations, stage_index=stage_index, stages=stages)
-        self.stream, self.every_s, self.state_file = stream, every_s, state_file
-        self._last_written = -math.inf
-
-    def _out(self) -> TextIO:
-        return self.stream if self.stream is not None else sys.stderr
-
-    def on_log(self, metrics: dict[str, float], iteration: int) -> None:
-        skipped = bool(metrics.get("guard/skipped"))
-        reward = None if skipped else metrics.get("reward/total_mean", float("nan"))
-        self.progress.record(iteration, None if skipped else metrics.get("time/iteration_s"), reward)
-        self.show()
-
-    def show(self) -> None:
-        """Draw (or, off a terminal, write when due) the current line, and update ``state_file``."""
-        if self.state_file is not None:
-            write_json_atomic(self.state_file, self.progress.to_json())
-        out, now = self._out(), time.monotonic()
-        last = self.progress.done >= self.progress.iterations
-        if out.isatty():
-            out.write("\r" + self.progress.line() + "\x1b[K" + ("\n" if last else ""))
-        elif last or now - self._last_written >= self.every_s:
-            out.write(self.progress.line() + "\n")
-            self._last_written = now
-        out.flush()
-
-    def on_skip(self, event: dict[str, Any]) -> None:
-        out = self._out()
-        out.write(
-            ("\n" if out.isatty() else "")
-            + f"{self.progress.stage} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
-            f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied\n"
-        )
-        out.flush()
-
-    def _note(self, text: str) -> None:
-        """A line of its own beside the progress line (which a terminal redraws in place)."""
-        out = self._out()
-        out.write(("\n" if out.isatty() else "") + text + "\n")
-        out.flush()
-
-    def on_hold(self, check: dict[str, Any], reference: dict[str, float]) -> None:
-        values = ", ".join(f"{k} {v:.4g} (ref {reference[k]:.4g})" for k, v in check["values"].items())
-        verdict = "holds" if check["holds"] else "BROKEN"
-        self._note(f"{self.progress.stage} hold check at {check['iteration']}: {verdict}: {values}")
-
-    def on_kept(self, hold: dict[str, Any]) -> None:
-        self._note(f"{self.progress.stage}: exports iteration {hold['kept_iteration']}: {hold['reason']}")
-
-
-@dataclass
-class StageResult:
-    """What a finished stage leaves: the exported weights and what was measured on the way."""
-
-    out_dir: Path
-    iterations: int
-    history: list[dict[str, float]] = field(default_factory=list)
-    evaluations: list[dict[str, Any]] = field(default_factory=list)
-    resumed_from: int = 0
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    """One event per iteration skipped for a non-finite quantity (:mod:`vgrpo.training.guards`)."""
-    hold: dict[str, Any] | None = None
-    """With ``hold``: ``reference`` (the values held), ``tolerances``, ``checks`` (each check's iteration, values,
-    ``holds`` and ``failed``), ``kept_iteration`` (the exported weights' iteration), ``reason`` and ``stopped_at``
-    (the iteration the stage stopped early at, or ``None``)."""
-    timings: dict[str, float] = field(default_factory=dict)
-    """Seconds this start spent on each part of the stage (rank 0's clock): ``setup_s`` (prompts, model loading,
-    restoring a checkpoint), ``iterations_s`` (every iteration run, skipped ones included), ``evaluation_s``
-    (in-stage and final evaluations), ``checkpoint_s`` and ``export_s``."""
-
-
-class StageRewardFailed(RewardFailed):
-    """A reward failed while a stage scored an iteration's rollouts or evaluated (:class:`RewardFailed`): the one-line
-    message adds the stage, the iteration and the last checkpoint, which is left intact and which the stage resumes
-    from when rerun (nothing is written after the failure).
-
-    Attributes:
-        stage: the stage's name.
-        iteration: the iteration that was being scored (0-based, as the progress lines count), or the iteration an
-            evaluation was of.
-        evaluation: whether the stage was evaluating.
-        checkpoint: the newest checkpoint of the run, ``None`` when none was written yet.
-    """
-
-    def __init__(
-        self, failed: RewardFailed, *, stage: str, iteration: int, evaluation: bool, checkpoint: Path | None
-    ) -> None:
-        self.stage, self.iteration, self.evaluation, self.checkpoint = stage, iteration, evaluation, checkpoint
-        super().__init__(failed.reward, failed.problem, failed.source)
-
-    def describe(self) -> str:
-        where = f"evaluation at iteration {self.iteration}" if self.evaluation else f"iteration {self.iteration}"
-        resume = (
-            f"the last checkpoint, {self.checkpoint}, is intact and the stage resumes from it when rerun"
-            if self.checkpoint is not None
-            else "no checkpoint was written yet: a rerun starts the stage over"
-        )
-        return f"stage {self.stage}, {where}: {super().describe()}; {resume}"
-
-
-def _nonfinite_failure(exc: NonFiniteRewardError) -> RewardFailed:
-    """A non-finite score where no iteration can be skipped (an evaluation), as a :class:`RewardFailed`."""
-    details = exc.details
-    return RewardFailed(
-        exc.quantity.removeprefix("reward/"),
-        f"returned {details.get('count', '?')} non-finite scores of {details.get('of', '?')} "
-        f"(images {details.get('indices', [])[:10]}), expected finite numbers",
-    )
-
-
-def _skipped_summary(events: list[dict[str, Any]]) -> str:
-    """``QUANTITY at iterations [..]: C of N non-finite each`` per quantity of skip ``events``."""
-    parts = []
-    for quantity in sorted({e["quantity"] for e in events}):
-        mine = [e for e in events if e["quantity"] == quantity]
-        counts = [f"{e.get('count', '?')} of {e.get('of', '?')}" for e in mine]
-        if len(set(counts)) == 1:
-            told = f"{counts[0]} non-finite" + (" each" if len(counts) > 1 else "")
-        else:
-            told = f"{', '.join(counts)} non-finite"
-        parts.append(f"{quantity} at iterations {[e['iteration'] for e in mine]}: {told}")
-    return "; ".join(parts)
 
 
 # -- the loop ----------------------------------------------------------------------------------------------------------
@@ -351,8 +144,8 @@ def run_stage(
         consecutive_skips = resumed.consecutive_skips
         logger.info("stage %s: resumed from the checkpoint of iteration %d", config.name, resumed.iteration)
     hold = config.hold
-    holding = _Holding(config, work_dir, dict(resumed.hold) if resumed is not None else {})
-    hold_evaluator = _hold_evaluator(config, root, stage.shift, dist) if hold is not None else None
+    holding = Holding(config, work_dir, dict(resumed.hold) if resumed is not None else {})
+    checker = hold_evaluator(config, root, stage.shift, dist) if hold is not None else None
     dist.broadcast_parameters(trainable_parameters(stage.policy))  # as DDP: every rank starts from rank 0's
     timings["setup_s"] = time.perf_counter() - setup_started
 
@@ -370,23 +163,23 @@ def run_stage(
         except RewardFailed as exc:
             raise failed(exc, iteration, evaluation=True) from exc
         except NonFiniteRewardError as exc:  # nothing to skip in an evaluation
-            raise failed(_nonfinite_failure(exc), iteration, evaluation=True) from exc
+            raise failed(nonfinite_failure(exc), iteration, evaluation=True) from exc
         result.evaluations.append(table)
         timings["evaluation_s"] += time.perf_counter() - evaluation_started
         if dist.is_main:  # sharded, every rank evaluates (vgrpo.evaluation.evaluator.build_evaluator)
             report.on_evaluate(table, images, iteration)
 
     def run_hold_check(iteration: int) -> None:
-        assert hold is not None and hold_evaluator is not None
+        assert hold is not None and checker is not None
         try:
             if holding.reference is None and hold.reference == "base":
-                table, _ = phases("hold-base", iteration, _evaluate_base, stage, hold_evaluator)
+                table, _ = phases("hold-base", iteration, evaluate_base, stage, checker)
                 holding.reference = held_values(flat_metrics(table), list(table["rewards"]), list(hold.rewards))
-            table, _ = phases("hold", iteration, evaluate, stage, hold_evaluator, iteration)
+            table, _ = phases("hold", iteration, evaluate, stage, checker, iteration)
         except RewardFailed as exc:
             raise failed(exc, iteration, evaluation=True) from exc
         except NonFiniteRewardError as exc:
-            raise failed(_nonfinite_failure(exc), iteration, evaluation=True) from exc
+            raise failed(nonfinite_failure(exc), iteration, evaluation=True) from exc
         values = held_values(flat_metrics(table), list(table["rewards"]), list(hold.rewards))
         if holding.reference is None:  # reference: stage_start, the check at iteration 0
             holding.reference = values
@@ -432,7 +225,7 @@ def run_stage(
                 recent = result.skipped[-consecutive_skips:]
                 raise TrainingDiverged(
                     f"stage {config.name}: {consecutive_skips} consecutive iterations skipped for non-finite values "
-                    f"({_skipped_summary(recent)}); the last checkpoint, {run.newest() or 'none yet'}, is "
+                    f"({skipped_summary(recent)}); the last checkpoint, {run.newest() or 'none yet'}, is "
                     "intact. Lower optim.lr, check the rewards, or raise max_consecutive_skips."
                 ) from exc
         else:
@@ -474,7 +267,7 @@ def run_stage(
         logger.info("stage %s: exported to %s after %d iterations", config.name, out_dir, config.iterations)
     else:
         result.hold = holding.summary()
-        phases("export", None, _export_kept, holding.snapshot(result.hold["kept_iteration"]), out_dir)
+        phases("export", None, export_kept, holding.snapshot(result.hold["kept_iteration"]), out_dir)
         report.on_kept(result.hold)
         logger.info(
             "stage %s: exported iteration %s to %s (%s)",
@@ -499,91 +292,3 @@ def run_stage(
 
 def _save(run: ResumableRun, state: TrainingState, stage: StagePolicy) -> Path:
     return run.save(state, stage.checkpointed(), stage.dist)
-
-
-# -- holding what earlier stages gained (vgrpo.training.hold) ----------------------------------------------------------
-
-
-class _Holding:
-    """A holding stage's checks so far, their reference and where each check's adapter is kept (empty and inert
-    for a stage without ``hold``)."""
-
-    def __init__(self, config: StageConfig, work_dir: Path, restored: Mapping[str, Any]) -> None:
-        self.config, self.dir = config, work_dir / HOLD_DIR
-        reference = restored.get("reference")
-        self.reference: dict[str, float] | None = dict(reference) if reference is not None else None
-        self.checks: list[dict[str, Any]] = [dict(c) for c in restored.get("checks", [])]
-
-    def snapshot(self, iteration: int) -> Path:
-        return self.dir / f"iter-{iteration:05d}"
-
-    def failing(self) -> int:
-        """Checks in a row, the newest last, that do not hold."""
-        count = 0
-        for check in reversed(self.checks):
-            if check["holds"]:
-                break
-            count += 1
-        return count
-
-    def stopped(self) -> bool:
-        hold = self.config.hold
-        return hold is not None and hold.stop_after is not None and self.failing() >= hold.stop_after
-
-    def to_json(self) -> dict[str, Any]:
-        return {} if self.config.hold is None else {"reference": self.reference, "checks": self.checks}
-
-    def summary(self) -> dict[str, Any]:
-        hold = self.config.hold
-        assert hold is not None and self.reference is not None
-        kept, reason = kept_check(self.checks)
-        last = int(self.checks[-1]["iteration"])
-        return {
-            "reference_kind": hold.reference,
-            "reference": dict(self.reference),
-            "tolerances": dict(hold.rewards),
-            "checks": list(self.checks),
-            "kept_iteration": kept,
-            "reason": reason,
-            "stopped_at": last if self.stopped() and last < self.config.iterations else None,
-        }
-
-
-def _hold_evaluator(config: StageConfig, root: Path, shift: float | None, dist: Distributed) -> Evaluator:
-    """The evaluator of the hold checks: the stage's evaluation rewards and sampling, on the first
-    ``hold.max_prompts`` rows of ``hold.prompts`` x ``hold.group_size`` with ``hold.seed``, no grid."""
-    hold = config.hold
-    assert hold is not None
-    evaluation = config.evaluation.model_copy(
-        update={
-            "max_prompts": hold.max_prompts,
-            "group_size": hold.group_size,
-            "seed": hold.seed,
-            "grid_prompts": 0,
-        }
-    )
-    rows = checked_rows(root / hold.prompts, evaluation.rewards)[: hold.max_prompts]
-    checking = config.model_copy(update={"evaluation": evaluation})
-    evaluator = build_evaluator(checking, rows, root, shift, dist)
-    if evaluator is None:
-        raise ValueError(f"hold.prompts: {hold.prompts} holds no prompt")
-    return evaluator
-
-
-def _evaluate_base(stage: StagePolicy, evaluator: Evaluator) -> tuple[dict[str, Any], np.ndarray]:
-    """The hold evaluation of the base model: the policy with its LoRA's deltas zeroed."""
-    base = ParameterSnapshot(trainable_parameters(stage.policy))
-    zero_lora_deltas(base, stage.policy)
-    with base.swapped_in():
-        return evaluator(stage.adapter, stage.policy, 0)
-
-
-def _export_kept(snapshot: Path, out_dir: Path) -> Path:
-    """The kept check's adapter (written by the export phase when it was checked) copied to ``out_dir``
-    atomically."""
-
-    def copy(tmp: Path) -> None:
-        shutil.copytree(snapshot, tmp, dirs_exist_ok=True)
-
-    atomic_dir(out_dir, copy)
-    return out_dir
