@@ -29,6 +29,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
 from benchmarks.common import LABELS, ROOT, TIMED_METHODS
+from benchmarks.common import METHODS as COMPARED
 from vgrpo.training.iteration import IterationRecord, gather_rewards, rollout_batch, update_policy
 
 PHASES = ("rollout", "reward", "prepare", "update")
@@ -312,7 +313,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--methods", nargs="+", choices=TIMED_METHODS, default=list(TIMED_METHODS))
+    parser.add_argument(
+        "--methods", nargs="+", choices=COMPARED, default=[*TIMED_METHODS, "diffusion_nft"], help="methods measured"
+    )
     parser.add_argument(
         "--variants",
         nargs="+",

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from diffusers import SD3Transformer2DModel
 
+from benchmarks.common import METHODS as COMPARED
 from benchmarks.common import ROOT, TIMED_METHODS
 from benchmarks.roofline import ceilings, counted_iteration, phase_table, summarize
 from vgrpo.algorithms import build_algorithm
@@ -166,9 +167,15 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to run")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=COMPARED,
+        default=list(METHODS),
+        help="methods to run (default: 3)",
+    )
     parser.add_argument("--timeout", type=float, help="seconds each method's process may run (default: no limit)")
-    parser.add_argument("--method", choices=METHODS, help="run one method in this process (internal)")
+    parser.add_argument("--method", choices=COMPARED, help="run one method in this process (internal)")
     args = parser.parse_args()
     if args.method:
         print(json.dumps(run_one(args.method, args)))
