@@ -160,7 +160,13 @@ def environment(mode: str) -> dict[str, Any]:
 
 
 def benchmark(
-    mode: str, budget: Budget, log: Path, env: dict[str, str], work: Path, methods: Sequence[str] = TIMED_METHODS
+    mode: str,
+    budget: Budget,
+    log: Path,
+    env: dict[str, str],
+    work: Path,
+    methods: Sequence[str] = TIMED_METHODS,
+    merged_lora: bool = False,
 ) -> Step:
     out = work / "sd35_arch.json"
     step = Step("sd35_arch")
@@ -176,6 +182,7 @@ def benchmark(
         str(out),
         "--timeout",
         f"{per_method:.0f}",
+        *(["--merged-lora"] if merged_lora else []),
     ]
     run_step(step, budget, log, env)
     if out.is_file():
@@ -266,7 +273,7 @@ def markdown(summary: dict[str, Any]) -> str:
             "",
             f"## SD3.5-M architecture ({a['layers']}/24 blocks, {a['resolution']} px, "
             f"{a['prompts']} prompt x group {a['group']}, {a['steps']} steps, {a['precision']}, "
-            f"{a['device']})",
+            f"{'LoRA merged for the no-grad forwards, ' if a.get('merged_lora') else ''}{a['device']})",
             "",
             f"Matmul ceiling measured in the same run: bf16 {c['bf16'] / 1e3:.0f} TFLOP/s, fp32 "
             f"{c['fp32'] / 1e3:.1f} TFLOP/s. Model FLOPs counted per phase with FlopCounterMode on the warm-up "
@@ -300,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", nargs="+", choices=STEPS, default=list(STEPS), help="the steps to run, in this order (a rerun)"
     )
     parser.add_argument("--methods", nargs="+", choices=TIMED_METHODS, default=list(TIMED_METHODS))
+    parser.add_argument(
+        "--merged-lora", action="store_true", help="sd35_arch with the LoRA merged for its no-grad forwards"
+    )
     args = parser.parse_args(argv)
     mode = "dry-run" if args.dry_run else "gpu"
     started, budget = time.monotonic(), Budget(args.budget_s)
@@ -330,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "embedded_stage":
                 steps.append(embedded_stage(mode, budget, log, env, work))
             else:
-                steps.append(benchmark(mode, budget, log, env, work, args.methods))
+                steps.append(benchmark(mode, budget, log, env, work, args.methods, args.merged_lora))
     summary["steps"] = [asdict(s) for s in steps]
     summary["wall_s"] = round(time.monotonic() - started, 1)
     summary["passed"] = all(s.status == "passed" for s in steps)

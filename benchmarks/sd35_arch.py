@@ -78,7 +78,11 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
             "lora": {"rank": 32, "alpha": 64},
             # MixGRPO's SDE window cannot be wider than the rollout
             "algorithm": {"window_size": min(4, args.steps)} if method == "mixgrpo" else {},
-            "precision": {"autocast": args.precision, "gradient_checkpointing": args.gradient_checkpointing},
+            "precision": {
+                "autocast": args.precision,
+                "gradient_checkpointing": args.gradient_checkpointing,
+                "merged_lora": args.merged_lora,
+            },
         },
     )
     latent = args.resolution // 8
@@ -100,6 +104,7 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
         transformer,
         autocast=config.precision.autocast,
         gradient_checkpointing=config.precision.gradient_checkpointing,
+        merged_lora=config.precision.merged_lora,
     )
     latent_shape = (16, latent, latent)
     algorithm = build_algorithm(config, policy=policy, latent_shape=latent_shape)
@@ -164,6 +169,9 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument(
+        "--merged-lora", action="store_true", help="no-grad forwards through merged LoRA (precision.merged_lora)"
+    )
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write the results here")
@@ -183,7 +191,8 @@ def main() -> None:
     print(
         f"SD3.5-M architecture, {args.layers}/24 layers, {args.heads}/24 heads, {args.resolution} px, "
         f"{args.prompts} prompt(s) x group {args.group}, {args.steps} steps, {args.text_tokens} text tokens, "
-        f"{args.precision}, checkpointing {'on' if args.gradient_checkpointing else 'off'}, {args.device}, "
+        f"{args.precision}, checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
+        f"LoRA {'merged' if args.merged_lora else 'factored'} in no-grad forwards, {args.device}, "
         f"median of {args.iterations} iterations"
     )
     if args.device == "cpu":
