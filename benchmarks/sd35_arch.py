@@ -204,9 +204,11 @@ def main() -> None:
     print(f"{'method':>10} " + " ".join(f"{c:>8}" for c in header))
     results: dict[str, Any] = {}
     skip = ("json", "method", "methods", "timeout")
-    passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in skip]
-    passthrough = [a for a in passthrough if a != "--gradient-checkpointing=False"]
-    passthrough = [a.split("=")[0] if a.endswith("=True") else a for a in passthrough]
+    passthrough = [  # store_true flags by name when set, the rest as --name=value
+        f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k not in skip and v is not False
+    ]
     for method in args.methods:
         cmd = [sys.executable, "-m", "benchmarks.sd35_arch", *passthrough, "--method", method]
         try:
