@@ -174,13 +174,19 @@ def counted_iteration(
 
 
 def roofline(
-    seconds: Mapping[str, float], flops: Mapping[str, int], ceiling_gflops: float
+    seconds: Mapping[str, float],
+    flops: Mapping[str, int],
+    ceiling_gflops: float,
+    iteration_seconds: float | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Per phase and for the whole iteration: GFLOP, seconds, achieved GFLOP/s and its share of the ceiling."""
+    """Per phase and for the whole iteration: GFLOP, seconds, achieved GFLOP/s and its share of the ceiling. The
+    iteration's seconds are ``iteration_seconds`` when given (the whole iteration, with what runs between the
+    phases), else the phases' sum."""
     rows: dict[str, dict[str, float]] = {}
     for phase in (*PHASES, "iteration"):
         if phase == "iteration":
-            f, s = sum(flops[p] for p in PHASES), sum(seconds[p] for p in PHASES)
+            f = sum(flops[p] for p in PHASES)
+            s = iteration_seconds if iteration_seconds is not None else sum(seconds[p] for p in PHASES)
         else:
             f, s = flops[phase], seconds[phase]
         rate = f / s / 1e9 if s > 0 else 0.0
@@ -215,7 +221,9 @@ def median_repeat(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def phase_table(result: Mapping[str, Any], ceiling_gflops: float) -> dict[str, dict[str, float]]:
     """:func:`roofline` of one method's :func:`summarize` output."""
     seconds = {p: float(result[f"time/{p}_s"]) for p in PHASES}
-    return roofline(seconds, {p: int(result[f"flops/{p}"]) for p in PHASES}, ceiling_gflops)
+    total = result.get("time/total_s")
+    flops = {p: int(result[f"flops/{p}"]) for p in PHASES}
+    return roofline(seconds, flops, ceiling_gflops, None if total is None else float(total))
 
 
 def markdown(report: Mapping[str, Any]) -> str:

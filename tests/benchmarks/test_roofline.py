@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.common import ROOT
 from benchmarks.roofline import (
     PHASES,
     count_flops,
@@ -117,6 +120,14 @@ def test_roofline_rates_and_fractions() -> None:
     assert table["iteration"]["gflop"] == pytest.approx(400.0)
     assert table["iteration"]["gflops"] == pytest.approx(100.0)
     assert table["iteration"]["fraction"] == pytest.approx(0.5)
+    # the whole iteration's seconds, with what runs between the phases, when measured
+    whole = roofline(
+        {"rollout": 2.0, "reward": 0.5, "prepare": 0.5, "update": 1.0},
+        {"rollout": 200e9, "reward": 0, "prepare": 50e9, "update": 150e9},
+        ceiling_gflops=200.0,
+        iteration_seconds=5.0,
+    )
+    assert whole["iteration"]["seconds"] == 5.0 and whole["iteration"]["gflops"] == pytest.approx(80.0)
 
 
 def test_matmul_ceiling_is_a_rate() -> None:
@@ -152,3 +163,10 @@ def test_median_repeat_keeps_the_median_run_and_the_range() -> None:
     assert out["x"] == 2.0 and out["time/total_s_min"] == 1.0 and out["time/total_s_max"] == 3.0
     assert out["repeats"] == 3
     assert median_repeat([{"error": "boom"}]) == {"error": "boom"}
+
+
+def test_the_committed_roofline_report_rebuilds_from_its_record() -> None:
+    """docs/benchmarks/roofline.md's tables are markdown() of the committed roofline.json, digit for digit."""
+    report = json.loads((ROOT / "docs" / "benchmarks" / "roofline.json").read_text())
+    assert report["repeats"] == 3 and report["threads"] == 2
+    assert markdown(report) in (ROOT / "docs" / "benchmarks" / "roofline.md").read_text()
