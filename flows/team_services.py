@@ -13,7 +13,8 @@ over TCP and peer auth on a 0700 socket folder; ``--database-url`` or ``VGRPO_DA
 instead), then ``prefect server start`` with its auth string, CSRF protection and CORS limited to its own origin,
 then ``mlflow server --app-name basic-auth`` with its backend store on its database and its artifacts under the
 store (served by the tracking server, so clients need no store credentials for them); with ``--tls-cert`` and
-``--tls-key`` both servers answer over https only (:class:`TLS`). Every secret reaches a
+``--tls-key`` both servers answer over https only and PostgreSQL over TLS only (``hostssl``; its clients verify
+it against the CA, ``verify-full``) (:class:`TLS`). Every secret reaches a
 server through its environment or a 0600 file, never its command line. Prefect's result storage (the cached
 tasks' pickled results and cache records) stays on each machine: a stage done on another machine comes from the
 store as JSON and safetensors (:mod:`tasks.store`). The one-machine default stays what it was: sqlite files, no
@@ -50,8 +51,9 @@ _QUIET = {**QUIET_ENV, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 @dataclass(frozen=True)
 class TLS:
-    """The certificate Prefect's and MLflow's servers present (PEM files): ``cert`` (the chain), ``key`` (its
-    private key, kept 0600), ``ca`` (what clients verify it against: the team's CA, copied to every machine)."""
+    """The certificate Prefect's, MLflow's and PostgreSQL's servers present (PEM files): ``cert`` (the chain),
+    ``key`` (its private key, kept 0600), ``ca`` (what clients verify it against: the team's CA, copied to every
+    machine)."""
 
     cert: Path
     key: Path
@@ -82,7 +84,13 @@ class TeamServices:
             f"{_url_host(self.host)}:{self.pg_port}"
         )
         scheme, rest = url.split("://", 1)
-        return f"{scheme}+{driver}://{rest}/{name}"
+        query = ""
+        if self.database_url is None and self.tls is not None and driver == "psycopg2":
+            # libpq verifies the server's certificate and name; asyncpg (Prefect) gets the same through Prefect's
+            # connect_args.tls settings (_server_envs)
+            ca = urllib.parse.quote(str(self.tls.ca.resolve()), safe="/")
+            query = f"?sslmode=verify-full&sslrootcert={ca}"
+        return f"{scheme}+{driver}://{rest}/{name}{query}"
 
     @property
     def prefect_api_url(self) -> str:
@@ -211,7 +219,8 @@ def _pg_bin(name: str) -> str:
 
 def _hba_line(host: str) -> str | None:
     """The ``pg_hba.conf`` line that lets this machine's servers reach PostgreSQL at ``host`` with a password
-    (initdb's own lines cover loopback): the address itself, or ``samehost`` for a name."""
+    (initdb's own lines cover loopback): the address itself, or ``samehost`` for a name (its connection type is set
+    by :func:`_hba_with_tls`)."""
     try:
         address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
@@ -219,6 +228,36 @@ def _hba_line(host: str) -> str | None:
     if address.is_loopback:
         return None
     return f"host all {PG_USER} {address}/{address.max_prefixlen} scram-sha-256"
+
+
+def _hba_with_tls(text: str, tls: bool) -> str:
+    """``pg_hba.conf`` with every TCP rule (``host``/``hostssl``) of type ``hostssl`` when ``tls``: a client that
+    does not encrypt finds no rule and is refused; else ``host``. Comments and socket rules are kept as they are."""
+    lines = []
+    for line in text.splitlines():
+        fields = line.split(None, 1)
+        if len(fields) == 2 and fields[0] in ("host", "hostssl"):
+            line = ("hostssl " if tls else "host ") + fields[1]
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _postgres_tls(services: TeamServices) -> tuple[list[str], dict[str, str]]:
+    """PostgreSQL's TLS options (``-c`` settings for ``pg_ctl -o``) and its clients' libpq environment: the
+    certificate and key copied into the cluster's 0700 folder, the key 0600 and owned by the server's user, as
+    PostgreSQL requires; none without :class:`TLS`."""
+    if services.tls is None:
+        return [], {}
+    folder = services.root / "postgres"
+    cert, key = folder / "server.crt", folder / "server.key"
+    shutil.copyfile(services.tls.cert, cert)
+    _write_private(key, services.tls.key.read_text())
+    if os.geteuid() == 0:
+        for path in (cert, key):
+            shutil.chown(path, "postgres", "postgres")
+    options = ["ssl=on", f"ssl_cert_file={cert}", f"ssl_key_file={key}", "ssl_min_protocol_version=TLSv1.2"]
+    env = {"PGSSLMODE": "verify-full", "PGSSLROOTCERT": str(services.tls.ca.resolve())}
+    return [f"-c {o}" for o in options], env
 
 
 def _init_postgres(data: Path, password: str) -> None:
@@ -273,7 +312,9 @@ def start_postgres(services: TeamServices, password: str) -> None:
             f"{hba} trusts connections (a cluster an earlier `up` created): any local user would be its superuser. "
             f"Move {data} aside (or give the vgrpo role a password and replace trust by scram-sha-256 there)"
         )
-    options = f"-h {services.host} -p {services.pg_port} -k {data.parent}"
+    tls_options, tls_env = _postgres_tls(services)
+    hba.write_text(_hba_with_tls(hba.read_text(), services.tls is not None))
+    options = " ".join([f"-h {services.host} -p {services.pg_port} -k {data.parent}", *tls_options])
     result = subprocess.run(
         _as_postgres([_pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"]),
         capture_output=True,
@@ -282,7 +323,7 @@ def start_postgres(services: TeamServices, password: str) -> None:
     if result.returncode != 0:
         raise ServiceError(f"PostgreSQL did not start on port {services.pg_port}: {result.stderr}\n{log_tail(log)}")
     psql = [_pg_bin("psql"), "-h", services.host, "-p", str(services.pg_port), "-U", PG_USER, "-d", "postgres", "-w"]
-    env = {**os.environ, "PGPASSWORD": password}  # the environment, which only this user (and root) can read
+    env = {**os.environ, "PGPASSWORD": password, **tls_env}  # an environment only this user (and root) can read
     existing = subprocess.run(
         [*psql, "-tAc", "SELECT datname FROM pg_database"], check=True, capture_output=True, text=True, env=env
     ).stdout.split()
@@ -339,6 +380,11 @@ def _server_envs(services: TeamServices, made: TeamSecrets, root: Path) -> tuple
     }
     if services.tls is not None:
         prefect |= {"PREFECT__SERVER_FINAL": "1", "PREFECT_UI_API_URL": services.prefect_api_url}
+    if services.tls is not None and services.database_url is None:  # asyncpg to PostgreSQL over verified TLS
+        prefect |= {
+            "PREFECT_SERVER_DATABASE_SQLALCHEMY_CONNECT_ARGS_TLS_ENABLED": "true",
+            "PREFECT_SERVER_DATABASE_SQLALCHEMY_CONNECT_ARGS_TLS_CA_FILE": str(services.tls.ca.resolve()),
+        }
     auth = root / "mlflow-auth"
     auth.mkdir(mode=0o700, exist_ok=True)
     ini = auth / "basic_auth.ini"

@@ -83,10 +83,15 @@ def _secrets(services: TeamServices) -> TeamSecrets:
     return team_secrets(services.root.resolve())
 
 
-def _psql(services: TeamServices, sql: str, database: str, password: str | None) -> subprocess.CompletedProcess[str]:
-    """``psql`` over TCP as the ``vgrpo`` role, with ``password`` or none (``-w``: never prompt)."""
+def _psql(
+    services: TeamServices, sql: str, database: str, password: str | None, sslmode: str = "prefer"
+) -> subprocess.CompletedProcess[str]:
+    """``psql`` over TCP as the ``vgrpo`` role, with ``password`` or none (``-w``: never prompt), with libpq's
+    ``sslmode`` (``verify-full``: against the team's CA)."""
     cmd = [shutil.which("psql") or "psql", "-h", services.host, "-p", str(services.pg_port), "-U", "vgrpo", "-w"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"PGSSLMODE": sslmode}
+    if sslmode == "verify-full":
+        env["PGSSLROOTCERT"] = str(_CA[0])
     if password is not None:
         env["PGPASSWORD"] = password
     return subprocess.run([*cmd, "-d", database, "-tAc", sql], capture_output=True, text=True, env=env, timeout=60)
@@ -186,7 +191,21 @@ def test_postgresql_refuses_a_connection_without_the_password(team) -> None:
     assert refused.returncode != 0 and "password" in refused.stderr, refused.stderr
     wrong = _psql(services, "SELECT 1", "postgres", "not-the-password")
     assert wrong.returncode != 0 and "password authentication failed" in wrong.stderr, wrong.stderr
-    assert _psql(services, "SELECT 1", "postgres", _secrets(services).pg_password).stdout.strip() == "1"
+    password = _secrets(services).pg_password
+    assert _psql(services, "SELECT 1", "postgres", password).stdout.strip() == "1"
+    # TLS only: the right password without encryption finds no rule; verified against the team's CA it connects,
+    # and Prefect's and MLflow's servers hold only encrypted connections.
+    plain = _psql(services, "SELECT 1", "postgres", password, sslmode="disable")
+    assert plain.returncode != 0 and "no encryption" in plain.stderr, plain.stderr
+    verified = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+    assert _psql(services, verified, "postgres", password, sslmode="verify-full").stdout.strip() == "t"
+    servers = (
+        "SELECT a.datname, s.ssl, count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
+        "WHERE a.datname IN ('prefect', 'mlflow') GROUP BY 1, 2 ORDER BY 1, 2"
+    )
+    rows = _psql(services, servers, "postgres", password, sslmode="verify-full").stdout.split()
+    assert rows and all(row.split("|")[1] == "t" for row in rows), rows
+    assert {row.split("|")[0] for row in rows} == {"prefect", "mlflow"}, rows
     if os.geteuid() != 0 or shutil.which("runuser") is None:
         return
     # Another OS user (nobody): the socket's folder is closed to it, TCP asks it for the password.
