@@ -42,15 +42,19 @@ def wait_for(what: str, check: Callable[[], T], timeout: float, logs: list[Path]
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tails}")
 
 
-def logged_steps(tracking_uri: str, experiment: str, stage: str) -> list[int]:
-    """The iterations stage ``stage``'s one MLflow run logged (``reward/total_mean``), sorted: an iteration
-    trained twice (on a machine that died and on the one that resumed) appears twice."""
+def logged_steps(env: dict[str, str], experiment: str, stage: str) -> list[int]:
+    """The iterations stage ``stage``'s one MLflow run logged (``reward/total_mean``) on ``env``'s tracking server
+    (with its credentials and CA), sorted: an iteration trained twice (on a machine that died and on the one that
+    resumed) appears twice."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri)
-    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])  # type: ignore[union-attr]
-    (run,) = [r for r in runs if r.info.run_name == stage]
-    return sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/total_mean"))
+    from tests.cluster.servers import environ
+
+    with environ({k: v for k, v in env.items() if k.startswith("MLFLOW_TRACKING_")}):
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])  # type: ignore[union-attr]
+        (run,) = [r for r in runs if r.info.run_name == stage]
+        return sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/total_mean"))
 
 
 def machine(root: Path, world: Path) -> Path:

@@ -1,16 +1,25 @@
 """Real servers on 127.0.0.1 for the cluster tests, each in its own process group and stopped by it: an
-S3-compatible object store (moto's server, ``moto_server`` from the ``moto[server]`` wheel in the dev extra)."""
+S3-compatible object store (moto's server, ``moto_server`` from the ``moto[server]`` wheel in the dev extra), and
+the team's services as ``python -m flows.team_services up`` starts them, with credentials and TLS
+(:func:`team_services`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from flows.services import wait_healthy
+from flows.team_services import TLS, TeamServices, team_down, team_up
 from tasks.launch import free_port
 from tasks.process_group import stop_group
 
@@ -115,3 +124,58 @@ def self_signed_tls(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, 
             )
         )
     return cert_path, key_path, ca_path
+
+
+@dataclass(frozen=True)
+class Team:
+    """The team's services, started: ``env`` is what a client on any machine exports (``team.env`` and
+    ``secrets.env``: the addresses, the team's CA, Prefect's auth string and MLflow's credentials)."""
+
+    services: TeamServices
+    env: dict[str, str]
+
+    @property
+    def logs(self) -> list[Path]:
+        root = self.services.root.resolve()
+        return [root / "prefect.log", root / "mlflow.log", root / "postgres" / "server.log"]
+
+    def client_env(self, **extra: str) -> dict[str, str]:
+        """This process's environment with no Prefect or MLflow setting of its own, the team's, and ``extra``."""
+        own = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+        return own | self.env | extra
+
+    def prefect_settings(self) -> dict[Any, str]:
+        """The settings (for ``prefect.settings.temporary_settings``) that reach the team's Prefect server from this
+        process: its URL, the auth string and the CA."""
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_SSL_CERT_FILE, PREFECT_API_URL
+
+        return {
+            PREFECT_API_URL: self.env["PREFECT_API_URL"],
+            PREFECT_API_AUTH_STRING: self.env["PREFECT_API_AUTH_STRING"],
+            PREFECT_API_SSL_CERT_FILE: self.env["PREFECT_API_SSL_CERT_FILE"],
+        }
+
+
+@contextmanager
+def team_services(store: Path) -> Iterator[Team]:
+    """``team_up`` on free loopback ports with TLS (a CA and a certificate for 127.0.0.1 made here) and its
+    artifacts under ``store``; stopped and removed after. Skips where PostgreSQL is not installed."""
+    if shutil.which("initdb") is None and not Path("/usr/lib/postgresql").is_dir():
+        pytest.skip("PostgreSQL is not installed (Debian: apt install postgresql)")
+    # PostgreSQL runs as the postgres user when the tests run as root: a folder it can reach (pytest's own
+    # temporary folders are private to root).
+    root = Path(tempfile.mkdtemp(prefix="vgrpo-team-"))
+    root.chmod(0o755)
+    services = TeamServices(
+        root / "services",
+        str(store),
+        pg_port=free_port(),
+        prefect_port=free_port(),
+        mlflow_port=free_port(),
+        tls=TLS(*self_signed_tls(root / "tls")),
+    )
+    try:
+        yield Team(services, team_up(services))
+    finally:
+        team_down(services.root)
+        shutil.rmtree(root, ignore_errors=True)

@@ -11,7 +11,6 @@ iterations each, a tiny evaluation: the model params of tests/flows/test_pipelin
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.services import local_services
 from tasks.process_group import stop_group
 from tests.cluster.pool import REPO, deploy_to_pool, worker
+from tests.cluster.servers import team_services
 from tests.flows.test_pipeline_e2e import TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -58,7 +57,7 @@ def test_the_embedded_curriculum_alternating_between_two_machines_ends_with_the_
 ) -> None:
     from prefect import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     shared, store = tmp_path / "shared", tmp_path / "store"
     shared.mkdir()
@@ -67,19 +66,17 @@ def test_the_embedded_curriculum_alternating_between_two_machines_ends_with_the_
     made = subprocess.run([*world, "--out", str(shared / "world")], cwd=REPO, capture_output=True, text=True)
     assert made.returncode == 0, made.stderr[-3000:]
     checkouts = {n: _checkout(tmp_path / n, shared) for n in ("a", "b")}
-    with local_services(tmp_path / "services") as services:
-        env = {**os.environ, **services.env, "VGRPO_STORE": str(store)}
-        env.update(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
+    with team_services(store) as team:
+        env = team.client_env(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
         deploy_to_pool(env)
-        url = services.env["PREFECT_API_URL"]
-        with temporary_settings({PREFECT_API_URL: url}), get_client(sync_client=True) as client:
+        with temporary_settings(team.prefect_settings()), get_client(sync_client=True) as client:
             for n in checkouts:
                 client.create_work_queue(name=f"machine-{n}", work_pool_name="vgrpo")
         workers = {
             n: worker(f"machine-{n}", c, f"machine-{n}", env, tmp_path / f"w-{n}.log") for n, c in checkouts.items()
         }
         try:
-            with temporary_settings({PREFECT_API_URL: url}):
+            with temporary_settings(team.prefect_settings()):
                 runs = []
                 for k, until in enumerate(names):
                     queue = "machine-a" if k % 2 == 0 else "machine-b"

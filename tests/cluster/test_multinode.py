@@ -6,16 +6,15 @@ retries the stage, which resumes from its last checkpoint and still matches."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 from safetensors.torch import load_file
 
-from flows.services import local_services
 from tasks.process_group import stop_group
 from tests.cluster.pool import deploy_to_pool, kill_machine, logged_steps, machine, wait_for, worker
+from tests.cluster.servers import team_services
 from tests.parallel.test_distributed import RESUME_ATOL
 from tests.tiny_world import write_tiny_world
 
@@ -55,7 +54,7 @@ def _max_diff(a: Path, b: Path) -> float:
 def test_a_stage_spans_two_machines_of_the_pool_and_survives_losing_one(tmp_path: Path) -> None:
     from prefect import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     from tasks.stage import train
     from vgrpo.config import load_curriculum
@@ -73,14 +72,14 @@ def test_a_stage_spans_two_machines_of_the_pool_and_survives_losing_one(tmp_path
     alone = train(cfg, None, str(reference / "runs" / "one"), str(reference), None, log=lambda line: None)
 
     overrides = {"iterations": ITERATIONS, "checkpoint_every": EVERY, "launch": TWO_MACHINES}
-    with local_services(tmp_path / "services") as services:
-        env = {**os.environ, **services.env, "VGRPO_STORE": str(store), "VGRPO_HOST": "127.0.0.1"}
+    with team_services(store) as team:
+        env = team.client_env(VGRPO_HOST="127.0.0.1")
         env.update(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
         deploy_to_pool(env)
         workers = {n: worker(f"machine-{n}", c, "gpu", env, tmp_path / f"worker-{n}.log") for n, c in checkouts.items()}
-        logs.append(Path(services.env["PREFECT_HOME"]) / "server.log")
+        logs += team.logs
         try:
-            with temporary_settings({PREFECT_API_URL: services.env["PREFECT_API_URL"]}):
+            with temporary_settings(team.prefect_settings()):
                 params = {"curriculum": "one.yaml", "run_root": "runs", "overrides": overrides}
                 run = run_deployment("vgrpo/embedded-curriculum", parameters=params, timeout=0)
                 launch = {n: c / "runs" / "one" / "work" / STAGE / "launch" for n, c in checkouts.items()}
@@ -118,7 +117,7 @@ def test_a_stage_spans_two_machines_of_the_pool_and_survives_losing_one(tmp_path
         assert final.state.is_completed(), final.state
         (train_run,) = [t for t in task_runs if t.name == f"{STAGE}/train"]
         assert train_run.run_count == 2  # the stage retried once, after losing machine 1
-        steps = logged_steps(services.env["MLFLOW_TRACKING_URI"], "one", STAGE)
+        steps = logged_steps(team.env, "one", STAGE)
     lost = len(steps) - len(set(steps))
     assert len(set(steps)) == ITERATIONS and 0 <= lost <= EVERY, (steps, last_uploaded)
     assert all(steps.count(s) == 1 for s in range(last_uploaded)), steps

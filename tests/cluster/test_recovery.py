@@ -5,15 +5,14 @@ weights of a run that was never interrupted."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
-from flows.services import local_services
 from tasks.process_group import stop_group
 from tests.cluster.pool import deploy_to_pool, kill_machine, logged_steps, machine, wait_for, worker
+from tests.cluster.servers import team_services
 from tests.tiny_world import write_tiny_world
 
 pytestmark = pytest.mark.slow
@@ -26,7 +25,7 @@ SILENCE_S = 40  # above the heartbeat's minimum period (30 s)
 def test_a_machine_killed_mid_stage_costs_at_most_the_iterations_since_its_last_checkpoint(tmp_path: Path) -> None:
     from prefect import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     from tasks.stage import train
     from tasks.stage_layout import dir_hash
@@ -37,14 +36,14 @@ def test_a_machine_killed_mid_stage_costs_at_most_the_iterations_since_its_last_
     store = tmp_path / "store"
     overrides = {"iterations": ITERATIONS, "checkpoint_every": EVERY}
     logs = [tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
-    with local_services(tmp_path / "services") as services:
-        env = {**os.environ, **services.env, "VGRPO_STORE": str(store), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    with team_services(store) as team:
+        env = team.client_env(PREFECT_RUNNER_POLL_FREQUENCY="2")
         env.update(PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30")
         deploy_to_pool(env, "--silence", str(SILENCE_S))
         workers = {n: worker(f"machine-{n}", c, "gpu", env, tmp_path / f"worker-{n}.log") for n, c in checkouts.items()}
-        logs.append(Path(services.env["PREFECT_HOME"]) / "server.log")
+        logs += team.logs
         try:
-            with temporary_settings({PREFECT_API_URL: services.env["PREFECT_API_URL"]}):
+            with temporary_settings(team.prefect_settings()):
                 params = {"curriculum": "one.yaml", "run_root": "runs", "overrides": overrides}
                 run = run_deployment("vgrpo/embedded-curriculum", parameters=params, timeout=0)
                 work = {n: c / "runs" / "one" / "work" / STAGE for n, c in checkouts.items()}
@@ -84,7 +83,7 @@ def test_a_machine_killed_mid_stage_costs_at_most_the_iterations_since_its_last_
         assert (checkouts[alive] / "runs" / "one" / "stages" / STAGE).is_dir()
         # What was lost: the iterations the dead machine trained past its last uploaded checkpoint, each logged
         # twice to the stage's one MLflow run (continued by the second machine from the checkpoint's run id).
-        steps = logged_steps(services.env["MLFLOW_TRACKING_URI"], "one", STAGE)
+        steps = logged_steps(team.env, "one", STAGE)
         lost = len(steps) - len(set(steps))
     print(
         f"\nkilled machine {dead} after checkpoint iter-{last_uploaded}; the run finished on {alive} "

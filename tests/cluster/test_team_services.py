@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.team_services import TLS, TeamSecrets, TeamServices, team_down, team_env, team_secrets, team_up
-from tasks.launch import free_port
-from tests.cluster.servers import environ, self_signed_tls
+from flows.team_services import TeamSecrets, TeamServices, team_env, team_secrets
+from tests.cluster.servers import environ, team_services
 
 pytestmark = pytest.mark.slow
 
@@ -55,28 +54,14 @@ with mlflow.start_run(run_name=machine):
 
 @pytest.fixture(scope="module")
 def team() -> Iterator[tuple[TeamServices, dict[str, str]]]:
-    if shutil.which("initdb") is None and not Path("/usr/lib/postgresql").is_dir():
-        pytest.skip("PostgreSQL is not installed (Debian: apt install postgresql)")
-    # PostgreSQL runs as the postgres user when the tests run as root: a folder it can reach (pytest's own
-    # temporary folders are private to root).
-    root = Path(tempfile.mkdtemp(prefix="vgrpo-team-"))
-    root.chmod(0o755)
-    services = TeamServices(
-        root / "services",
-        str(root / "store"),
-        pg_port=free_port(),
-        prefect_port=free_port(),
-        mlflow_port=free_port(),
-        tls=TLS(*self_signed_tls(root / "tls")),  # Prefect and MLflow over https, verified against a CA made here
-    )
-    assert services.tls is not None
-    _CA[:] = [services.tls.ca]
+    store = Path(tempfile.mkdtemp(prefix="vgrpo-team-store-"))  # the artifacts, written by MLflow's server
     try:
-        env = team_up(services)
-        yield services, env
+        with team_services(store) as started:
+            assert started.services.tls is not None  # Prefect and MLflow over https, verified against a CA made here
+            _CA[:] = [started.services.tls.ca]
+            yield started.services, started.env
     finally:
-        team_down(services.root)
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def _secrets(services: TeamServices) -> TeamSecrets:

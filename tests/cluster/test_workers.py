@@ -1,19 +1,19 @@
-"""Workers in a Prefect work pool on two "machines" (separate working directories that share only the Prefect
-server, MLflow's store and the shared store): an ablation sweep's two cells land one on each machine's worker
-and train at the same time, and the sweep reads both cells' summaries."""
+"""Workers in a Prefect work pool on two "machines" (separate working directories that share only the team's
+services, started as ``flows.team_services up`` starts them, with credentials and TLS, and the shared store): an
+ablation sweep's two cells land one on each machine's worker and train at the same time, and the sweep reads both
+cells' summaries."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from flows.services import local_services
 from tasks.process_group import stop_group
 from tests.cluster.pool import deploy_to_pool, machine, worker
+from tests.cluster.servers import team_services
 from tests.tiny_world import SWEEP_ABLATIONS, run_sweep_deployment, write_tiny_world
 
 pytestmark = pytest.mark.slow
@@ -25,9 +25,8 @@ def test_a_sweeps_cells_land_one_on_each_machine(tmp_path: Path) -> None:
     world = write_tiny_world(tmp_path / "world", n_test=4)
     a, b = machine(tmp_path / "a", world), machine(tmp_path / "b", world)
     store = tmp_path / "store"
-    with local_services(tmp_path / "services") as services:
-        env = {**os.environ, **services.env, "VGRPO_STORE": str(store), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
-        env["PREFECT_WORKER_QUERY_SECONDS"] = "2"
+    with team_services(store) as team:
+        env = team.client_env(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
         deploy_to_pool(env)
         workers = [
             worker("machine-a", a, "gpu", env, tmp_path / "worker-a.log"),
