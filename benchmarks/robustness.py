@@ -210,11 +210,14 @@ def run_one(
                 "start": _stage_numbers(start) if start else None,
                 "final": _stage_numbers(outcome.final_eval),
                 "kept_iteration": outcome.hold["kept_iteration"] if outcome.hold else None,
+                "hold": outcome.hold or None,  # every check's numbers: what the kept checkpoint was chosen from
             }
             write_json_atomic(kept, done)
         if not numbers and done["start"] is not None:
             numbers.append({"stage": "base", **done["start"]})
-        numbers.append({"stage": cfg.name, "kept_iteration": done["kept_iteration"], **done["final"]})
+        numbers.append(
+            {"stage": cfg.name, "kept_iteration": done["kept_iteration"], "hold": done.get("hold"), **done["final"]}
+        )
         init = str(out_dir)
     evaluation = load_config([root / evaluate_params], section="evaluation", schema=EvaluationConfig)
     pipeline = root / stages[0].pipeline
