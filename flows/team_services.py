@@ -24,12 +24,10 @@ servers, no credentials.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import secrets
 import shlex
-import shutil
 import subprocess
 import sys
 import urllib.parse
@@ -38,77 +36,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flows.services import QUIET_ENV, ServiceError, wait_healthy
-from tasks.process_group import log_tail, stop_recorded_group, write_pid_file
+from flows.team_config import HOST, TLS, TeamServices, write_private
+from flows.team_postgres import start_postgres, stop_postgres
+from tasks.process_group import stop_recorded_group, write_pid_file
 
 __all__ = ["TLS", "TeamSecrets", "TeamServices", "client_secrets", "team_down", "team_env", "team_secrets", "team_up"]
 
-HOST = "127.0.0.1"
-PG_USER = "vgrpo"
-DATABASES = ("prefect", "mlflow")
 START_TIMEOUT_S = 180.0
 _QUIET = {**QUIET_ENV, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-
-
-@dataclass(frozen=True)
-class TLS:
-    """The certificate Prefect's, MLflow's and PostgreSQL's servers present (PEM files): ``cert`` (the chain),
-    ``key`` (its private key, kept 0600), ``ca`` (what clients verify it against: the team's CA, copied to every
-    machine)."""
-
-    cert: Path
-    key: Path
-    ca: Path
-
-
-@dataclass(frozen=True)
-class TeamServices:
-    """Where the services listen. ``host`` is the address the other machines reach this one at."""
-
-    root: Path
-    store: str
-    host: str = HOST
-    pg_port: int = 5432
-    prefect_port: int = 4200
-    mlflow_port: int = 5000
-    database_url: str | None = None  # an existing PostgreSQL server (postgresql://user:password@host:port)
-    tls: TLS | None = None  # Prefect's and MLflow's servers over https with this certificate
-
-    @property
-    def scheme(self) -> str:
-        return "https" if self.tls is not None else "http"
-
-    def database(self, name: str, driver: str, password: str) -> str:
-        """The SQLAlchemy URL of one database (``driver``: asyncpg for Prefect, psycopg2 for MLflow), with its
-        credentials: it goes to a server's environment only."""
-        url = self.database_url or f"postgresql://{PG_USER}:{urllib.parse.quote(password, safe='')}@" + (
-            f"{_url_host(self.host)}:{self.pg_port}"
-        )
-        scheme, rest = url.split("://", 1)
-        query = ""
-        if self.database_url is None and self.tls is not None and driver == "psycopg2":
-            # libpq verifies the server's certificate and name; asyncpg (Prefect) gets the same through Prefect's
-            # connect_args.tls settings (_server_envs)
-            ca = urllib.parse.quote(str(self.tls.ca.resolve()), safe="/")
-            query = f"?sslmode=verify-full&sslrootcert={ca}"
-        return f"{scheme}+{driver}://{rest}/{name}{query}"
-
-    @property
-    def prefect_api_url(self) -> str:
-        return f"{self.scheme}://{_url_host(self.host)}:{self.prefect_port}/api"
-
-    @property
-    def prefect_origin(self) -> str:
-        """The origin of Prefect's UI, the only one its API answers cross-origin requests from."""
-        return f"{self.scheme}://{_url_host(self.host)}:{self.prefect_port}"
-
-    @property
-    def mlflow_tracking_uri(self) -> str:
-        return f"{self.scheme}://{_url_host(self.host)}:{self.mlflow_port}"
-
-
-def _url_host(host: str) -> str:
-    """``host`` as a URL names it (an IPv6 address in brackets)."""
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 @dataclass(frozen=True)
@@ -139,16 +74,6 @@ def _token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by this user alone (0600 from its creation), replacing it whole."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def team_secrets(root: Path) -> TeamSecrets:
     """The credentials in ``root/secrets.json``, generated there on the first call (0600). A team that set
     ``PREFECT_SERVER_API_AUTH_STRING`` before its first ``up`` keeps that auth string. A secrets file others can
@@ -166,7 +91,7 @@ def team_secrets(root: Path) -> TeamSecrets:
         pg_password=_token(),
         flask_secret=_token(),
     )
-    _write_private(path, json.dumps(asdict(made), indent=2) + "\n")
+    write_private(path, json.dumps(asdict(made), indent=2) + "\n")
     return made
 
 
@@ -196,146 +121,6 @@ def team_env(services: TeamServices) -> dict[str, str]:
         ca = str(services.tls.ca.resolve())
         env |= {"PREFECT_API_SSL_CERT_FILE": ca, "MLFLOW_TRACKING_SERVER_CERT_PATH": ca}
     return env
-
-
-def _as_postgres(cmd: Sequence[str]) -> list[str]:
-    """PostgreSQL refuses to run as root: as root, run ``cmd`` as the ``postgres`` system user."""
-    if os.geteuid() != 0:
-        return list(cmd)
-    return ["runuser", "-u", "postgres", "--", *cmd]
-
-
-def _pg_bin(name: str) -> str:
-    """A PostgreSQL program: on PATH, or in the distribution's versioned folder (Debian keeps initdb off PATH)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True)
-    for folder in versions:
-        if (folder / name).is_file():
-            return str(folder / name)
-    raise ServiceError(f"PostgreSQL's {name} is not installed (Debian: apt install postgresql)")
-
-
-def _hba_line(host: str) -> str | None:
-    """The ``pg_hba.conf`` line that lets this machine's servers reach PostgreSQL at ``host`` with a password
-    (initdb's own lines cover loopback): the address itself, or ``samehost`` for a name (its connection type is set
-    by :func:`_hba_with_tls`)."""
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return f"host all {PG_USER} samehost scram-sha-256"
-    if address.is_loopback:
-        return None
-    return f"host all {PG_USER} {address}/{address.max_prefixlen} scram-sha-256"
-
-
-def _hba_with_tls(text: str, tls: bool) -> str:
-    """``pg_hba.conf`` with every TCP rule (``host``/``hostssl``) of type ``hostssl`` when ``tls``: a client that
-    does not encrypt finds no rule and is refused; else ``host``. Comments and socket rules are kept as they are."""
-    lines = []
-    for line in text.splitlines():
-        fields = line.split(None, 1)
-        if len(fields) == 2 and fields[0] in ("host", "hostssl"):
-            line = ("hostssl " if tls else "host ") + fields[1]
-        lines.append(line)
-    return "\n".join(lines) + "\n"
-
-
-def _postgres_tls(services: TeamServices) -> tuple[list[str], dict[str, str]]:
-    """PostgreSQL's TLS options (``-c`` settings for ``pg_ctl -o``) and its clients' libpq environment: the
-    certificate and key copied into the cluster's 0700 folder, the key 0600 and owned by the server's user, as
-    PostgreSQL requires; none without :class:`TLS`."""
-    if services.tls is None:
-        return [], {}
-    folder = services.root / "postgres"
-    cert, key = folder / "server.crt", folder / "server.key"
-    shutil.copyfile(services.tls.cert, cert)
-    _write_private(key, services.tls.key.read_text())
-    if os.geteuid() == 0:
-        for path in (cert, key):
-            shutil.chown(path, "postgres", "postgres")
-    options = ["ssl=on", f"ssl_cert_file={cert}", f"ssl_key_file={key}", "ssl_min_protocol_version=TLSv1.2"]
-    env = {"PGSSLMODE": "verify-full", "PGSSLROOTCERT": str(services.tls.ca.resolve())}
-    return [f"-c {o}" for o in options], env
-
-
-def _init_postgres(data: Path, password: str) -> None:
-    """``initdb`` with password auth (scram-sha-256) over TCP and peer auth on the socket, a ``vgrpo`` superuser
-    whose password comes from a 0600 file (never the command line), removed after."""
-    pwfile = data.parent / "pwfile"
-    _write_private(pwfile, password + "\n")
-    if os.geteuid() == 0:
-        shutil.chown(pwfile, "postgres", "postgres")
-    try:
-        subprocess.run(
-            _as_postgres(
-                [
-                    _pg_bin("initdb"),
-                    "-D",
-                    str(data),
-                    "-U",
-                    PG_USER,
-                    "--auth-local=peer",
-                    "--auth-host=scram-sha-256",
-                    f"--pwfile={pwfile}",
-                    "-E",
-                    "UTF8",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-        )
-    finally:
-        pwfile.unlink(missing_ok=True)
-
-
-def start_postgres(services: TeamServices, password: str) -> None:
-    """Create the cluster under ``root/postgres`` on the first start (:func:`_init_postgres`; a ``pg_hba`` line
-    for ``host`` when it is not loopback), its socket in that 0700 folder; start it on ``pg_port`` and create the
-    databases it lacks. A cluster an earlier ``up`` created with trust auth is refused, naming what to do."""
-    data, log = services.root / "postgres" / "data", services.root / "postgres" / "server.log"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    data.parent.chmod(0o700)  # the socket's folder: no other local user reaches the socket
-    if os.geteuid() == 0:
-        shutil.chown(data.parent, "postgres", "postgres")
-    hba = data / "pg_hba.conf"
-    if not (data / "PG_VERSION").is_file():
-        _init_postgres(data, password)
-        line = _hba_line(services.host)
-        if line is not None:
-            with hba.open("a") as f:
-                f.write(line + "\n")
-    rules = [r.split() for r in hba.read_text().splitlines() if r.strip() and not r.lstrip().startswith("#")]
-    if any("trust" in rule for rule in rules):
-        raise ServiceError(
-            f"{hba} trusts connections (a cluster an earlier `up` created): any local user would be its superuser. "
-            f"Move {data} aside (or give the vgrpo role a password and replace trust by scram-sha-256 there)"
-        )
-    tls_options, tls_env = _postgres_tls(services)
-    hba.write_text(_hba_with_tls(hba.read_text(), services.tls is not None))
-    options = " ".join([f"-h {services.host} -p {services.pg_port} -k {data.parent}", *tls_options])
-    result = subprocess.run(
-        _as_postgres([_pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"]),
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        raise ServiceError(f"PostgreSQL did not start on port {services.pg_port}: {result.stderr}\n{log_tail(log)}")
-    psql = [_pg_bin("psql"), "-h", services.host, "-p", str(services.pg_port), "-U", PG_USER, "-d", "postgres", "-w"]
-    env = {**os.environ, "PGPASSWORD": password, **tls_env}  # an environment only this user (and root) can read
-    existing = subprocess.run(
-        [*psql, "-tAc", "SELECT datname FROM pg_database"], check=True, capture_output=True, text=True, env=env
-    ).stdout.split()
-    for name in DATABASES:
-        if name not in existing:
-            subprocess.run([*psql, "-c", f"CREATE DATABASE {name}"], check=True, capture_output=True, env=env)
-
-
-def stop_postgres(root: Path) -> None:
-    data = root / "postgres" / "data"
-    if (data / "postmaster.pid").is_file():
-        subprocess.run(_as_postgres([_pg_bin("pg_ctl"), "-D", str(data), "-m", "fast", "stop"]), capture_output=True)
 
 
 def _spawn(name: str, cmd: Sequence[str], env: dict[str, str], root: Path) -> subprocess.Popen[bytes]:
@@ -388,7 +173,7 @@ def _server_envs(services: TeamServices, made: TeamSecrets, root: Path) -> tuple
     auth = root / "mlflow-auth"
     auth.mkdir(mode=0o700, exist_ok=True)
     ini = auth / "basic_auth.ini"
-    _write_private(ini, MLFLOW_AUTH_INI.format(db=auth / "users.db", admin=made.mlflow_username))
+    write_private(ini, MLFLOW_AUTH_INI.format(db=auth / "users.db", admin=made.mlflow_username))
     mlflow = base | {
         "MLFLOW_BACKEND_STORE_URI": services.database("mlflow", "psycopg2", made.pg_password),
         "MLFLOW_AUTH_CONFIG_PATH": str(ini),
@@ -459,7 +244,7 @@ def team_up(services: TeamServices, timeout: float = START_TIMEOUT_S) -> dict[st
     env = team_env(services)
     (root / "team.env").write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
     client = client_secrets(made)
-    _write_private(root / CLIENT_SECRETS_FILE, "".join(f"export {k}={shlex.quote(v)}\n" for k, v in client.items()))
+    write_private(root / CLIENT_SECRETS_FILE, "".join(f"export {k}={shlex.quote(v)}\n" for k, v in client.items()))
     return env | client
 
 
