@@ -37,7 +37,7 @@ class TeamServices:
     prefect_port: int = 4200
     mlflow_port: int = 5000
     database_url: str | None = None  # an existing PostgreSQL server (postgresql://user:password@host:port)
-    tls: TLS | None = None  # Prefect's and MLflow's servers over https with this certificate
+    tls: TLS | None = None  # Prefect's, MLflow's and (unless database_url) PostgreSQL's servers over TLS
 
     @property
     def scheme(self) -> str:
@@ -51,12 +51,17 @@ class TeamServices:
         )
         scheme, rest = url.split("://", 1)
         query = ""
-        if self.database_url is None and self.tls is not None and driver == "psycopg2":
+        if self.postgres_ca is not None and driver == "psycopg2":
             # libpq verifies the server's certificate and name; asyncpg (Prefect) gets the same through Prefect's
-            # connect_args.tls settings (_server_envs)
-            ca = urllib.parse.quote(str(self.tls.ca.resolve()), safe="/")
-            query = f"?sslmode=verify-full&sslrootcert={ca}"
+            # connect_args.tls settings (flows.team_services)
+            query = f"?sslmode=verify-full&sslrootcert={urllib.parse.quote(str(self.postgres_ca), safe='/')}"
         return f"{scheme}+{driver}://{rest}/{name}{query}"
+
+    @property
+    def postgres_ca(self) -> Path | None:
+        """The CA the team's own PostgreSQL cluster is verified against: it takes TLS connections only when the
+        team has a certificate; None for no TLS or for a server named by ``database_url``."""
+        return self.tls.ca.resolve() if self.tls is not None and self.database_url is None else None
 
     @property
     def prefect_api_url(self) -> str:

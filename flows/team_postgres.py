@@ -15,7 +15,7 @@ from flows.services import ServiceError
 from flows.team_config import PG_USER, TeamServices, write_private
 from tasks.process_group import log_tail
 
-__all__ = ["DATABASES", "start_postgres", "stop_postgres"]
+__all__ = ["DATABASES", "pg_bin", "start_postgres", "stop_postgres"]
 
 DATABASES = ("prefect", "mlflow")
 
@@ -27,7 +27,7 @@ def _as_postgres(cmd: Sequence[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd]
 
 
-def _pg_bin(name: str) -> str:
+def pg_bin(name: str) -> str:
     """A PostgreSQL program: on PATH, or in the distribution's versioned folder (Debian keeps initdb off PATH)."""
     found = shutil.which(name)
     if found:
@@ -68,7 +68,8 @@ def _postgres_tls(services: TeamServices) -> tuple[list[str], dict[str, str]]:
     """PostgreSQL's TLS options (``-c`` settings for ``pg_ctl -o``) and its clients' libpq environment: the
     certificate and key copied into the cluster's 0700 folder, the key 0600 and owned by the server's user, as
     PostgreSQL requires; none without :class:`TLS`."""
-    if services.tls is None:
+    ca = services.postgres_ca
+    if services.tls is None or ca is None:
         return [], {}
     folder = services.root / "postgres"
     cert, key = folder / "server.crt", folder / "server.key"
@@ -78,7 +79,7 @@ def _postgres_tls(services: TeamServices) -> tuple[list[str], dict[str, str]]:
         for path in (cert, key):
             shutil.chown(path, "postgres", "postgres")
     options = ["ssl=on", f"ssl_cert_file={cert}", f"ssl_key_file={key}", "ssl_min_protocol_version=TLSv1.2"]
-    env = {"PGSSLMODE": "verify-full", "PGSSLROOTCERT": str(services.tls.ca.resolve())}
+    env = {"PGSSLMODE": "verify-full", "PGSSLROOTCERT": str(ca)}
     return [f"-c {o}" for o in options], env
 
 
@@ -93,7 +94,7 @@ def _init_postgres(data: Path, password: str) -> None:
         subprocess.run(
             _as_postgres(
                 [
-                    _pg_bin("initdb"),
+                    pg_bin("initdb"),
                     "-D",
                     str(data),
                     "-U",
@@ -135,16 +136,19 @@ def start_postgres(services: TeamServices, password: str) -> None:
             f"Move {data} aside (or give the vgrpo role a password and replace trust by scram-sha-256 there)"
         )
     tls_options, tls_env = _postgres_tls(services)
-    hba.write_text(_hba_with_tls(hba.read_text(), services.tls is not None))
+    rules_text = hba.read_text()
+    wanted = _hba_with_tls(rules_text, services.tls is not None)
+    if wanted != rules_text:  # rewritten only when TLS was turned on or off since the last start
+        hba.write_text(wanted)
     options = " ".join([f"-h {services.host} -p {services.pg_port} -k {data.parent}", *tls_options])
     result = subprocess.run(
-        _as_postgres([_pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"]),
+        _as_postgres([pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"]),
         capture_output=True,
         text=True,
     )
     if result.returncode != 0:
         raise ServiceError(f"PostgreSQL did not start on port {services.pg_port}: {result.stderr}\n{log_tail(log)}")
-    psql = [_pg_bin("psql"), "-h", services.host, "-p", str(services.pg_port), "-U", PG_USER, "-d", "postgres", "-w"]
+    psql = [pg_bin("psql"), "-h", services.host, "-p", str(services.pg_port), "-U", PG_USER, "-d", "postgres", "-w"]
     env = {**os.environ, "PGPASSWORD": password, **tls_env}  # an environment only this user (and root) can read
     existing = subprocess.run(
         [*psql, "-tAc", "SELECT datname FROM pg_database"], check=True, capture_output=True, text=True, env=env
@@ -157,4 +161,4 @@ def start_postgres(services: TeamServices, password: str) -> None:
 def stop_postgres(root: Path) -> None:
     data = root / "postgres" / "data"
     if (data / "postmaster.pid").is_file():
-        subprocess.run(_as_postgres([_pg_bin("pg_ctl"), "-D", str(data), "-m", "fast", "stop"]), capture_output=True)
+        subprocess.run(_as_postgres([pg_bin("pg_ctl"), "-D", str(data), "-m", "fast", "stop"]), capture_output=True)

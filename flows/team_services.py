@@ -165,10 +165,10 @@ def _server_envs(services: TeamServices, made: TeamSecrets, root: Path) -> tuple
     }
     if services.tls is not None:
         prefect |= {"PREFECT__SERVER_FINAL": "1", "PREFECT_UI_API_URL": services.prefect_api_url}
-    if services.tls is not None and services.database_url is None:  # asyncpg to PostgreSQL over verified TLS
+    if services.postgres_ca is not None:  # asyncpg to PostgreSQL over verified TLS
         prefect |= {
             "PREFECT_SERVER_DATABASE_SQLALCHEMY_CONNECT_ARGS_TLS_ENABLED": "true",
-            "PREFECT_SERVER_DATABASE_SQLALCHEMY_CONNECT_ARGS_TLS_CA_FILE": str(services.tls.ca.resolve()),
+            "PREFECT_SERVER_DATABASE_SQLALCHEMY_CONNECT_ARGS_TLS_CA_FILE": str(services.postgres_ca),
         }
     auth = root / "mlflow-auth"
     auth.mkdir(mode=0o700, exist_ok=True)

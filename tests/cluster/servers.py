@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from flows.services import wait_healthy
+from flows.services import ServiceError, wait_healthy
+from flows.team_postgres import pg_bin
 from flows.team_services import TLS, TeamServices, team_down, team_up
 from tasks.launch import free_port
 from tasks.process_group import stop_group
@@ -160,8 +161,10 @@ class Team:
 def team_services(store: Path) -> Iterator[Team]:
     """``team_up`` on free loopback ports with TLS (a CA and a certificate for 127.0.0.1 made here) and its
     artifacts under ``store``; stopped and removed after. Skips where PostgreSQL is not installed."""
-    if shutil.which("initdb") is None and not Path("/usr/lib/postgresql").is_dir():
-        pytest.skip("PostgreSQL is not installed (Debian: apt install postgresql)")
+    try:
+        pg_bin("initdb")
+    except ServiceError as missing:
+        pytest.skip(str(missing))
     # PostgreSQL runs as the postgres user when the tests run as root: a folder it can reach (pytest's own
     # temporary folders are private to root).
     root = Path(tempfile.mkdtemp(prefix="vgrpo-team-"))
