@@ -10,17 +10,17 @@ out colour-shape pairs so the test split measures compositional generalisation.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vgrpo.atomic import write_text_atomic
-from vgrpo.prompts import PromptFileError, load_prompts
 from vgrpo.rewards.clauses import GENEVAL_TAGS, Detection, relative_position
+from vgrpo.world.records import Record, scene_to_dict, write_jsonl
+from vgrpo.world.records import read_jsonl as read_jsonl  # importable from here as before
+from vgrpo.world.records import read_split as read_split
+from vgrpo.world.records import scene_from_dict as scene_from_dict
 from vgrpo.world.render import FONT_CHARS, max_text_chars, pixel_box
 from vgrpo.world.scene import (
     COLORS,
@@ -64,7 +64,6 @@ OCR_TEMPLATES: tuple[str, ...] = (
 
 Pair = tuple[str, str]
 """``(color, shape)``."""
-Record = tuple[dict[str, Any], Scene]
 
 
 def _a(word: str) -> str:
@@ -287,27 +286,6 @@ def closed_tags(validation: Iterable[Record], test_prompts: Iterable[str]) -> li
     return sorted({str(md["tag"]) for md, _ in validation if md["prompt"] in test})
 
 
-def scene_to_dict(scene: Scene) -> dict[str, Any]:
-    """JSON-ready form of a scene."""
-    return {"objects": [vars(o) for o in scene.objects], "text": scene.text}
-
-
-def scene_from_dict(d: dict[str, Any]) -> Scene:
-    """Inverse of :func:`scene_to_dict`."""
-    return Scene(objects=tuple(ObjectSpec(**o) for o in d["objects"]), text=d.get("text"))
-
-
-def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
-    """Write one JSON object per line atomically (:func:`write_text_atomic`)."""
-    write_text_atomic(path, "".join(json.dumps(rec) + "\n" for rec in records))
-
-
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a JSONL file written by :func:`write_jsonl` (blank lines skipped)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def write_splits(
     out_dir: str | Path,
     seed: int,
@@ -334,16 +312,6 @@ def write_splits(
             continue
         write_jsonl(Path(out_dir) / f"{name}.jsonl", ({**md, "scene": scene_to_dict(sc)} for md, sc in records))
     return len(train), len(test), len(probe), len(validation)
-
-
-def read_split(path: str | Path) -> list[Record]:
-    """``(metadata, scene)`` of every row of a split file written by :func:`write_splits`; a row without its
-    ground-truth ``scene`` is a :class:`vgrpo.prompts.PromptFileError` naming the file and the row."""
-    rows = load_prompts(path)
-    for i, md in enumerate(rows, 1):
-        if "scene" not in md:
-            raise PromptFileError(f"{path}:{i}: a record needs its ground-truth 'scene' (a world split file)")
-    return [(md, scene_from_dict(md["scene"])) for md in rows]
 
 
 def ocr_text_ok(text: str, size: int = 32) -> bool:
