@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from vgrpo.atomic import write_json_atomic
-from vgrpo.config import load_config
 from vgrpo.evaluation.stats import bootstrap_ci, stratified_mean
+from vgrpo.params_file import load_params
 from vgrpo.world.config import PretrainConfig
 
 COLOUR_TAGS = ("colors", "color_attr")
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "(metrics/base_validation.scores.json), and only the final report reads test (--final-report)"
         )
     base = json.loads(args.base.read_text())
-    held_out = load_config([args.pretrain_params], section="pretrain", schema=PretrainConfig).held_out_pairs
+    held_out = load_params([args.pretrain_params], section="pretrain", schema=PretrainConfig).held_out_pairs
     rows: dict[str, Any] = {}
     print("| run | iteration | strict (base) | gain [95% CI] | per-tag gain | colours held-out / seen | OCR | Pick |")
     print("|---|---|---|---|---|---|---|---|")

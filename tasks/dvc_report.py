@@ -26,10 +26,10 @@ import numpy as np
 from PIL import Image
 
 from vgrpo.atomic import write_json_atomic
-from vgrpo.config import load_config
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.evaluation.grids import side_by_side, write_png
 from vgrpo.evaluation.tables import headline_metrics
+from vgrpo.params_file import load_params
 from vgrpo.rewards.config import RewardConfig
 
 __all__ = ["SUMMARIES", "flat_eval", "main", "moving_average", "plot_stage", "summaries"]
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pair.add_argument("--out", required=True, help="the PNG to write")
     args = parser.parse_args(argv)
     if args.command == "summary":
-        evaluation = load_config([args.evaluation], section="evaluation", schema=EvaluationConfig)
+        evaluation = load_params([args.evaluation], section="evaluation", schema=EvaluationConfig)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         for stem, numbers in summaries(Path(args.src), evaluation.rewards).items():

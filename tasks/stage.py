@@ -28,14 +28,14 @@ from tasks.stage_store import CheckpointUpload, publish_stage, restore_checkpoin
 from tasks.store import Store
 from tasks.tracking import Tracking
 from vgrpo.atomic import write_json_atomic
-from vgrpo.checkpoints.resume import ResumableRun, training_hash
+from vgrpo.checkpoints.resume import training_hash
 from vgrpo.config import StageConfig
 from vgrpo.evaluation.grids import grid_of, write_grid
 from vgrpo.evaluation.tables import flat_metrics
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.trainer import Trainer
 from vgrpo.training.prompt_rows import StagePrompts
-from vgrpo.training.stage import PhaseRunner, StageCallbacks, call_directly
+from vgrpo.training.stage import PhaseRunner, StageCallbacks, call_directly, stage_checkpoints
 
 __all__ = [
     "MANIFEST",
@@ -124,7 +124,7 @@ def train_and_track(
     init = Path(root) / init_lora if init_lora else None
     tracker = None
     if dist is None or dist.is_main:
-        previous = ResumableRun.for_stage(cfg, work_dir, init).peek()
+        previous = stage_checkpoints(cfg, work_dir, init).peek()
         run_id = previous.run.get("mlflow_run_id") if previous else None
         tracker = StageTracker.open(cfg, tracking, run_id, state_file=work_dir / PROGRESS_FILE)
     store = Store.from_env()

@@ -63,14 +63,14 @@ def use_threads(threads: int, *, flush_denormal: bool = False) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from vgrpo.config import load_config, overrides_from_pairs
     from vgrpo.evaluation.config import EvaluationConfig
     from vgrpo.evaluation.report import evaluate_to_files, format_table
     from vgrpo.outputs import Output
+    from vgrpo.params_file import load_params, overrides_from_pairs
     from vgrpo.rewards.config import reward_classes
     from vgrpo.training.preflight import PreflightError, preflight_evaluation
 
-    cfg = load_config(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
+    cfg = load_params(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
     outputs = [Output("--out", Path(args.out), is_file=True)]
     outputs += [Output("--grid", Path(args.grid), is_file=True)] if args.grid else []
     read = {f"--params {file}": file for file in args.params} | ({"--baseline": args.baseline} if args.baseline else {})

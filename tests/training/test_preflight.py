@@ -17,7 +17,9 @@ from tests.tiny_world import TINY_MODEL_PARAMS, WORLD_PICK, write_tiny_world
 from tests.tiny_world import tiny_stage_config as _config
 from vgrpo.checkpoints.weight_files import weights_problem
 from vgrpo.config import load_curriculum
-from vgrpo.training.preflight import PreflightError, check_or_raise, checkpoint_estimate, preflight, url_problem
+from vgrpo.rewards.checks import url_problem
+from vgrpo.training.checkpoint_disk import checkpoint_estimate
+from vgrpo.training.preflight import PreflightError, check_or_raise, preflight
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -115,7 +115,9 @@ class Algorithm(ABC, Generic[PayloadT]):
         rollout_micro_batch: int,
         train_micro_batch: int,
         dist: Distributed | None = None,
+        policy: nn.Module | None = None,
     ):
+        del policy  # an algorithm that keeps a copy of the weights takes it (keep_snapshot); the others need not
         self.config = config
         self.sigmas = sigmas
         self.num_steps = sigmas.shape[0] - 1

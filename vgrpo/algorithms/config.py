@@ -25,6 +25,7 @@ from vgrpo.config_base import (
 __all__ = [
     "AdvantageConfig",
     "AlgorithmConfig",
+    "AlgorithmOptions",
     "DiffusionNFTConfig",
     "FlowGRPOConfig",
     "MixGRPOConfig",
@@ -92,7 +93,28 @@ class AdvantageConfig(FrozenConfig):
     weights: dict[str, float] = Field(default_factory=dict, description="Reward weights; empty = 1 each.")
 
 
-class VGRPOConfig(FrozenConfig):
+class AlgorithmOptions(FrozenConfig):
+    """What every algorithm's config answers besides its options: whether a rollout suits it, and how many copies
+    of the weights it keeps besides the policy (what a checkpoint saves, :meth:`vgrpo.algorithms.base.Algorithm.
+    snapshots`; the preflight's disk estimate reads it)."""
+
+    def check_rollout(self, rollout: RolloutConfig) -> None:
+        """Raise ``ValueError`` (naming the keys) when ``rollout`` cannot feed this algorithm."""
+
+    def weight_copies(self) -> int:
+        """Copies of the policy's trainable weights the algorithm keeps (a frozen reference, an old policy)."""
+        return 0
+
+
+def _check_stratified(n_mc: int, timestep_sampling: str, rollout: RolloutConfig) -> None:
+    """Stratified timesteps draw one timestep from each of ``n_mc`` strata of the rollout's steps."""
+    if timestep_sampling == "stratified" and n_mc > rollout.num_steps:
+        raise ValueError(
+            f"algorithm.n_mc={n_mc} stratified timesteps need rollout.num_steps >= n_mc (got {rollout.num_steps})"
+        )
+
+
+class VGRPOConfig(AlgorithmOptions):
     """V-GRPO (Tang et al. 2026, Sec. 4): the ELBO surrogate with each variance-reduction technique (Sec. 4.4)
     and each gradient-step control (Sec. 4.5) switchable."""
 
@@ -125,6 +147,12 @@ class VGRPOConfig(FrozenConfig):
     logit_normal_mean: float = 0.0
     logit_normal_std: float = Field(1.0, gt=0)
 
+    def check_rollout(self, rollout: RolloutConfig) -> None:
+        _check_stratified(self.n_mc, self.timestep_sampling, rollout)
+
+    def weight_copies(self) -> int:
+        return int(self.ref_kl_coef > 0)  # the frozen reference of ref_kl_coef
+
     @model_serializer(mode="wrap")
     def _without_default_reference(self, handler: SerializerFunctionWrapHandler) -> Any:
         """Without ``ref_kl_reference`` at its default: a config that does not set it dumps (and fingerprints) as
@@ -145,7 +173,7 @@ class NaiveELBOConfig(VGRPOConfig):
     self_normalize: bool = False
 
 
-class FlowGRPOConfig(FrozenConfig):
+class FlowGRPOConfig(AlgorithmOptions):
     """Flow-GRPO (Liu et al. 2025): an MDP over the steps of its ODE-to-SDE sampler (Sec. 4.1)."""
 
     name: Literal["flow_grpo"] = "flow_grpo"
@@ -161,6 +189,9 @@ class FlowGRPOConfig(FrozenConfig):
         "stage loaded.",
     )
 
+    def weight_copies(self) -> int:
+        return int(self.kl_coef > 0)  # the KL's frozen reference
+
 
 class MixGRPOConfig(FlowGRPOConfig):
     """MixGRPO (Li et al. 2025): SDE and training only inside a sliding window of steps, ODE elsewhere."""
@@ -171,8 +202,12 @@ class MixGRPOConfig(FlowGRPOConfig):
     timestep_fraction: float = Field(1.0, gt=0, le=1)
     kl_coef: float = Field(0.0, ge=0)
 
+    def check_rollout(self, rollout: RolloutConfig) -> None:
+        if self.window_size > rollout.num_steps:
+            raise ValueError(f"algorithm.window_size={self.window_size} > rollout.num_steps={rollout.num_steps}")
 
-class DiffusionNFTConfig(FrozenConfig):
+
+class DiffusionNFTConfig(AlgorithmOptions):
     """DiffusionNFT (Zheng et al. 2025): likelihood-free, trained on positive and negative velocities."""
 
     name: Literal["diffusion_nft"] = "diffusion_nft"
@@ -182,6 +217,12 @@ class DiffusionNFTConfig(FrozenConfig):
     timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = "uniform"
     ema_decay_rate: float = Field(0.001, ge=0, description="[inferred] old-policy EMA decay = min(rate * it, max).")
     ema_decay_max: float = Field(0.5, ge=0, le=1)
+
+    def check_rollout(self, rollout: RolloutConfig) -> None:
+        _check_stratified(self.n_mc, self.timestep_sampling, rollout)
+
+    def weight_copies(self) -> int:
+        return 1  # the old policy, an EMA of the policy
 
 
 AlgorithmConfig = Annotated[

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import enum
 import importlib
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from torch import nn
 
 from vgrpo.algorithms.base import Algorithm
+from vgrpo.algorithms.config import AlgorithmConfig, RolloutConfig
 from vgrpo.flow import timestep_grid
 from vgrpo.parallel.distributed import Distributed
-
-if TYPE_CHECKING:  # vgrpo.config imports this package's configs: a runtime import would be a circle
-    from vgrpo.config import TrainConfig
 
 __all__ = ["ALGORITHMS", "CONFIG_SHIFT", "build_algorithm", "get_algorithm_class"]
 
@@ -25,8 +23,24 @@ ALGORITHMS: dict[str, str] = {
     "diffusion_nft": "vgrpo.algorithms.diffusion_nft:DiffusionNFT",
 }
 
-# Algorithms that keep a copy of the trainable weights (reference or old policy) need the policy.
-_NEEDS_POLICY = {"vgrpo", "naive_elbo", "flow_grpo", "mixgrpo", "diffusion_nft"}
+
+class _MicroBatch(Protocol):
+    @property
+    def micro_batch_size(self) -> int: ...
+
+
+class RunSettings(Protocol):
+    """What :func:`build_algorithm` reads of a run's config (:class:`vgrpo.config.TrainConfig`, which this package
+    sits below)."""
+
+    @property
+    def rollout(self) -> RolloutConfig: ...
+
+    @property
+    def optim(self) -> _MicroBatch: ...
+
+    @property
+    def algorithm(self) -> AlgorithmConfig: ...
 
 
 def get_algorithm_class(name: str) -> type[Algorithm]:
@@ -46,7 +60,7 @@ CONFIG_SHIFT: Final = _Shift.CONFIG
 
 
 def build_algorithm(
-    config: TrainConfig,
+    config: RunSettings,
     *,
     policy: nn.Module,
     latent_shape: tuple[int, ...],
@@ -76,8 +90,7 @@ def build_algorithm(
         "rollout_micro_batch": config.rollout.micro_batch_size,
         "train_micro_batch": config.optim.micro_batch_size,
         "dist": dist,
+        "policy": policy,
     }
-    if algo_config.name in _NEEDS_POLICY:
-        kwargs["policy"] = policy
     cls = get_algorithm_class(algo_config.name)
     return cls(algo_config, **kwargs)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from vgrpo.checkpoints.sharded import load_sharded_state, save_sharded_state
 from vgrpo.checkpoints.state import (
     LORA_FILE,
@@ -29,7 +31,6 @@ from vgrpo.checkpoints.state import (
     quarantine,
     save_training_state,
 )
-from vgrpo.config import StageConfig
 from vgrpo.parallel.distributed import Distributed
 
 __all__ = ["EVALUATION_FIELDS", "ResumableRun", "TrainingState", "adapter_hash", "training_hash"]
@@ -50,7 +51,7 @@ def adapter_hash(lora_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def training_hash(config: StageConfig) -> str:
+def training_hash(config: BaseModel) -> str:
     """Fingerprint of everything that decides the stage's steps (a checkpoint from other params is not resumed)."""
     # ``launch`` says how many processes share the batch, not which steps it takes: a checkpoint resumes on
     # another number of processes (tests/parallel/test_distributed.py).
@@ -174,17 +175,6 @@ class ResumableRun:
     def __init__(self, root: Path, fingerprint: str, init_hash: str | None, keep: int, *, sharded: bool = False):
         self.root, self.fingerprint, self.init_hash, self.keep = root, fingerprint, init_hash, keep
         self.sharded = sharded
-
-    @classmethod
-    def for_stage(cls, config: StageConfig, work_dir: Path, init_lora: Path | None) -> ResumableRun:
-        init_hash = adapter_hash(init_lora) if init_lora is not None else None
-        return cls(
-            work_dir / "checkpoints",
-            training_hash(config),
-            init_hash,
-            config.keep_checkpoints,
-            sharded=config.distributed.strategy == "fsdp",
-        )
 
     def owns(self, checkpoint: Path) -> bool:
         try:

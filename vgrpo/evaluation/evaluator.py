@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,14 +28,10 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vgrpo.config import StageConfig
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.evaluation.tables import summarise
 from vgrpo.flow import timestep_grid
 from vgrpo.images import tensor_to_images
-from vgrpo.models.pipeline import build_adapter, load_pipeline
-from vgrpo.models.precision import frozen_dtype
-from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import Conditioning, VelocityModel
 from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
@@ -46,7 +41,6 @@ from vgrpo.seeding import derive_seed
 __all__ = [
     "Evaluator",
     "Sampling",
-    "build_evaluator",
     "evaluate",
     "generate",
     "resized_adapter",
@@ -258,30 +252,3 @@ class Evaluator:
         )
         table["iteration"] = iteration
         return table, images
-
-
-def build_evaluator(
-    config: StageConfig, rows: list[dict[str, Any]] | None, root: Path, shift: float | None, dist: Distributed
-) -> Evaluator | None:
-    """The stage's :class:`Evaluator`, or ``None`` without evaluation prompts (and on ranks other than 0, except
-    under FSDP: every rank takes part in the sharded policy's forward passes, so every rank evaluates); ``shift``
-    is the rollout's, resolved (:meth:`vgrpo.models.adapter.PipelineAdapter.sigma_shift`)."""
-    if not rows or not (dist.is_main or config.distributed.strategy == "fsdp"):
-        return None
-    base = None
-    if config.evaluation.base_pipeline is not None:
-        # Only the base's transformer samples (the policy's adapter encodes the prompts and decodes): its text
-        # encoders and VAE load in the frozen dtype and stay on the CPU.
-        frozen = frozen_dtype(config.precision.frozen_dtype, dist.device)
-        base_pipe = load_pipeline(root / config.evaluation.base_pipeline, frozen_dtype=frozen)
-        base_pipe.transformer.to(dist.device)
-        base = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
-    rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards])
-    return Evaluator(
-        rows=rows,
-        rewards=rewards,
-        config=config.evaluation,
-        shift=shift,
-        base=base,
-        dynamic_shift=config.rollout.dynamic_shift,
-    )

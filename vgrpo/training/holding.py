@@ -13,12 +13,13 @@ import numpy as np
 from vgrpo.algorithms.base import zero_lora_deltas
 from vgrpo.atomic import atomic_dir
 from vgrpo.config import StageConfig
-from vgrpo.evaluation.evaluator import Evaluator, build_evaluator
+from vgrpo.evaluation.evaluator import Evaluator
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import ParameterSnapshot, trainable_parameters
 from vgrpo.training.hold import HOLD_DIR, kept_check
 from vgrpo.training.phases import StagePolicy
 from vgrpo.training.prompt_rows import checked_rows
+from vgrpo.training.stage_evaluator import build_evaluator
 
 __all__ = ["Holding", "evaluate_base", "export_kept", "hold_evaluator"]
 

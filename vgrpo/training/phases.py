@@ -32,7 +32,7 @@ from torch import nn
 from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.checkpoints.state import Checkpointed, load_lora_into, save_lora
 from vgrpo.config import StageConfig
-from vgrpo.evaluation.evaluator import Evaluator, build_evaluator
+from vgrpo.evaluation.evaluator import Evaluator
 from vgrpo.images import tensor_to_images
 from vgrpo.models import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
@@ -48,6 +48,7 @@ from vgrpo.training.ema import PolicyEMA, maybe_swapped_in
 from vgrpo.training.guards import NonFiniteError
 from vgrpo.training.iteration import RolloutBatch, build_optimizer, gather_rewards, rollout_batch, update_policy
 from vgrpo.training.prompt_rows import evaluation_rows, sample_prompt_rows
+from vgrpo.training.stage_evaluator import build_evaluator
 
 __all__ = [
     "Scores",

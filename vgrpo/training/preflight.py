@@ -21,16 +21,12 @@ starting adapter against ``root``, as :class:`vgrpo.trainer.Trainer` does.
 
 from __future__ import annotations
 
-import inspect
 import math
-import shutil
-import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch
 
@@ -43,25 +39,25 @@ from vgrpo.checkpoints.weight_files import (
     transformer_shapes,
     weights_problem,
 )
-from vgrpo.config import StageConfig, unset_variables
+from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
 from vgrpo.errors import UserError
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.models.geometry import read_geometry
 from vgrpo.outputs import Output, output_problems
+from vgrpo.params_file import unset_variables
 from vgrpo.prompts import load_prompts
+from vgrpo.rewards.checks import option_leaves, options_problem, url_problem
 from vgrpo.rewards.config import prompt_problems
-from vgrpo.rewards.registry import function_problem, resolve_reward
+from vgrpo.training.checkpoint_disk import disk_problem
 from vgrpo.training.prompt_rows import checked_rows, evaluation_rows, training_rows
 
 __all__ = [
     "PreflightError",
     "Problem",
     "check_or_raise",
-    "checkpoint_estimate",
     "preflight",
     "preflight_evaluation",
-    "url_problem",
 ]
 
 
@@ -83,91 +79,6 @@ class PreflightError(UserError):
         self.problems = list(problems)
         count = f"{len(self.problems)} problem{'' if len(self.problems) == 1 else 's'}"
         super().__init__(f"preflight found {count} before any compute:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-def url_problem(url: str, *, connect: bool = False, timeout: float = 3.0) -> str | None:
-    """What is wrong with a reward server's URL: not ``http(s)://host[:port]``, or, with ``connect``, no server
-    accepting a TCP connection there."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError as exc:
-        return f"not a well-formed URL ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "not a well-formed http(s)://host[:port] URL"
-    if connect:
-        try:
-            socket.create_connection(
-                (parts.hostname, port or (443 if parts.scheme == "https" else 80)), timeout
-            ).close()
-        except OSError as exc:
-            return f"no server accepts a connection ({exc})"
-    return None
-
-
-def _leaves(options: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, str, Any]]:
-    """``(leaf key, dotted key, value)`` of every non-container entry of nested reward options."""
-    for key, value in options.items():
-        dotted = f"{prefix}.{key}"
-        if isinstance(value, Mapping):
-            yield from _leaves(value, dotted)
-        elif isinstance(value, list) and all(isinstance(v, Mapping) for v in value):
-            for i, item in enumerate(value):
-                yield from _leaves(item, f"{dotted}[{i}]")
-        else:
-            yield str(key), dotted, value
-
-
-def _options_problem(reward: Any) -> str | None:
-    """A reward class's constructor or a reward function refusing the options (a missing ``path``, a misspelt
-    keyword)."""
-    target = resolve_reward(reward.name)
-    if not isinstance(target, type):
-        return function_problem(target, reward.name, reward.options)
-    try:
-        inspect.signature(target).bind(**reward.options)
-    except TypeError as exc:
-        return f"reward {reward.name!r}: options {sorted(reward.options)}: {exc}"
-    return None
-
-
-def _snapshots(config: StageConfig) -> int:
-    """Weight copies a checkpoint saves besides the policy (:meth:`vgrpo.algorithms.base.Algorithm.snapshots`, the
-    EMA): DiffusionNFT's old policy, a KL reference (Flow-GRPO's and MixGRPO's ``kl_coef``, V-GRPO's
-    ``ref_kl_coef``)."""
-    algo = config.algorithm
-    reference = getattr(algo, "ref_kl_coef", 0) > 0 or (
-        algo.name in ("flow_grpo", "mixgrpo") and getattr(algo, "kl_coef", 0) > 0
-    )
-    return int(config.ema.enabled) + int(algo.name == "diffusion_nft") + int(reference)
-
-
-def checkpoint_estimate(
-    config: StageConfig, pipeline: Path, shapes: dict[str, list[int]] | None = None
-) -> tuple[int, str] | None:
-    """Bytes a stage's checkpoints and export take, and how that was reckoned, from the shapes in the transformer's
-    safetensors headers (``shapes`` when the caller read them: :func:`transformer_shapes`); None when they cannot
-    be read."""
-    shapes = shapes if shapes is not None else transformer_shapes(pipeline)
-    if shapes is None:
-        return None
-    if config.lora is None:
-        params = sum(math.prod(s) for s in shapes.values())
-    else:
-        targets = config.lora.target_modules
-        params = sum(
-            config.lora.rank * (s[0] + s[1])
-            for name, s in shapes.items()
-            if len(s) == 2 and any(name.removesuffix(".weight").endswith(f".{t}") for t in targets)
-        )
-    snapshots, kept = _snapshots(config), config.keep_checkpoints + 1
-    total = 4 * params * ((3 + snapshots) * kept + 1)
-    how = (
-        f"{config.name}: {params:,} trainable fp32 parameters x 4 bytes x (1 weights + 2 Adam moments + "
-        f"{snapshots} snapshots) x {kept} checkpoints (keep_checkpoints + one being written), "
-        "+ the export"
-    )
-    return total, how
 
 
 def _launch_problems(config: StageConfig, world_size: int | None) -> list[str]:
@@ -232,8 +143,8 @@ class _Findings:
     def rewards(self, rewards: Sequence[Any], stage: str, section: str) -> None:
         for i, reward in enumerate(rewards):
             where = f"{stage}: {section}[{i}]"
-            self.add([p] if (p := _options_problem(reward)) else [], where)
-            for leaf, dotted, value in _leaves(reward.options, "options"):
+            self.add([p] if (p := options_problem(reward)) else [], where)
+            for leaf, dotted, value in option_leaves(reward.options, "options"):
                 if isinstance(value, str) and (leaf == "path" or leaf.endswith(("_path", "_file"))):
                     self.check("model", value, f"{where}.{dotted}")
                 elif isinstance(value, str) and leaf.endswith("url"):
@@ -325,25 +236,6 @@ def _model_problems(
     return out
 
 
-def _disk_problem(
-    stages: Sequence[StageConfig], root: Path, checkpoint_dir: Path, shapes: Mapping[str, dict[str, list[int]] | None]
-) -> str | None:
-    estimates = [
-        e for cfg in stages if (e := checkpoint_estimate(cfg, root / cfg.pipeline, shapes[cfg.pipeline])) is not None
-    ]
-    need = sum(total for total, _ in estimates)
-    existing = Path(checkpoint_dir)
-    while not existing.exists():
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
-    if need <= free:
-        return None
-    return (
-        f"{checkpoint_dir}: {free / 1e9:.2f} GB free on its disk, but the checkpoints need about {need / 1e9:.2f} "
-        f"GB ({'; '.join(how for _, how in estimates)})"
-    )
-
-
 def preflight(
     stages: Sequence[StageConfig],
     root: str | Path = ".",
@@ -389,7 +281,7 @@ def preflight(
     if outputs:
         findings.add(output_problems(outputs, {**findings.inputs, **(inputs or {})}), "outputs")
     if checkpoint_dir is not None:
-        findings.add([p] if (p := _disk_problem(stages, root, Path(checkpoint_dir), shapes)) else [], "checkpoints")
+        findings.add([p] if (p := disk_problem(stages, root, Path(checkpoint_dir), shapes)) else [], "checkpoints")
     return findings.problems()
 
 

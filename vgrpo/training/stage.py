@@ -29,10 +29,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from vgrpo.checkpoints.resume import ResumableRun, TrainingState
+from vgrpo.checkpoints.resume import ResumableRun, TrainingState, adapter_hash, training_hash
 from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
-from vgrpo.evaluation.evaluator import build_evaluator
 from vgrpo.evaluation.tables import flat_metrics
 from vgrpo.logs import get_logger
 from vgrpo.parallel.distributed import Distributed
@@ -54,6 +53,7 @@ from vgrpo.training.phases import (
     update,
 )
 from vgrpo.training.prompt_rows import StagePrompts, prepare_prompts
+from vgrpo.training.stage_evaluator import build_evaluator
 from vgrpo.training.stage_result import StageResult, StageRewardFailed, nonfinite_failure, skipped_summary
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "StageRewardFailed",
     "call_directly",
     "run_stage",
+    "stage_checkpoints",
 ]
 
 T = TypeVar("T")
@@ -77,6 +78,18 @@ class PhaseRunner(Protocol):
     (a named task, a span). ``iteration`` is ``None`` for once-per-stage phases."""
 
     def __call__(self, phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T: ...
+
+
+def stage_checkpoints(config: StageConfig, work_dir: Path, init_lora: Path | None) -> ResumableRun:
+    """The stage's checkpoints under ``work_dir/checkpoints``: those of its training fingerprint and starting
+    adapter, ``keep_checkpoints`` of them kept, sharded under FSDP."""
+    return ResumableRun(
+        work_dir / "checkpoints",
+        training_hash(config),
+        adapter_hash(init_lora) if init_lora is not None else None,
+        config.keep_checkpoints,
+        sharded=config.distributed.strategy == "fsdp",
+    )
 
 
 def call_directly(phase: str, iteration: int | None, fn: Callable[..., T], /, *args: Any) -> T:
@@ -134,7 +147,7 @@ def run_stage(
     # precision.text_encoders: drop_after_encoding encodes every prompt of the stage now, then frees the encoders
     stage.adapter.encode_ahead([str(r["prompt"]) for r in [*prompts.train, *(prompts.evaluation or [])]])
     evaluator = build_evaluator(config, prompts.evaluation, root, stage.shift, dist)
-    run = ResumableRun.for_stage(config, work_dir, init)
+    run = stage_checkpoints(config, work_dir, init)
     result = StageResult(out_dir=out_dir, iterations=config.iterations, timings=timings)
     resumed = run.restore(stage.checkpointed(), dist)
     consecutive_skips = 0
@@ -166,7 +179,7 @@ def run_stage(
             raise failed(nonfinite_failure(exc), iteration, evaluation=True) from exc
         result.evaluations.append(table)
         timings["evaluation_s"] += time.perf_counter() - evaluation_started
-        if dist.is_main:  # sharded, every rank evaluates (vgrpo.evaluation.evaluator.build_evaluator)
+        if dist.is_main:  # sharded, every rank evaluates (vgrpo.training.stage_evaluator.build_evaluator)
             report.on_evaluate(table, images, iteration)
 
     def run_hold_check(iteration: int) -> None:

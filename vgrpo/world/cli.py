@@ -24,7 +24,7 @@ from typing import Any
 
 from vgrpo.atomic import write_json_atomic
 from vgrpo.cli import add_params_arguments, run_command, use_threads
-from vgrpo.config import load_config, overrides_from_pairs
+from vgrpo.params_file import load_params, overrides_from_pairs
 from vgrpo.world.config import PretrainConfig, WorldCLIPConfig, WorldPreferenceConfig
 from vgrpo.world.pretrain import pretrain_base
 from vgrpo.world.prompts import write_splits
@@ -35,7 +35,7 @@ __all__ = ["main"]
 
 
 def _pretrain_config(args: argparse.Namespace) -> PretrainConfig:
-    return load_config(args.params, overrides_from_pairs(args.set), section="pretrain", schema=PretrainConfig)
+    return load_params(args.params, overrides_from_pairs(args.set), section="pretrain", schema=PretrainConfig)
 
 
 def cmd_world_splits(args: argparse.Namespace) -> None:
@@ -70,7 +70,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def cmd_train_world_clip(args: argparse.Namespace) -> None:
-    cfg = load_config(args.params, overrides_from_pairs(args.set), section="world_clip", schema=WorldCLIPConfig)
+    cfg = load_params(args.params, overrides_from_pairs(args.set), section="world_clip", schema=WorldCLIPConfig)
     use_threads(args.threads, flush_denormal=True)
     metrics = make_world_clip(cfg, Path(args.splits) / "test.jsonl", args.out)
     _report(
@@ -84,7 +84,7 @@ def cmd_train_world_clip(args: argparse.Namespace) -> None:
 
 def cmd_train_world_preference(args: argparse.Namespace) -> None:
     overrides = overrides_from_pairs(args.set)
-    cfg = load_config(args.params, overrides, section="world_pickscore", schema=WorldPreferenceConfig)
+    cfg = load_params(args.params, overrides, section="world_pickscore", schema=WorldPreferenceConfig)
     use_threads(args.threads, flush_denormal=True)
     metrics = make_world_pickscore(cfg, args.clip, args.out)
     _report(
