@@ -191,6 +191,8 @@ def run_one(
 
     use_threads(threads, flush_denormal=True)
     started = time.perf_counter()
+    commit = _git("rev-parse", "HEAD") or None  # the code this process runs, whatever is committed while it runs
+    code_dirty = bool(_git("status", "--porcelain", "--", "vgrpo", "tasks", "benchmarks", "params"))
     _, stages = load_curriculum(root / curriculum, {**overrides, "seed": seed}, root=root)
     run_dir = run_root / f"seed{seed}-threads{threads}"
     init: str | None = None
@@ -232,8 +234,8 @@ def run_one(
         "seed": seed,
         "threads": threads,
         "cpu": cpu_model(),
-        "commit": _git("rev-parse", "HEAD") or None,
-        "code_dirty": bool(_git("status", "--porcelain", "--", "vgrpo", "tasks", "benchmarks", "params")),
+        "commit": commit,
+        "code_dirty": code_dirty,
         "curriculum": str(curriculum),
         "overrides": dict(overrides),
         "wall_s": round(time.perf_counter() - started, 1),
@@ -268,7 +270,7 @@ def _forward(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from vgrpo.config import overrides_from_pairs
+    from vgrpo.params_file import overrides_from_pairs
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
