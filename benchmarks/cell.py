@@ -18,6 +18,7 @@ from benchmarks.grid import REWARDS, RunSpec, Sizes, eval_prompt_file, stage_con
 from benchmarks.provenance import MachineClock, cell_key, code_hash, git_state
 from vgrpo.evaluation.evaluator import Sampling, evaluate
 from vgrpo.models.pipeline import build_adapter, load_pipeline
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.training.guards import TrainingDiverged
 from vgrpo.training.stage import StageCallbacks, run_stage
@@ -63,7 +64,7 @@ def run_base(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
     pipe = load_pipeline(ROOT / "models/embedded-base")
     adapter, policy = build_adapter(pipe)
     rows = read_jsonl(eval_prompt_file(out, spec.reward, spec.split, sizes))
-    rewards = MultiReward.from_specs(REWARDS[spec.reward]["eval_rewards"])
+    rewards = MultiReward.from_configs([RewardConfig.model_validate(r) for r in REWARDS[spec.reward]["eval_rewards"]])
     t0 = time.perf_counter()
     table, _ = evaluate(
         adapter=adapter,

@@ -48,7 +48,7 @@ def _clutter_of(pipeline: Path, lora: Path | None, rows: list[dict[str, Any]], c
         pipe.load_lora_weights(lora, use_safetensors=True)
     adapter, policy = build_adapter(pipe, resolution=config.resolution)
     shift = sampling_shift(config.shift, adapter, rollout_shift=adapter.scheduler_shift)
-    with MultiReward.from_specs([r.model_dump() for r in config.rewards]) as rewards:
+    with MultiReward.from_configs(config.rewards) as rewards:
         table, _ = evaluate(
             adapter=adapter,
             policy=policy.eval(),

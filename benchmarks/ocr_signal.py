@@ -29,6 +29,7 @@ import torch
 from vgrpo.evaluation.evaluator import Sampling, evaluate
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.prompts import load_prompts
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.world.quality import WORLD_OCR_REWARD, perturbed
 
@@ -49,7 +50,7 @@ def main() -> None:
     if args.lora:
         pipe.load_lora_weights(args.lora)
     adapter, policy = build_adapter(pipe)
-    reward = MultiReward.from_specs([WORLD_OCR_REWARD])
+    reward = MultiReward.from_configs([RewardConfig.model_validate(WORLD_OCR_REWARD)])
     with torch.no_grad():
         _, images = evaluate(
             adapter=adapter,

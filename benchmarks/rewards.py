@@ -28,6 +28,7 @@ from vgrpo.evaluation.evaluator import Sampling, evaluate, generate
 from vgrpo.images import tensor_to_images
 from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter, SD3Velocity
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.rewards.ocr import OCRReward
 from vgrpo.world import make_splits, read_jsonl, render
@@ -78,7 +79,7 @@ def main() -> None:
     ):
         if (ROOT / path).is_dir():
             specs.append({"name": name, "key": key, "options": {"path": str(ROOT / path), "device": "cpu"}})
-    rewards = MultiReward.from_specs(specs)
+    rewards = MultiReward.from_configs([RewardConfig.model_validate(s) for s in specs])
     rows = []
     for key, term in rewards.terms.items():
         mask = [term.reward.applies_to(p, md) for p, md in zip(prompts, metadata, strict=True)]

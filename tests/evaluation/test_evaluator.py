@@ -18,6 +18,7 @@ from vgrpo.flow import timestep_grid
 from vgrpo.models.sd3 import SD3Velocity
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_sd3_transformer
 from vgrpo.policy import Conditioning
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.geneval import GenEvalReward
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
@@ -96,7 +97,9 @@ def test_summarise_per_tag_and_per_reward_means() -> None:
         + [{"tag": "colors", "prompt": "q"}] * 2
         + [{"tag": "ocr", "prompt": 'say "hi"'}] * 2
     )
-    rewards = MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr", "options": {"engine": object()}}])
+    rewards = MultiReward.from_configs(
+        [RewardConfig(name="geneval"), RewardConfig(name="ocr", options={"engine": object()})]
+    )
     nan = np.nan
     scored = MultiRewardOutput(
         scores={},
@@ -140,7 +143,7 @@ def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
     metadata = [md for md, _ in test]
     pipe = build_pipeline(TINY, train_clip_tokenizer([m["prompt"] for m in metadata] + [""], TINY), seed=0)
     adapter, velocity = SD3Adapter(pipe), SD3Velocity(pipe.transformer.eval())
-    with MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr"}]) as rewards:
+    with MultiReward.from_configs([RewardConfig(name="geneval"), RewardConfig(name="ocr")]) as rewards:
         kw = {
             "adapter": adapter,
             "policy": velocity,
@@ -175,7 +178,7 @@ def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
 
 
 def _world_table(images: np.ndarray, metadata: list[dict], group_size: int) -> dict:
-    rewards = MultiReward.from_specs([{"name": "geneval"}])
+    rewards = MultiReward.from_configs([RewardConfig(name="geneval")])
     prompts = [md["prompt"] for md in metadata]
     return summarise(rewards(images, prompts, metadata), prompts, metadata, rewards, group_size=group_size)
 
@@ -201,7 +204,7 @@ def _two_evaluations(gain: float) -> tuple[dict, dict]:
     rng = np.random.default_rng(0)
     tags = ["single_object", "two_object", "counting"] * 20
     metadata = [{"tag": t, "prompt": f"p{i}"} for i, t in enumerate(tags) for _ in range(4)]
-    rewards = MultiReward.from_specs([{"name": "geneval"}])
+    rewards = MultiReward.from_configs([RewardConfig(name="geneval")])
     tables = []
     for shift in (0.0, gain):
         strict = (rng.random(240) < 0.3 + shift).astype(float)

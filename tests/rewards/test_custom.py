@@ -20,10 +20,10 @@ IMAGES[1, ..., 0] = 255  # white, then red
 
 
 def test_a_reward_class_and_a_reward_function_from_the_users_module() -> None:
-    rewards = MultiReward.from_specs(
+    rewards = MultiReward.from_configs(
         [
-            {"name": "tests.rewards.custom:Brightness", "options": {"gain": 2.0}},
-            {"name": "tests.rewards.custom:redness", "weight": 0.5},
+            RewardConfig(name="tests.rewards.custom:Brightness", options={"gain": 2.0}),
+            RewardConfig(name="tests.rewards.custom:redness", weight=0.5),
         ]
     )
     out = rewards(IMAGES, ["a", "b"])

@@ -76,7 +76,7 @@ def test_a_users_reward_names_its_headline_numbers_in_the_summary_and_dvc_metric
 def test_a_users_reward_says_which_images_it_credits_and_keeps_its_sub_score_means() -> None:
     images = np.stack([np.full((4, 4, 3), v, np.uint8) for v in (204, 0, 51, 51)])
     metadata = [{"prompt": "bright", "target": 0.8}] * 2 + [{"prompt": "dim", "target": 0.2}] * 2
-    rewards = MultiReward.from_specs([{"name": EXPOSURE}])
+    rewards = MultiReward.from_configs([RewardConfig(name=EXPOSURE)])
     prompts = [md["prompt"] for md in metadata]
     table = summarise(rewards(images, prompts, metadata), prompts, metadata, rewards, group_size=2)
     assert table["per_prompt"]["credited"] == [[True, False], [True, True]]

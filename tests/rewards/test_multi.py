@@ -11,6 +11,7 @@ import pytest
 from vgrpo.advantages import compute_advantages
 from vgrpo.rewards import Reward, RewardError, RewardOutput, build_reward, get_reward_class
 from vgrpo.rewards.base import Metadata
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput, RewardTerm
 
 
@@ -81,18 +82,17 @@ def test_submit_equals_call_and_chunks_concatenate() -> None:
     np.testing.assert_array_equal(joined.sub_scores["light/red"], direct.sub_scores["light/red"])
 
 
-def test_from_specs_builds_registered_rewards() -> None:
-    rewards = MultiReward.from_specs(
+def test_from_configs_builds_registered_rewards() -> None:
+    rewards = MultiReward.from_configs(
         [
-            {"name": "geneval", "weight": 2.0},
-            {"name": "geneval", "key": "geneval_strict", "options": {"reward": "strict"}},
+            RewardConfig(name="geneval", weight=2.0),
+            RewardConfig(name="geneval", key="geneval_strict", options={"reward": "strict"}),
         ]
     )
     assert rewards.weights == {"geneval": 2.0, "geneval_strict": 1.0} and rewards.needs_metadata
+    assert rewards.sources == {"geneval": "geneval", "geneval_strict": "geneval"}
     with pytest.raises(ValueError, match="used twice"):
-        MultiReward.from_specs([{"name": "geneval"}, {"name": "geneval"}])
-    with pytest.raises(ValueError, match="scale must be > 0"):
-        MultiReward.from_specs([{"name": "geneval", "scale": 0}])
+        MultiReward.from_configs([RewardConfig(name="geneval"), RewardConfig(name="geneval")])
 
 
 def test_registry_errors_name_the_reward() -> None:

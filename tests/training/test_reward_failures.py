@@ -20,6 +20,7 @@ from vgrpo.cli import main
 from vgrpo.config import StageConfig
 from vgrpo.errors import UserError
 from vgrpo.rewards.base import RewardFailed, TransientRewardError, TransientRewardFailed
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.trainer import Trainer
 from vgrpo.training.guards import TrainingDiverged
@@ -200,7 +201,7 @@ def test_an_evaluation_reward_that_fails_names_the_evaluation_and_its_iteration(
 def test_an_unreachable_reward_server_is_named_in_one_line_and_still_retried() -> None:
     """The Prefect score phase retries a TransientRewardError (tasks.phase_tasks.is_transient); once the retries are
     spent it is a one-line UserError too."""
-    rewards = MultiReward.from_specs([{"name": f"{MODULE}:unreachable", "key": "judge"}])
+    rewards = MultiReward.from_configs([RewardConfig(name=f"{MODULE}:unreachable", key="judge")])
     with pytest.raises(TransientRewardFailed) as raised:
         rewards(np.zeros((2, 8, 8, 3), np.uint8), ["a", "b"])
     failure = raised.value

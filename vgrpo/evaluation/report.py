@@ -88,7 +88,7 @@ def evaluate_to_files(
                 f"{type(pipe).__name__}: hybrid sampling needs the same model family"
             )
         base = build_adapter(base_pipe)[1].eval()
-    with MultiReward.from_specs([r.model_dump() for r in config.rewards]) as rewards:
+    with MultiReward.from_configs(config.rewards) as rewards:
         table, images = evaluate(
             adapter=adapter,
             policy=policy.eval(),

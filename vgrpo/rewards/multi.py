@@ -38,7 +38,8 @@ from vgrpo.rewards.base import (
     check_images,
     describe_raised,
 )
-from vgrpo.rewards.registry import FunctionReward, build_reward, reward_key
+from vgrpo.rewards.config import RewardConfig, check_unique_keys
+from vgrpo.rewards.registry import FunctionReward, build_reward
 
 __all__ = ["MultiReward", "MultiRewardOutput", "RewardTerm", "import_name"]
 
@@ -138,22 +139,16 @@ class MultiReward:
         self._executor: ThreadPoolExecutor | None = None
 
     @classmethod
-    def from_specs(cls, specs: Sequence[Mapping[str, Any]]) -> MultiReward:
-        """Built from params entries ``{name, key?, weight?, offset?, scale?, options?}`` (registry names)."""
-        terms: dict[str, RewardTerm] = {}
-        sources: dict[str, str] = {}
-        for spec in specs:
-            key = reward_key(str(spec["name"]), spec.get("key"))
-            if key in terms:
-                raise ValueError(f"reward key {key!r} is used twice; give one of them another `key`")
-            terms[key] = RewardTerm(
-                reward=build_reward(str(spec["name"]), spec.get("options")),
-                weight=float(spec.get("weight", 1.0)),
-                offset=float(spec.get("offset", 0.0)),
-                scale=float(spec.get("scale", 1.0)),
+    def from_configs(cls, configs: Sequence[RewardConfig]) -> MultiReward:
+        """Built from a stage's or an evaluation's ``rewards`` (registry names, their keys unique)."""
+        check_unique_keys(configs)
+        terms = {
+            c.resolved_key: RewardTerm(
+                reward=build_reward(c.name, c.options), weight=c.weight, offset=c.offset, scale=c.scale
             )
-            sources[key] = str(spec["name"])
-        return cls(terms, sources)
+            for c in configs
+        }
+        return cls(terms, {c.resolved_key: c.name for c in configs})
 
     @property
     def weights(self) -> dict[str, float]:

@@ -158,7 +158,7 @@ def setup_policy(
     shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
     algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape, shift=shift, dist=dist)
     if rewards is None:
-        rewards = MultiReward.from_specs([r.model_dump() for r in config.rewards])
+        rewards = MultiReward.from_configs(config.rewards)
     ema = PolicyEMA(trainable_parameters(policy), config.ema) if config.ema.enabled else None
     return StagePolicy(
         pipe=pipe,

@@ -32,7 +32,7 @@ def build_evaluator(
         base_pipe = load_pipeline(root / config.evaluation.base_pipeline, frozen_dtype=frozen)
         base_pipe.transformer.to(dist.device)
         base = build_adapter(base_pipe, resolution=config.rollout.resolution)[1].eval()
-    rewards = MultiReward.from_specs([r.model_dump() for r in config.evaluation.rewards])
+    rewards = MultiReward.from_configs(config.evaluation.rewards)
     return Evaluator(
         rows=rows,
         rewards=rewards,

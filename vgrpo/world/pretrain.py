@@ -43,6 +43,7 @@ from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter
 from vgrpo.progress import progress_bar
 from vgrpo.prompts import load_prompts
+from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.samplers import euler_ode_sample
 from vgrpo.world.config import PretrainConfig
@@ -231,7 +232,7 @@ def pretrain_base(
     metadata = load_prompts(test_split)[: config.eval_prompts]
     # The world's OCR reward reads the text band's line alone, as the world's evaluation does (README).
     text_line = {"line_box": [0.0, 1.0 - TEXT_BAND, 1.0, 1.0]}
-    rewards = MultiReward.from_specs([{"name": "geneval"}, {"name": "ocr", "options": text_line}])
+    rewards = MultiReward.from_configs([RewardConfig(name="geneval"), RewardConfig(name="ocr", options=text_line)])
 
     def evaluate(adapter: SD3Adapter, velocity: nn.Module, step: int) -> dict[str, float]:
         table, _ = evaluate_pipeline(
