@@ -2,6 +2,7 @@
 
     python -m benchmarks.robustness grid --seeds 0 1 2 --threads 1 2        # about 35-40 min a run on 2 cores
     python -m benchmarks.robustness table metrics/curriculum_runs.json      # median, min, max gain over runs
+    python -m benchmarks.robustness table --stages A.json B.json            # each run's stages on validation
 
 A run trains every stage of the curriculum (default ``params/curricula/embedded-validation.yaml``: the shipped
 stages, each evaluated on the validation split) with training ``seed`` S on T torch threads (1 and 2 threads sum
@@ -37,7 +38,16 @@ import numpy as np
 
 from vgrpo.atomic import write_json_atomic
 
-__all__ = ["HEADLINE", "gains_table", "give_backs", "headline_gains", "merge_record", "read_records", "run_one"]
+__all__ = [
+    "HEADLINE",
+    "gains_table",
+    "give_backs",
+    "headline_gains",
+    "merge_record",
+    "read_records",
+    "run_one",
+    "stages_table",
+]
 
 HEADLINE = ("geneval_strict", "geneval_partial", "ocr", "world_clipscore", "world_pickscore")
 """The headline rewards of a record, as the README's table names them."""
@@ -153,6 +163,37 @@ def gains_table(records: Sequence[Mapping[str, Any]]) -> str:
     if any("clutter" in r for r in records):
         clean = sum(r["clutter"]["final"] <= r["clutter"]["base"] for r in records if "clutter" in r)
         lines.append(f"Runs whose final clutter is at most the base's: {clean} of {len(records)}")
+    return "\n".join(lines)
+
+
+def stages_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """Each run's validation numbers after each stage (the base first; strict / partial / OCR / CLIPScore /
+    PickScore), the iteration a holding stage kept, the give-backs and clutter: what recipe selection reads, as a
+    Markdown table with a column per run."""
+    heads = [f"{Path(str(r.get('curriculum', '?'))).stem}, seed {r['seed']} x {r['threads']}" for r in records]
+    lines = ["| after | " + " | ".join(heads) + " |", "|---|" + "---|" * len(records)]
+    depth = max(len(r["stages"]) for r in records)
+    for i in range(depth):
+        names = {r["stages"][i]["stage"] for r in records if i < len(r["stages"])}
+        cells = []
+        for r in records:
+            if i >= len(r["stages"]):
+                cells.append("")
+                continue
+            row = r["stages"][i]
+            numbers = " / ".join(
+                f"{row[n]:.2f}" if n == "world_pickscore" else f"{row[n]:.3f}" for n in HEADLINE if n in row
+            )
+            kept = row.get("kept_iteration")
+            cells.append(numbers + (f" (kept {kept})" if kept is not None else ""))
+        lines.append(f"| {' / '.join(sorted(names))} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| give-backs beyond the tolerances | " + " | ".join(str(len(r["give_backs"])) for r in records) + " |"
+    )
+    clutter = [
+        " -> ".join(f"{s['clutter']:.3f}" for s in r["clutter"]["stages"]) if "clutter" in r else "" for r in records
+    ]
+    lines.append("| clutter, base -> each stage | " + " | ".join(clutter) + " |")
     return "\n".join(lines)
 
 
@@ -284,11 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     one.add_argument("--threads", type=int, required=True)
     _common(one)
     table = sub.add_parser("table", help="the gains over runs of a records file, as Markdown")
-    table.add_argument("records", type=Path)
+    table.add_argument("records", type=Path, nargs="+")
+    table.add_argument("--stages", action="store_true", help="each run's validation numbers after each stage")
     args = parser.parse_args(argv)
 
     if args.command == "table":
-        print(gains_table(read_records(args.records)))
+        records = [r for path in args.records for r in read_records(path)]
+        print(stages_table(records) if args.stages else gains_table(records))
         return 0
     if args.command == "one":
         record = run_one(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.robustness import gains_table, headline_gains, merge_record, read_records
+from benchmarks.robustness import gains_table, headline_gains, merge_record, read_records, stages_table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -150,6 +150,37 @@ def test_the_table_counts_runs_that_held_and_did_not_clutter() -> None:
         "Runs in which no stage gave back more than its tolerance on validation: 1 of 2",
         "Runs whose final clutter is at most the base's: 1 of 2",
     ]
+
+
+def test_the_stages_table_puts_each_runs_validation_numbers_side_by_side(tmp_path: Path) -> None:
+    def run(curriculum: str, seed: int, stages: list[tuple[str, float, float, int | None]]) -> dict:
+        rows = [
+            {"stage": name, "geneval_strict": strict, "world_pickscore": pick, "kept_iteration": kept}
+            for name, strict, pick, kept in stages
+        ]
+        return {"seed": seed, "threads": 1, "curriculum": curriculum, "stages": rows, "give_backs": [{}] * seed}
+
+    shipped = run("params/curricula/a.yaml", 0, [("base", 0.5, 10.0, None), ("s2-geneval", 0.625, 7.96, None)])
+    shipped["clutter"] = {"stages": [{"clutter": 0.127}, {"clutter": 0.408}]}
+    held = run("params/curricula/b.yaml", 2, [("base", 0.5, 10.0, None), ("s2-geneval-retain", 0.6, 11.6, 10)])
+    assert stages_table([shipped, held]).splitlines() == [
+        "| after | a, seed 0 x 1 | b, seed 2 x 1 |",
+        "|---|---|---|",
+        "| base | 0.500 / 10.00 | 0.500 / 10.00 |",
+        "| s2-geneval / s2-geneval-retain | 0.625 / 7.96 | 0.600 / 11.60 (kept 10) |",
+        "| give-backs beyond the tolerances | 0 | 2 |",
+        "| clutter, base -> each stage | 0.127 -> 0.408 |  |",
+    ]
+    path_a, path_b = tmp_path / "a.json", tmp_path / "b.json"
+    path_a.write_text(json.dumps([shipped]))
+    path_b.write_text(json.dumps([held]))
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.robustness", "table", "--stages", str(path_a), str(path_b)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == stages_table([shipped, held])
 
 
 def test_the_tuning_table_refuses_the_test_split_and_records_commit_and_split(
