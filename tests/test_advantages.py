@@ -121,3 +121,41 @@ def test_compute_advantages_passes_std_ddof_to_every_normalisation(aggregation: 
     unbiased = compute_advantages(rewards, std_ddof=1, **kwargs).advantages
     assert torch.equal(compute_advantages(rewards, std_ddof=0, **kwargs).advantages, population)
     torch.testing.assert_close(unbiased, population * (2 / 3) ** 0.5)  # G = 3: sqrt((G - 1) / G)
+
+
+def test_a_reward_adds_nothing_to_the_groups_it_does_not_score() -> None:
+    nan = float("nan")
+    ocr = torch.tensor([0.2, 0.8, 0.4, nan, nan, nan])  # scores prompt 0 only
+    geneval = torch.tensor([nan, nan, nan, 1.0, 0.0, 0.0])  # scores prompt 1 only
+    res = compute_advantages({"ocr": ocr, "geneval": geneval}, group_size=3, weights={"ocr": 1.0, "geneval": 0.5})
+    expected = torch.cat(
+        [group_normalize(ocr[:3], 3), 0.5 * group_normalize(torch.tensor([1.0, 0.0, 0.0]), 3)]
+    )  # each reward normalised within the groups it scores, then weighted
+    torch.testing.assert_close(res.advantages, expected)
+    torch.testing.assert_close(res.total_reward, torch.tensor([0.2, 0.8, 0.4, 0.5, 0.0, 0.0]))
+    assert res.metrics["reward/ocr_mean"] == pytest.approx(0.4667, abs=1e-4)
+    assert res.metrics["reward/geneval_scored_frac"] == 0.5
+    summed = compute_advantages({"ocr": ocr, "geneval": geneval}, group_size=3, aggregation="sum_then_normalize")
+    torch.testing.assert_close(summed.advantages, group_normalize(summed.total_reward, 3))
+
+
+def test_the_global_std_of_a_partly_scoring_reward_is_over_the_groups_it_scores() -> None:
+    nan = float("nan")
+    r = torch.tensor([0.0, 2.0, nan, nan, 1.0, 5.0])
+    other = torch.tensor([nan, nan, 3.0, 4.0, nan, nan])  # scores the group r does not, at weight 0
+    res = compute_advantages(
+        {"r": r, "other": other}, group_size=2, weights={"r": 1.0, "other": 0.0}, std_scope="global", delta=0.0
+    )
+    scored = torch.tensor([0.0, 2.0, 1.0, 5.0])
+    std = scored.std(correction=0)
+    torch.testing.assert_close(res.advantages, torch.tensor([-1.0, 1.0, 0.0, 0.0, -2.0, 2.0]) / std)
+
+
+def test_a_group_no_reward_scores_and_a_partly_scored_group_are_errors() -> None:
+    nan = float("nan")
+    with pytest.raises(ValueError, match="prompt 1 of the batch is scored by no reward"):
+        compute_advantages({"a": torch.tensor([1.0, 0.0, nan, nan])}, group_size=2)
+    with pytest.raises(ValueError, match="NaN for part of a prompt's group"):
+        compute_advantages({"a": torch.tensor([1.0, nan, 0.0, 1.0])}, group_size=2)
+    with pytest.raises(ValueError, match="reward 'a' has non-finite"):
+        compute_advantages({"a": torch.tensor([1.0, float("inf"), 0.0, 1.0])}, group_size=2)

@@ -18,6 +18,7 @@ __all__ = [
     "clamp_advantages",
     "compute_advantages",
     "group_normalize",
+    "scored_samples",
     "soft_clip_advantages",
     "zero_variance_groups",
 ]
@@ -84,6 +85,22 @@ def clamp_advantages(advantages: Tensor, max_abs: float) -> Tensor:
     return advantages.clamp(-max_abs, max_abs)
 
 
+def scored_samples(rewards: Tensor, group_size: int, name: str = "reward") -> Tensor:
+    """``(B * G,)`` bool: the samples ``rewards`` scores, whole groups (NaN marks a group it does not apply to).
+
+    Raises:
+        ValueError: an infinite score, or NaN for part of a group (a reward scores every image of a prompt or none).
+    """
+    grouped = _grouped(rewards.float(), group_size)
+    nan = torch.isnan(grouped)
+    if bool(torch.isinf(grouped).any()) or bool((nan.any(dim=1) & ~nan.all(dim=1)).any()):
+        raise ValueError(
+            f"reward {name!r} has non-finite scores (infinite, or NaN for part of a prompt's group: a reward scores "
+            "every image of a prompt or none)"
+        )
+    return (~nan).reshape(-1)
+
+
 @dataclass(frozen=True)
 class AdvantageResult:
     """Advantages and what they were made from.
@@ -119,8 +136,13 @@ def compute_advantages(
     ``sum_then_normalize``: normalise ``sum_m w_m r_i^m`` once (Flow-GRPO's ``multi_score``).
     Then optional soft-clipping (V-GRPO Eq. 17) and/or a hard clamp (the baselines).
 
+    A reward that does not apply to a prompt (NaN for its whole group: :meth:`vgrpo.rewards.base.Reward.applies_to`)
+    adds nothing to that group's advantage or total; every group must be scored by at least one reward. So one
+    batch may mix prompts of several tasks, each scored by its own rewards (a stage that rehearses earlier stages'
+    prompts).
+
     Args:
-        rewards: name -> ``(B * G,)`` scores.
+        rewards: name -> ``(B * G,)`` scores; NaN for every sample of a group the reward does not score.
         weights: name -> weight; default 1 for every reward. A weight for an absent reward is an error.
         std_ddof: the std's delta degrees of freedom (:func:`group_normalize`'s ``ddof``).
     """
@@ -133,19 +155,36 @@ def compute_advantages(
         raise ValueError(f"reward weights do not match rewards: unknown {unknown}, missing {missing}")
     metrics: dict[str, float] = {}
     total = torch.zeros_like(next(iter(rewards.values())), dtype=torch.float32)
+    scored: dict[str, Tensor] = {}
     for name, r in rewards.items():
         r32 = r.detach().float()
-        if not torch.isfinite(r32).all():
-            raise ValueError(f"reward {name!r} has non-finite scores")
-        total = total + weights[name] * r32
-        metrics[f"reward/{name}_mean"] = r32.mean().item()
-        metrics[f"reward/{name}_std"] = r32.std(unbiased=False).item()
+        scored[name] = applies = scored_samples(r32, group_size, name)
+        total = total + weights[name] * (r32 if bool(applies.all()) else torch.where(applies, r32, 0.0))
+        if bool(applies.any()):
+            metrics[f"reward/{name}_mean"] = r32[applies].mean().item()
+            metrics[f"reward/{name}_std"] = r32[applies].std(unbiased=False).item()
+        if not bool(applies.all()):
+            metrics[f"reward/{name}_scored_frac"] = applies.float().mean().item()
+    unscored = ~torch.stack(list(scored.values())).any(dim=0)
+    if bool(unscored.any()):
+        first = int(torch.nonzero(unscored)[0]) // group_size
+        raise ValueError(f"prompt {first} of the batch is scored by no reward (each reward gave its samples NaN)")
 
     def normalize(r: Tensor) -> Tensor:
         return group_normalize(r, group_size, std_scope=std_scope, delta=delta, ddof=std_ddof)
 
+    def normalize_scored(name: str) -> Tensor:
+        """The reward's advantages on the groups it scores; 0 on the others (it says nothing about them)."""
+        r, applies = rewards[name].detach().float(), scored[name]
+        if bool(applies.all()):
+            return normalize(r)
+        out = torch.zeros_like(total)
+        if bool(applies.any()):
+            out[applies] = normalize(r[applies])
+        return out
+
     if aggregation == "normalize_then_sum":
-        adv = sum((weights[name] * normalize(r.detach()) for name, r in rewards.items()), start=torch.zeros_like(total))
+        adv = sum((weights[name] * normalize_scored(name) for name in rewards), start=torch.zeros_like(total))
     elif aggregation == "sum_then_normalize":
         adv = normalize(total)
     else:

@@ -1,5 +1,6 @@
 """Rewards a user writes in their own module, named in params as ``tests.rewards.custom:Brightness``,
-``tests.rewards.custom:redness`` or ``tests.rewards.custom:Exposure``: nothing in vgrpo is changed or registered."""
+``tests.rewards.custom:redness``, ``tests.rewards.custom:Exposure`` or ``tests.rewards.custom:TaggedBrightness``:
+nothing in vgrpo is changed or registered."""
 
 from __future__ import annotations
 
@@ -25,6 +26,21 @@ class Brightness(Reward):
 
     def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
         return RewardOutput(scores=self.gain * images.reshape(len(images), -1).mean(axis=1) / 255.0)
+
+
+class TaggedBrightness(Brightness):
+    """:class:`Brightness` on the prompts whose row's ``tag`` is one of ``tags`` only: one task's reward in a stage
+    whose batches mix tasks."""
+
+    name = "tagged_brightness"
+    needs_metadata = True
+
+    def __init__(self, tags: Sequence[str], gain: float = DEFAULT_GAIN):
+        super().__init__(gain)
+        self.tags = set(tags)
+
+    def applies_to(self, prompt: str, metadata: Metadata | None) -> bool:
+        return metadata is not None and metadata.get("tag") in self.tags
 
 
 def redness(images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None, channel: int = 0):

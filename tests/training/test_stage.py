@@ -85,6 +85,30 @@ def test_stage_exports_lora_that_diffusers_loads(world: Path) -> None:
     assert not torch.allclose(base_out, ours(**kw).sample)  # training changed the adapter
 
 
+def test_a_stage_mixing_tasks_scores_each_prompt_by_its_own_reward(world: Path) -> None:
+    """Batches of two tags, each scored by a reward that applies to its tag alone: no error for the prompts a reward
+    does not score, and each reward's metrics over the prompts it does (V-GRPO's advantages per reward and group)."""
+    tagged = "tests.rewards.custom:TaggedBrightness"
+    config = _config(
+        prompt_tags=["single_object", "counting"],
+        rollout={"prompts_per_iteration": 4, "group_size": 2, "num_steps": 4, "shift": None, "micro_batch_size": 8},
+        rewards=[
+            {"name": tagged, "key": "bright", "options": {"tags": ["single_object"]}},
+            {"name": tagged, "key": "dark", "options": {"tags": ["counting"], "gain": -1.0}},
+        ],
+        eval_prompts=None,
+    )
+    result = run_stage(
+        config, pipeline_dir=Path("base"), work_dir=world / "mixed", out_dir=world / "mixed-lora", root=world
+    )
+    fractions = [
+        (h.get("reward/bright_scored_frac", 1.0), h.get("reward/dark_scored_frac", 1.0)) for h in result.history
+    ]
+    assert len(fractions) == 3 and all(b + d == pytest.approx(1.0) for b, d in fractions)  # each prompt, one reward
+    assert any(0 < b < 1 for b, _ in fractions)  # some batch held both tags
+    assert all(h["reward/dark_mean"] <= 0 for h in result.history if "reward/dark_mean" in h)
+
+
 def test_killed_stage_resumes_to_the_same_weights(world: Path) -> None:
     from safetensors.torch import load_file
 

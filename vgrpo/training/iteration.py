@@ -181,7 +181,8 @@ def rollout_batch(
 
 def gather_rewards(batch: RolloutBatch, local: Mapping[str, Tensor], dist: Distributed) -> dict[str, Tensor]:
     """Phase 2's end: this rank's scores ``{name: (N / W,)}`` gathered into the global batch's on every rank,
-    checked finite there, so every rank takes the same decision (:class:`vgrpo.training.guards.NonFiniteError`)."""
+    checked finite there (NaN marks the prompts a reward does not score), so every rank takes the same decision
+    (:class:`vgrpo.training.guards.NonFiniteError`)."""
     num_samples = len(batch.sample_prompts)
     rewards = {name: r.detach().float().cpu() for name, r in local.items()}
     for name, r in rewards.items():
@@ -189,7 +190,8 @@ def gather_rewards(batch: RolloutBatch, local: Mapping[str, Tensor], dist: Distr
             raise ValueError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({num_samples},)")
     rewards = {name: dist.gather(r) for name, r in rewards.items()}
     for name, r in rewards.items():
-        check_finite(f"reward/{name}", r, prompts=_prompts_at(r, batch.prompts, batch.group_size))
+        scored = torch.where(torch.isnan(r), 0.0, r)  # NaN: a prompt the reward does not score (compute_advantages)
+        check_finite(f"reward/{name}", scored, prompts=_prompts_at(scored, batch.prompts, batch.group_size))
     return rewards
 
 
