@@ -190,7 +190,10 @@ def gather_rewards(batch: RolloutBatch, local: Mapping[str, Tensor], dist: Distr
             raise ValueError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({num_samples},)")
     rewards = {name: dist.gather(r) for name, r in rewards.items()}
     for name, r in rewards.items():
-        scored = torch.where(torch.isnan(r), 0.0, r)  # NaN: a prompt the reward does not score (compute_advantages)
+        # NaN for a whole group marks a prompt the reward does not score (compute_advantages); anywhere else it is
+        # a non-finite score
+        unscored = torch.isnan(r).reshape(-1, batch.group_size).all(dim=1).repeat_interleave(batch.group_size)
+        scored = torch.where(unscored, 0.0, r)
         check_finite(f"reward/{name}", scored, prompts=_prompts_at(scored, batch.prompts, batch.group_size))
     return rewards
 
