@@ -68,7 +68,9 @@ def test_validation_images_differ_from_tests_by_their_noise_seed() -> None:
 
 def test_recipe_selection_curricula_evaluate_on_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    for curriculum in ("params/curricula/embedded-ablation.yaml", "params/curricula/embedded-validation.yaml"):
+    tuning = sorted(str(p.relative_to(REPO)) for p in (REPO / "params/curricula").glob("embedded-validation*.yaml"))
+    assert len(tuning) >= 4  # every variant for tuning, the shipped stages' and each lever's
+    for curriculum in ("params/curricula/embedded-ablation.yaml", *tuning):
         _, stages = load_curriculum(curriculum)
         assert {(s.eval_prompts, s.evaluation.seed) for s in stages} == {("data/world/validation.jsonl", 1)}
     _, report = load_curriculum("params/curricula/embedded.yaml")  # the final report reads test
