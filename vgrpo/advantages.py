@@ -20,6 +20,7 @@ __all__ = [
     "group_normalize",
     "scored_samples",
     "soft_clip_advantages",
+    "unscored_samples",
     "zero_variance_groups",
 ]
 
@@ -85,20 +86,25 @@ def clamp_advantages(advantages: Tensor, max_abs: float) -> Tensor:
     return advantages.clamp(-max_abs, max_abs)
 
 
+def unscored_samples(rewards: Tensor, group_size: int) -> Tensor:
+    """``(B * G,)`` bool: the samples of the groups ``rewards`` leaves all NaN (prompts the reward does not score:
+    :meth:`vgrpo.rewards.base.Reward.applies_to`)."""
+    return torch.isnan(_grouped(rewards.float(), group_size)).all(dim=1).repeat_interleave(group_size)
+
+
 def scored_samples(rewards: Tensor, group_size: int, name: str = "reward") -> Tensor:
-    """``(B * G,)`` bool: the samples ``rewards`` scores, whole groups (NaN marks a group it does not apply to).
+    """``(B * G,)`` bool: the samples ``rewards`` scores, whole groups (the complement of :func:`unscored_samples`).
 
     Raises:
         ValueError: an infinite score, or NaN for part of a group (a reward scores every image of a prompt or none).
     """
-    grouped = _grouped(rewards.float(), group_size)
-    nan = torch.isnan(grouped)
-    if bool(torch.isinf(grouped).any()) or bool((nan.any(dim=1) & ~nan.all(dim=1)).any()):
+    unscored = unscored_samples(rewards, group_size)
+    if not bool(torch.isfinite(torch.where(unscored, 0.0, rewards.float())).all()):
         raise ValueError(
             f"reward {name!r} has non-finite scores (infinite, or NaN for part of a prompt's group: a reward scores "
             "every image of a prompt or none)"
         )
-    return (~nan).reshape(-1)
+    return ~unscored
 
 
 @dataclass(frozen=True)
@@ -155,11 +161,11 @@ def compute_advantages(
         raise ValueError(f"reward weights do not match rewards: unknown {unknown}, missing {missing}")
     metrics: dict[str, float] = {}
     total = torch.zeros_like(next(iter(rewards.values())), dtype=torch.float32)
+    scores = {name: r.detach().float() for name, r in rewards.items()}
     scored: dict[str, Tensor] = {}
-    for name, r in rewards.items():
-        r32 = r.detach().float()
+    for name, r32 in scores.items():
         scored[name] = applies = scored_samples(r32, group_size, name)
-        total = total + weights[name] * (r32 if bool(applies.all()) else torch.where(applies, r32, 0.0))
+        total = total + weights[name] * torch.where(applies, r32, 0.0)
         if bool(applies.any()):
             metrics[f"reward/{name}_mean"] = r32[applies].mean().item()
             metrics[f"reward/{name}_std"] = r32[applies].std(unbiased=False).item()
@@ -175,12 +181,9 @@ def compute_advantages(
 
     def normalize_scored(name: str) -> Tensor:
         """The reward's advantages on the groups it scores; 0 on the others (it says nothing about them)."""
-        r, applies = rewards[name].detach().float(), scored[name]
-        if bool(applies.all()):
-            return normalize(r)
-        out = torch.zeros_like(total)
+        out, applies = torch.zeros_like(total), scored[name]
         if bool(applies.any()):
-            out[applies] = normalize(r[applies])
+            out[applies] = normalize(scores[name][applies])
         return out
 
     if aggregation == "normalize_then_sum":

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vgrpo.advantages import compute_advantages
+from vgrpo.advantages import compute_advantages, unscored_samples
 from vgrpo.algorithms.base import Algorithm, Payload, Rollout
 from vgrpo.algorithms.config import AdvantageConfig
 from vgrpo.config import TrainConfig
@@ -190,10 +190,8 @@ def gather_rewards(batch: RolloutBatch, local: Mapping[str, Tensor], dist: Distr
             raise ValueError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({num_samples},)")
     rewards = {name: dist.gather(r) for name, r in rewards.items()}
     for name, r in rewards.items():
-        # NaN for a whole group marks a prompt the reward does not score (compute_advantages); anywhere else it is
-        # a non-finite score
-        unscored = torch.isnan(r).reshape(-1, batch.group_size).all(dim=1).repeat_interleave(batch.group_size)
-        scored = torch.where(unscored, 0.0, r)
+        # NaN for a whole group marks a prompt the reward does not score; anywhere else it is a non-finite score
+        scored = torch.where(unscored_samples(r, batch.group_size), 0.0, r)
         check_finite(f"reward/{name}", scored, prompts=_prompts_at(scored, batch.prompts, batch.group_size))
     return rewards
 
