@@ -238,7 +238,7 @@ def test_dvc_and_prefect_runs_agree_after_a_kill_and_resume(project: tuple[Path,
     assert len(parents) == 2 and all("prefect.flow_run_id" in r.data.tags for r in parents)
 
     # 5. An experiment with one param changed re-runs stage 2 only, from stage 1's adapter.
-    exp = [*dvc, "exp", "run", "stage@2", "--set-param", "params/stages/embedded/2-geneval.yaml:iterations=3"]
+    exp = [*dvc, "exp", "run", "stage@2", "--set-param", "params/stages/embedded/2-geneval-kl.yaml:iterations=3"]
     out = _run(exp, root, env)
     assert "'stage@1' didn't change" in out and "Running stage 'stage@2'" in out
     assert json.loads((root / "metrics/stages/s2-geneval.json").read_text())["iterations"] == 3
