@@ -21,11 +21,13 @@ from vgrpo.models.registry import (
 
 
 def test_the_registry_holds_the_families_by_name_and_refuses_an_unknown_one_listing_them() -> None:
-    assert sorted(FAMILIES) == ["flux", "qwen-image", "sd3", "z-image"]
+    assert sorted(FAMILIES) == ["flux", "flux2", "qwen-image", "sd3", "z-image"]
     assert family("sd3").pipeline_class == "StableDiffusion3Pipeline"
     assert family_for_pipeline("FluxPipeline") is FAMILIES["flux"]
     assert family_for_transformer("ZImageTransformer2DModel") is FAMILIES["z-image"]
-    with pytest.raises(UnknownFamilyError, match=r"no model family for name 'wan'; known: flux, qwen-image, sd3, z-i"):
+    with pytest.raises(
+        UnknownFamilyError, match=r"no model family for name 'wan'; known: flux, flux2, qwen-image, sd3, "
+    ):
         family("wan")
     with pytest.raises(UnknownFamilyError, match=r"pipeline class 'FluxKontextPipeline'; known: StableDiffusion3Pipe"):
         family_for_pipeline("FluxKontextPipeline")
@@ -75,6 +77,7 @@ def test_sd3_and_flux_lora_targets_are_the_config_default() -> None:
         ("flux", {"patch_size": 1}, [1, 2, 3, 4], (8, 2, 1024, None)),
         ("z-image", {"all_patch_size": [2]}, [1, 2, 3, 4], (8, 2, 1024, None)),
         ("qwen-image", {"patch_size": 2}, None, (8, 2, 1024, None)),
+        ("flux2", {"patch_size": 1}, [1, 2, 3, 4], (8, 2, 1024, None)),
     ],
 )
 def test_each_family_reads_its_image_sides_from_the_configs(

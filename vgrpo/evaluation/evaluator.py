@@ -203,14 +203,19 @@ def resized_adapter(adapter: Any, resolution: int | None) -> Any:
 
 
 def sampling_shift(
-    setting: float | str, adapter: Any, *, rollout_shift: float | None, rollout_dynamic: bool = False
+    setting: float | str,
+    adapter: Any,
+    *,
+    rollout_shift: float | None,
+    rollout_dynamic: bool = False,
+    num_steps: int | None = None,
 ) -> float | None:
     """The static shift an evaluation samples with on ``adapter`` (at the evaluation's resolution), by its
     ``evaluation.shift`` ``setting``: a number as given; ``"dynamic"`` FLUX's resolution-dependent shift at the
-    adapter's token count; ``"rollout"`` the rollout's rule: ``rollout_shift``, or the dynamic shift again when the
-    rollout's is dynamic (``rollout_dynamic``)."""
+    adapter's token count (and, for FLUX.2, the evaluation's ``num_steps``); ``"rollout"`` the rollout's rule:
+    ``rollout_shift``, or the dynamic shift again when the rollout's is dynamic (``rollout_dynamic``)."""
     if setting == "dynamic" or (setting == "rollout" and rollout_dynamic):
-        return float(adapter.dynamic_shift())
+        return float(adapter.dynamic_shift(num_steps))
     if setting == "rollout":
         return rollout_shift
     return float(setting)
@@ -234,7 +239,13 @@ class Evaluator:
     def sampling(self, adapter: Any) -> tuple[Any, Sampling]:
         """The adapter at the evaluation's resolution and the :class:`Sampling` it is evaluated with."""
         adapter = resized_adapter(adapter, self.config.resolution)
-        shift = sampling_shift(self.config.shift, adapter, rollout_shift=self.shift, rollout_dynamic=self.dynamic_shift)
+        shift = sampling_shift(
+            self.config.shift,
+            adapter,
+            rollout_shift=self.shift,
+            rollout_dynamic=self.dynamic_shift,
+            num_steps=self.config.num_steps,
+        )
         return adapter, Sampling.of(self.config, shift)
 
     def __call__(self, adapter: Any, policy: nn.Module, iteration: int) -> tuple[dict[str, Any], np.ndarray]:

@@ -95,7 +95,15 @@ def evaluate_to_files(
             metadata=metadata,
             rewards=rewards,
             group_size=config.group_size,
-            sampling=Sampling.of(config, sampling_shift(config.shift, adapter, rollout_shift=adapter.scheduler_shift)),
+            sampling=Sampling.of(
+                config,
+                sampling_shift(
+                    config.shift,
+                    adapter,
+                    rollout_shift=adapter.pipeline_shift(config.num_steps),
+                    num_steps=config.num_steps,
+                ),
+            ),
             base=base,
             micro_batch=config.micro_batch,
             overlap=config.overlap,

@@ -113,8 +113,11 @@ class PipelineAdapter(ABC):
         _, h, w = self.latent_shape
         return (h // self.patch_size) * (w // self.patch_size)
 
-    def dynamic_shift(self) -> float:
+    def dynamic_shift(self, num_steps: int | None = None) -> float:
         """FLUX.1's resolution-dependent shift (diffusers ``FluxPipeline``) as the equivalent static shift ``s = e^mu``.
+
+        ``num_steps`` (the grid's steps) is not read by FLUX.1's rule; a family whose shift depends on it too
+        (FLUX.2, :class:`vgrpo.models.flux2.Flux2Adapter`) overrides this and needs it.
 
         ``mu`` is diffusers' ``calculate_shift`` of :attr:`image_seq_len` with the scheduler's
         ``base_shift``/``max_shift``/``base_image_seq_len``/``max_image_seq_len``; its exponential time shift
@@ -133,18 +136,24 @@ class PipelineAdapter(ABC):
         )
         return math.exp(mu)
 
-    def sigma_shift(self, shift: float | None, *, dynamic: bool) -> float | None:
-        """The static shift of the sampling grid: :meth:`dynamic_shift` when ``dynamic``, else ``shift``."""
+    def sigma_shift(self, shift: float | None, *, dynamic: bool, num_steps: int | None = None) -> float | None:
+        """The static shift of a ``num_steps``-step sampling grid: :meth:`dynamic_shift` when ``dynamic``, else
+        ``shift``."""
         if dynamic and shift is not None:
             raise ValueError(f"a dynamic shift replaces the static one; got both (shift={shift})")
-        return self.dynamic_shift() if dynamic else shift
+        return self.dynamic_shift(num_steps) if dynamic else shift
+
+    def pipeline_shift(self, num_steps: int | None = None) -> float | None:
+        """The shift the pipeline's own scheduler samples ``num_steps`` steps with (dynamic when
+        ``use_dynamic_shifting``)."""
+        cfg = self.pipe.scheduler.config
+        dynamic = bool(cfg.get("use_dynamic_shifting", False))
+        return self.sigma_shift(None if dynamic else float(cfg.shift), dynamic=dynamic, num_steps=num_steps)
 
     @property
     def scheduler_shift(self) -> float | None:
-        """The shift the pipeline's own scheduler samples with (dynamic when ``use_dynamic_shifting``)."""
-        cfg = self.pipe.scheduler.config
-        dynamic = bool(cfg.get("use_dynamic_shifting", False))
-        return self.sigma_shift(None if dynamic else float(cfg.shift), dynamic=dynamic)
+        """:meth:`pipeline_shift` of a family whose shift does not depend on the number of steps."""
+        return self.pipeline_shift()
 
     @property
     def device(self) -> torch.device:

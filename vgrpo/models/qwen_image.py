@@ -10,7 +10,7 @@ VAE's ``latents_mean`` / ``latents_std`` (not a scaling factor), and the VAE is 
 
 Not reproduced: a scheduler with ``shift_terminal`` (stretching the grid so that its last nonzero sigma is that value;
 the published Qwen-Image scheduler config sets one): :func:`vgrpo.flow.timestep_grid` has no such stretch, so
-:attr:`QwenImageAdapter.scheduler_shift` refuses it and a stage samples with its configured ``rollout.shift`` /
+:attr:`QwenImageAdapter.pipeline_shift` refuses it and a stage samples with its configured ``rollout.shift`` /
 ``dynamic_shift``.
 """
 
@@ -81,15 +81,14 @@ class QwenImageAdapter(PipelineAdapter):
     def default_resolution(self) -> int:
         return int(self.pipe.default_sample_size) * int(self.pipe.vae_scale_factor)
 
-    @property
-    def scheduler_shift(self) -> float | None:
+    def pipeline_shift(self, num_steps: int | None = None) -> float | None:
         terminal = self.pipe.scheduler.config.get("shift_terminal")
         if terminal:
             raise ValueError(
                 f"the pipeline's scheduler stretches its sigmas to shift_terminal={terminal}, which vgrpo's grid "
                 "does not reproduce: set rollout.shift (or dynamic_shift) and evaluation.shift explicitly"
             )
-        return super().scheduler_shift
+        return super().pipeline_shift(num_steps)
 
     def _encode_prompt(self, prompt: str) -> tuple[Tensor, ...]:
         embeds, _ = self.pipe.encode_prompt(

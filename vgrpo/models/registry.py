@@ -103,6 +103,17 @@ def _qwen_image_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any])
     return FamilyGeometry(vae_scale_factor, 2, QWEN_IMAGE_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
 
 
+FLUX2_DEFAULT_SAMPLE_SIZE = 128
+"""``Flux2Pipeline.default_sample_size``: its default side in latent pixels (1024 px at the VAE's 8x)."""
+
+
+def _flux2_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+    # The pipeline patchifies 2 x 2 VAE latent pixels into channels (its transformer's patch_size is 1); rotary
+    # positions: no table.
+    vae_scale_factor = _image_vae_scale(vae)
+    return FamilyGeometry(vae_scale_factor, 2, FLUX2_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
+
+
 def _import(target: str) -> Any:
     module, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module), attribute)
@@ -201,6 +212,18 @@ FAMILIES: dict[str, ModelFamily] = {
             velocity="vgrpo.models.qwen_image:QwenImageVelocity",
             lora_targets=_SD3_FLUX_ATTENTION,  # double-stream joint attention, as SD3's and FLUX's
             geometry=_qwen_image_geometry,
+        ),
+        ModelFamily(
+            name="flux2",
+            pipeline_class="Flux2Pipeline",
+            transformer_class="Flux2Transformer2DModel",
+            components=_ONE_TEXT_ENCODER,
+            adapter="vgrpo.models.flux2:Flux2Adapter",
+            velocity="vgrpo.models.flux2:Flux2Velocity",
+            # The double-stream blocks' joint attention, and the single-stream blocks' fused q/k/v + MLP-in
+            # projection (their output projection is named to_out, which would also match the double blocks' list).
+            lora_targets=(*_SD3_FLUX_ATTENTION, "to_qkv_mlp_proj"),
+            geometry=_flux2_geometry,
         ),
     )
 }

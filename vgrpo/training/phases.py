@@ -155,7 +155,9 @@ def setup_policy(
     optimizer, the algorithm (on the resolved sigma grid), the training rewards (``rewards`` when given, else
     from ``config.rewards``) and, with ``ema.enabled``, the policy's EMA (starting at the initial weights)."""
     pipe, adapter, policy = _load_policy(config, pipeline_dir, init_lora, dist)
-    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
+    shift = adapter.sigma_shift(
+        config.rollout.shift, dynamic=config.rollout.dynamic_shift, num_steps=config.rollout.num_steps
+    )
     algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape, shift=shift, dist=dist)
     if rewards is None:
         rewards = MultiReward.from_configs(config.rewards)
@@ -287,7 +289,9 @@ def evaluate_adapter(
     if config.lora is None and adapter_dir is not None:
         pipeline_dir, adapter_dir = adapter_dir, None  # a full fine-tune exports a whole pipeline
     _, adapter, policy = _load_policy(config, pipeline_dir, adapter_dir, dist)
-    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
+    shift = adapter.sigma_shift(
+        config.rollout.shift, dynamic=config.rollout.dynamic_shift, num_steps=config.rollout.num_steps
+    )
     evaluator = build_evaluator(config, rows, root, shift, dist)
     return None if evaluator is None else evaluator(adapter, policy, iteration)
 
