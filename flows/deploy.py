@@ -3,8 +3,10 @@
 
 * ``embedded-curriculum`` -- the five-stage curriculum on the embedded default (runs on a CPU);
 * ``sd35-curriculum`` -- the paper's SD3.5-Medium curriculum (weights under ``$VGRPO_MODELS``, docs/real-models.md);
-* ``flux-multireward`` -- the paper's FLUX.1-dev multi-reward run (``params/curricula/flux.yaml``; needs the FLUX
-  adapter of the next issue);
+* ``qwen-image-clip-pickscore``, ``flux2-clip-pickscore``, ``z-image-pickscore`` -- Qwen-Image, FLUX.2-dev and
+  Z-Image-Turbo with LoRA on Flow-Factory's recipes (``params/curricula/qwen-image.yaml``, ``flux2.yaml``,
+  ``z-image.yaml``; weights under ``$VGRPO_MODELS``);
+* ``flux-multireward`` -- the paper's FLUX.1-dev multi-reward run (``params/curricula/flux.yaml``);
 * ``ablation-sweep`` -- the sweep flow (:mod:`flows.sweep`): the embedded GenEval stage once per file of
   ``params/ablations/`` (the paper's ablation grid), each cell a flow run of ``ablation-cell``, at most
   ``devices`` training at once (``-p devices=8`` on 8 GPUs), all nested under one sweep run in MLflow;
@@ -56,6 +58,9 @@ DEPLOYMENTS: dict[str, tuple[Flow[..., Any], dict[str, Any]]] = {
     "embedded-curriculum": (curriculum_flow, {"curriculum": "params/curricula/embedded.yaml"}),
     "sd35-curriculum": (curriculum_flow, {"curriculum": "params/curricula/sd35.yaml"}),
     "flux-multireward": (curriculum_flow, {"curriculum": "params/curricula/flux.yaml"}),
+    "qwen-image-clip-pickscore": (curriculum_flow, {"curriculum": "params/curricula/qwen-image.yaml"}),
+    "flux2-clip-pickscore": (curriculum_flow, {"curriculum": "params/curricula/flux2.yaml"}),
+    "z-image-pickscore": (curriculum_flow, {"curriculum": "params/curricula/z-image.yaml"}),
     CELL_DEPLOYMENT.partition("/")[2]: (curriculum_flow, {"curriculum": ABLATION_CURRICULUM}),
     "ablation-sweep": (ablation_sweep, {"curriculum": ABLATION_CURRICULUM, "ablations": ABLATIONS}),
     MACHINE_DEPLOYMENT.partition("/")[2]: (stage_machine_flow, {}),

@@ -12,7 +12,14 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-CURRICULA = {"stage": "embedded", "stage-sd35": "sd35", "stage-flux": "flux"}
+CURRICULA = {
+    "stage": "embedded",
+    "stage-sd35": "sd35",
+    "stage-flux": "flux",
+    "stage-qwen-image": "qwen-image",
+    "stage-flux2": "flux2",
+    "stage-z-image": "z-image",
+}
 
 
 def _stages() -> dict[str, dict[str, Any]]:
@@ -65,6 +72,28 @@ def test_dvc_stage_of_the_sd35_curriculum_stops_at_preflight(
     assert "error: preflight found" in err  # after any warning a library printed on import
     assert "stable-diffusion-3.5-medium: pipeline directory not found" in err
     assert "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.pth: not found" in err
+    assert not metrics.exists() and not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize(
+    ("model", "pipeline"),
+    [("qwen-image", "Qwen-Image"), ("flux2", "FLUX.2-dev"), ("z-image", "Z-Image-Turbo"), ("flux", "FLUX.1-dev")],
+)
+def test_dvc_stage_of_each_real_family_stops_at_preflight(
+    model: str, pipeline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the weights every family's stage names the missing pipeline and reward weights before any compute."""
+    from tasks.dvc_stage import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("VGRPO_MODELS", str(tmp_path / "models"))
+    metrics = tmp_path / "m.json"
+    args = ["--curriculum", f"params/curricula/{model}.yaml", "--run-root", str(tmp_path), "--metrics", str(metrics)]
+    assert main([*args, "--stage", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "error: preflight found" in err
+    assert f"{pipeline}: pipeline directory not found" in err
+    assert "PickScore_v1" in err
     assert not metrics.exists() and not (tmp_path / "work").exists()
 
 
