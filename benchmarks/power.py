@@ -15,8 +15,10 @@ import argparse
 from pathlib import Path
 
 from benchmarks.analysis import Analysis, load_records
-from benchmarks.claims import ALPHA, CONFIRMATORY, Row, claim_rows, fmt_seeds
+from benchmarks.claim_rows import claim_rows
+from benchmarks.claims import CONFIRMATORY
 from benchmarks.studentized import POWER, seeds_for_power
+from benchmarks.verdicts import ALPHA, Row, fmt_seeds
 from vgrpo.atomic import write_text_atomic
 
 

@@ -19,7 +19,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from benchmarks.analysis import AXES, COLLAPSE_DROP, N_BOOT, SPIKE_FACTOR, Analysis, load_records, write_records
-from benchmarks.claims import CONVERGED_GAIN, MARGIN, NEAR, REFINED, Row, claim_rows, claims_table
+from benchmarks.claim_rows import claim_rows
+from benchmarks.claims import CONVERGED_GAIN, MARGIN
 from benchmarks.common import METHODS
 from benchmarks.grid import (
     PHASES,
@@ -47,6 +48,7 @@ from benchmarks.tables import (
     sweep_table,
     time_to_reward,
 )
+from benchmarks.verdicts import NEAR, REFINED, Row, claims_table
 from vgrpo.atomic import write_text_atomic
 
 PROTOCOL = """\

@@ -14,7 +14,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import analysis, bootstrap, claims, compare, grid, mlflow_runs, paired_gain, provenance, report
+from benchmarks import (
+    analysis,
+    bootstrap,
+    claim_rows,
+    claims,
+    compare,
+    grid,
+    mlflow_runs,
+    paired_gain,
+    provenance,
+    report,
+    verdicts,
+)
 from benchmarks.common import GENEVAL_TAGS, METHODS, ROOT
 from vgrpo.world import read_jsonl
 
@@ -179,9 +191,9 @@ def test_the_cpu_model_is_the_first_processor_name_with_family_and_model(tmp_pat
 
 
 def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values() -> None:
-    assert claims.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+    assert verdicts.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
     reps = np.concatenate([np.full(97, 1.0), np.full(3, -1.0)])
-    p, lean = claims.test(reps, 0.0)
+    p, lean = verdicts.test(reps, 0.0)
     assert lean == "above" and p == pytest.approx(2 * 4 / 101)
     xs = np.array([0.0, 10.0, 20.0])
     c = np.array([[0.5, 0.6, 0.8], [0.5, 0.7, 0.8]])  # 2 seeds, 3 points
@@ -200,17 +212,18 @@ def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values
 
 
 def test_holm_counts_a_confirmatory_row_not_run_yet_as_p_one() -> None:
-    assert len(claims.CONFIRMATORY) == 14
-    ran = [claims.Row(id=i, claim="", paper="", rule="", p=0.004, extra={"lean": "above"}) for i in ("E1", "S2")]
-    not_run = claims.Row(id="A1", claim="", paper="", rule="")
-    claims.decide([*ran, not_run])  # the other eleven confirmatory rows are not even passed: they count as p = 1
+    pre_registered = ("E1", "E3", "N1", "N2", "S1", "S2", "A1", "A2", "A3", "A4", "A5", "A6", "C1", "C2")
+    assert pre_registered == claims.CONFIRMATORY
+    ran = [verdicts.Row(id=i, claim="", paper="", rule="", p=0.004, extra={"lean": "above"}) for i in ("E1", "S2")]
+    not_run = verdicts.Row(id="A1", claim="", paper="", rule="")
+    verdicts.decide([*ran, not_run])  # the other eleven confirmatory rows are not even passed: they count as p = 1
     # The two ran rows share the smallest p: the first is adjusted by 14, the second by 13 and carried up to it.
     assert [r.p_holm for r in ran] == pytest.approx([0.056, 0.056])
     assert [r.verdict for r in ran] == ["unresolved (Holm)", "unresolved (Holm)"]
     assert not_run.verdict == "not run" and not_run.p_holm is None
     # Over the two ran rows alone the same p-values would pass (2 x 0.004): rows not run yet make Holm stricter,
     # never laxer (a row's own new cells can still move its p-value either way).
-    assert claims.holm({"E1": 0.004, "S2": 0.004})["E1"] == pytest.approx(0.008)
+    assert verdicts.holm({"E1": 0.004, "S2": 0.004})["E1"] == pytest.approx(0.008)
 
 
 def _axes(it: int, score: float) -> dict[str, float]:
@@ -227,12 +240,12 @@ def test_fisher_power() -> None:
 def test_a_replicate_at_the_threshold_counts_on_both_sides_whatever_its_rounding() -> None:
     # Two replicates are 0 in exact arithmetic; one reads 1e-17 above, one 1e-17 below after floating-point sums.
     reps = np.concatenate([np.full(96, 1.0), [1e-17, -1e-17], np.full(2, -1.0)])
-    p, lean = claims.test(reps, 0.0)
+    p, lean = verdicts.test(reps, 0.0)
     assert lean == "above" and p == pytest.approx(2 * (1 + 4) / 101)
 
 
 @pytest.fixture(scope="module")
-def synthetic_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[claims.Row], dict]:
+def synthetic_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[verdicts.Row], dict]:
     records = synthetic.full_grid()
     folder = tmp_path_factory.mktemp("grid")
     for name, r in records.items():
@@ -283,7 +296,7 @@ def test_the_report_reads_every_claim_off_the_records(synthetic_report) -> None:
 
 def test_an_unresolved_confirmatory_row_says_how_many_seeds_would_resolve_it() -> None:
     records = synthetic.full_grid(noise=0.3)  # noisy prompts and seeds: small effects stop being resolved
-    rows = {r.id: r for r in claims.claim_rows(analysis.Analysis(records, n_boot=1000))}
+    rows = {r.id: r for r in claim_rows.claim_rows(analysis.Analysis(records, n_boot=1000))}
     a3 = rows["A3"]
     assert a3.verdict.startswith("unresolved") and a3.low < a3.threshold < a3.high
     assert a3.extra["power_goal"] == "reproduce" and a3.extra["seeds_power"] is not None
@@ -353,7 +366,7 @@ def test_each_cell_becomes_one_mlflow_run_under_one_parent(tmp_path: Path) -> No
     ]
     records = {n: full[n] for n in names}
     uri = tracking_uri(tmp_path / "mlflow")
-    row = claims.Row("E1", "faster", "2x", "rule", estimate=0.1, low=0.02, high=0.18, verdict="reproduced")
+    row = verdicts.Row("E1", "faster", "2x", "rule", estimate=0.1, low=0.02, high=0.18, verdict="reproduced")
     mlflow_runs.track(records, uri, grid="full", claims=[row])
     mlflow_runs.track(records, uri, grid="full")  # idempotent: a resumed grid adds only new cells
     client = MlflowClient(uri)
