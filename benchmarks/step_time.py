@@ -104,8 +104,8 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
         algorithm["memory_bounded"] = False
     rollout = {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps}
     precision = json.loads(args.precision) if args.precision else {}
-    if args.grid:  # the comparison grid's stage config for the method (benchmarks.grid), at this T and batch
-        from benchmarks.grid import RunSpec, Sizes, stage_config
+    if args.grid:  # the comparison grid's stage config for the method (benchmarks.compare.plan), at this T and batch
+        from benchmarks.compare.plan import RunSpec, Sizes, stage_config
 
         grid_config = stage_config(RunSpec("methods", preset), Sizes(), ROOT / "data/world/test.jsonl")
         config = load_config(

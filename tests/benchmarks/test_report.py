@@ -14,20 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import (
-    analysis,
-    bootstrap,
-    claim_rows,
-    claims,
-    compare,
-    grid,
-    mlflow_runs,
-    paired_gain,
-    provenance,
-    report,
-    verdicts,
-)
+from benchmarks import paired_gain, provenance
 from benchmarks.common import GENEVAL_TAGS, METHODS, ROOT
+from benchmarks.compare import analysis, bootstrap, claim_rows, claims, mlflow_runs, plan, report, runner, verdicts
 from vgrpo.world import read_jsonl
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -36,12 +25,12 @@ import synthetic
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, tmp_path: Path) -> None:
-    sizes = grid.QUICK if quick else grid.Sizes()
+    sizes = plan.QUICK if quick else plan.Sizes()
     best = {m: 2e-4 for m in METHODS} | {"flow_grpo": 4e-4}
-    specs = [s for phase in grid.PHASES for s in grid.plan_phase(phase, sizes, best, quick)]
+    specs = [s for phase in plan.PHASES for s in plan.plan_phase(phase, sizes, best, quick)]
     assert len({s.name for s in specs}) == len(specs)
     trained = [s for s in specs if s.phase != "base"]
-    configs = [grid.stage_config(s, sizes, tmp_path / "prompts.jsonl") for s in trained]
+    configs = [plan.stage_config(s, sizes, tmp_path / "prompts.jsonl") for s in trained]
     rollouts = {(c.rollout.prompts_per_iteration, c.rollout.group_size, c.rollout.num_steps) for c in configs}
     assert rollouts == {(8, 8, 10)}
     for spec, config in zip(trained, configs, strict=True):
@@ -51,7 +40,7 @@ def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, t
     if quick:
         assert {(s.method, s.lr) for s in trained} == {(m, lr) for m in ("vgrpo", "naive_elbo") for lr in (2e-4, 4e-4)}
         return
-    by_phase = {p: [s for s in specs if s.phase == p] for p in grid.PHASES}
+    by_phase = {p: [s for s in specs if s.phase == p] for p in plan.PHASES}
     assert Counter(s.phase for s in specs) == {
         "base": 3,
         "sweep": 40,
@@ -78,47 +67,47 @@ def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, t
 
 
 def test_the_evaluation_prompts_are_balanced_and_the_validation_draw_is_not_the_test_draw(tmp_path: Path) -> None:
-    sizes = grid.Sizes()
-    test = read_jsonl(grid.eval_prompt_file(tmp_path, "geneval", "test", sizes))
-    val = read_jsonl(grid.eval_prompt_file(tmp_path, "geneval", "val", sizes))
-    pref = read_jsonl(grid.eval_prompt_file(tmp_path, "preference", "test", sizes))
+    sizes = plan.Sizes()
+    test = read_jsonl(plan.eval_prompt_file(tmp_path, "geneval", "test", sizes))
+    val = read_jsonl(plan.eval_prompt_file(tmp_path, "geneval", "val", sizes))
+    pref = read_jsonl(plan.eval_prompt_file(tmp_path, "preference", "test", sizes))
     assert len(test) == 540 >= 512 and Counter(r["tag"] for r in test) == {t: 90 for t in GENEVAL_TAGS}
     assert len(pref) == 630 and Counter(r["tag"] for r in pref)["ocr"] == 90
     assert len(val) == 240
     assert [r["prompt"] for r in test[:24]] != [r["prompt"] for r in val[:24]]  # another seed's draw
     # The file is written once and read back: a second call returns the same draw.
-    assert read_jsonl(grid.eval_prompt_file(tmp_path, "geneval", "test", sizes)) == test
+    assert read_jsonl(plan.eval_prompt_file(tmp_path, "geneval", "test", sizes)) == test
 
 
 def _sweep(method: str, lr: float, score_by_seed: list[float]) -> dict[str, dict]:
     out = {}
     for i, score in enumerate(score_by_seed):
-        spec = grid.sweep_spec(method, lr, i, grid.Sizes())
+        spec = plan.sweep_spec(method, lr, i, plan.Sizes())
         out[spec.name] = {"spec": {**spec.__dict__}, "curve": [{"score": score}], "name": spec.name}
     return out
 
 
 def test_the_sweep_picks_the_best_seed_mean_and_extends_until_the_best_is_interior() -> None:
-    sizes = grid.Sizes()
+    sizes = plan.Sizes()
     records: dict[str, dict] = {}
     for m in METHODS:
         for lr, scores in ((1e-4, [0.5, 0.5]), (2e-4, [0.6, 0.62]), (4e-4, [0.7, 0.5]), (8e-4, [0.4, 0.4])):
             records |= _sweep(m, lr, scores if m != "mixgrpo" else [0.1 * lr / 1e-4] * 2)
-    best = grid.best_learning_rates(records, sizes)
+    best = plan.best_learning_rates(records, sizes)
     assert best["vgrpo"] == 2e-4  # 0.61 against 0.60: the seed mean, not the best single seed
     assert best["mixgrpo"] == 8e-4  # at the top edge: one rung further, with every sweep seed
-    extra = grid.sweep_extensions(records, sizes)
+    extra = plan.sweep_extensions(records, sizes)
     assert sorted((s.method, s.lr, s.seed) for s in extra) == [("mixgrpo", 1.6e-3, 200), ("mixgrpo", 1.6e-3, 201)]
     # The later phases are planned only when the sweep is finished.
-    assert {s.phase for s in grid.full_plan(records, sizes, False)} == {"base", "sweep"}
+    assert {s.phase for s in plan.full_plan(records, sizes, False)} == {"base", "sweep"}
     records |= _sweep("mixgrpo", 1.6e-3, [0.5, 0.5])  # below 8e-4's 0.8: the best is interior now
-    assert grid.sweep_extensions(records, sizes) == []
-    plan = grid.full_plan(records, sizes, False)
-    assert {s.lr for s in plan if s.phase == "methods" and s.method == "mixgrpo"} == {8e-4}
+    assert plan.sweep_extensions(records, sizes) == []
+    planned = plan.full_plan(records, sizes, False)
+    assert {s.lr for s in planned if s.phase == "methods" and s.method == "mixgrpo"} == {8e-4}
     # One finished seed of a rung does not count; a seed outside the sweep's does not either.
     partial = {k: v for k, v in records.items() if not k.endswith("s201") or "diffusion_nft" not in k}
     with pytest.raises(RuntimeError, match="diffusion_nft"):
-        grid.best_learning_rates(partial, sizes)
+        plan.best_learning_rates(partial, sizes)
 
 
 def test_the_cell_key_follows_config_threads_prompt_files_and_code_but_not_docstrings(tmp_path: Path) -> None:
@@ -136,21 +125,21 @@ def test_the_cell_key_follows_config_threads_prompt_files_and_code_but_not_docst
     c.write_text("def f(x):\n    return x + 2\n")
     assert provenance.source_digest(a) == provenance.source_digest(b) != provenance.source_digest(c)
     files = {p.relative_to(ROOT).as_posix() for p in provenance.code_files()}
-    assert {"benchmarks/cell.py", "vgrpo/training/stage.py", "vgrpo/surrogate.py"} <= files
-    assert "benchmarks/grid.py" not in files  # the plan's code: what it decides is in the resolved config
+    assert {"benchmarks/compare/cell.py", "vgrpo/training/stage.py", "vgrpo/surrogate.py"} <= files
+    assert "benchmarks/compare/plan.py" not in files  # the plan's code: what it decides is in the resolved config
 
 
 def test_a_record_is_reused_only_under_its_key_and_a_stale_one_is_kept(tmp_path: Path, monkeypatch) -> None:
-    spec = grid.RunSpec("methods", "vgrpo", lr=2e-4, seed=0, iterations=80)
-    monkeypatch.setattr(compare, "expected_key", lambda spec, sizes, out, threads: f"key-{threads}")
+    spec = plan.RunSpec("methods", "vgrpo", lr=2e-4, seed=0, iterations=80)
+    monkeypatch.setattr(runner, "expected_key", lambda spec, sizes, out, threads: f"key-{threads}")
     path = tmp_path / f"{spec.name}.json"
     path.write_text(json.dumps({"key": "key-2", "machine": {"under_load": True}}))
     args = Namespace(threads=2, rerun_loaded=False)
-    assert compare.reusable(spec, args, grid.Sizes(), tmp_path)
-    assert not compare.reusable(spec, Namespace(threads=1, rerun_loaded=False), grid.Sizes(), tmp_path)
+    assert runner.reusable(spec, args, plan.Sizes(), tmp_path)
+    assert not runner.reusable(spec, Namespace(threads=1, rerun_loaded=False), plan.Sizes(), tmp_path)
     assert not path.exists() and len(list((tmp_path / "stale").glob(f"{spec.name}.key-2.*.json"))) == 1
     path.write_text(json.dumps({"key": "key-2", "machine": {"under_load": True}}))
-    assert not compare.reusable(spec, Namespace(threads=2, rerun_loaded=True), grid.Sizes(), tmp_path)
+    assert not runner.reusable(spec, Namespace(threads=2, rerun_loaded=True), plan.Sizes(), tmp_path)
 
 
 def test_the_grid_resumes_from_the_committed_records_and_writes_them_back(tmp_path: Path) -> None:
@@ -158,10 +147,10 @@ def test_the_grid_resumes_from_the_committed_records_and_writes_them_back(tmp_pa
     out.mkdir()
     rows = [{"name": "a", "key": "k", "spec": {}}, {"name": "old", "spec": {}}]  # "old" predates keys
     committed.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    compare.sync_records(out, committed, export=False)
+    runner.sync_records(out, committed, export=False)
     assert sorted(p.name for p in out.glob("*.json")) == ["a.json"]
     (out / "b.json").write_text(json.dumps({"name": "b", "key": "k2", "spec": {}}))
-    compare.sync_records(out, committed, export=True)
+    runner.sync_records(out, committed, export=True)
     assert [json.loads(line)["name"] for line in committed.read_text().splitlines()] == ["a", "b"]
 
 
@@ -251,8 +240,8 @@ def synthetic_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, li
     for name, r in records.items():
         (folder / f"{name}.json").write_text(json.dumps(r))
     docs = tmp_path_factory.mktemp("docs")
-    plan = [s.name for s in grid.full_plan(records, grid.Sizes(), False)] + ["not-run-cell"]
-    rows = report.write_report(folder, docs, command="python -m benchmarks.compare", planned=plan, code_now="c")
+    planned = [s.name for s in plan.full_plan(records, plan.Sizes(), False)] + ["not-run-cell"]
+    rows = report.write_report(folder, docs, command="python -m benchmarks.compare", planned=planned, code_now="c")
     return docs, rows, records
 
 
@@ -421,13 +410,13 @@ def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_pat
     committed = ROOT / "docs" / folder
     quick = folder.endswith("-quick")
     records = report.load_records(committed / "cells.jsonl")
-    sizes = grid.QUICK if quick else grid.Sizes()
+    sizes = plan.QUICK if quick else plan.Sizes()
     (tmp_path / "grid.json").write_text((committed / "grid.json").read_text())
     report.write_report(
         committed / "cells.jsonl",
         tmp_path,
         command="python -m benchmarks.compare" + " --quick" * quick,
-        planned=[s.name for s in grid.full_plan(records, sizes, quick)],
+        planned=[s.name for s in plan.full_plan(records, sizes, quick)],
         quick=quick,
         sizes=sizes,
         code_now=provenance.code_hash(),

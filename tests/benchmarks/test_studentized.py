@@ -1,5 +1,5 @@
-"""benchmarks.studentized and the claim rows' statistics (issue 47): Welch's test with the prompt interaction, an
-interval that keeps its coverage at 3 seeds where the percentile bootstrap does not, the seeds for 80% power by
+"""benchmarks.compare.studentized and the claim rows' statistics (issue 47): Welch's test with the prompt interaction,
+an interval that keeps its coverage at 3 seeds where the percentile bootstrap does not, the seeds for 80% power by
 hand, and the committed E1 row's verdict and p unchanged across random streams."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import ttest_ind
 
-from benchmarks import analysis, bootstrap, claim_rows, claims, studentized, verdicts
 from benchmarks.common import ROOT
+from benchmarks.compare import analysis, bootstrap, claim_rows, claims, studentized, verdicts
 
 
 def test_without_a_prompt_interaction_the_t_test_is_welchs() -> None:
@@ -129,7 +129,7 @@ def test_the_stress_rows_read_wider_and_say_what_their_seeds_would_do(committed_
 
 
 def test_the_power_command_reads_the_seeds_off_the_committed_rows(committed_rows) -> None:
-    from benchmarks import power
+    from benchmarks.compare import power
 
     _, rows = committed_rows
     lines = {line.split(" | ")[0]: line for line in power.power_table(rows, "cells.jsonl") if line.startswith("| ")}

@@ -1,17 +1,18 @@
 """The paper's claims as the report's rows, declared as data: each in the paper's words, with the rule stated before
 the grid ran (the cells it compares, the statistic, the threshold and the side) and whether it is confirmatory.
 
-:func:`benchmarks.claim_rows.claim_rows` reads every claim off the records and :mod:`benchmarks.verdicts` turns
-its statistic into an estimate, an interval, p-values and a verdict. The pieces a rule is made of are in
-:mod:`benchmarks.rules`. The rows are in the report's order; the own-rate stability rows (``S1o``, ``S2o``) were
-added after the grid ran and are read last (:attr:`benchmarks.rules.Claim.read_last`).
+:func:`~benchmarks.compare.claim_rows.claim_rows` reads every claim off the records and
+:mod:`~benchmarks.compare.verdicts` turns its statistic into an estimate, an interval, p-values and a verdict. The
+pieces a rule is made of are in :mod:`~benchmarks.compare.rules`. The rows are in the report's order; the own-rate
+stability rows (``S1o``, ``S2o``) were added after the grid ran and are read last
+(:attr:`~benchmarks.compare.rules.Claim.read_last`).
 """
 
 from __future__ import annotations
 
-from benchmarks.analysis import AXES, COLLAPSE_DROP
 from benchmarks.common import LABELS
-from benchmarks.rules import (
+from benchmarks.compare.analysis import AXES, COLLAPSE_DROP
+from benchmarks.compare.rules import (
     CURVE_MEAN_DIFFERENCE,
     DROP_DIFFERENCE,
     FINAL_DIFFERENCE,

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.analysis import (
+from benchmarks.common import LABELS, METHODS
+from benchmarks.compare.analysis import (
     COLLAPSE_DROP,
     Analysis,
     Group,
@@ -24,9 +25,8 @@ from benchmarks.analysis import (
     identity,
     spikes,
 )
-from benchmarks.bootstrap import first_crossing, interval
-from benchmarks.common import LABELS, METHODS
-from benchmarks.grid import SWEEP_SEED0, Sizes, best_rate, sweep_scores
+from benchmarks.compare.bootstrap import first_crossing, interval
+from benchmarks.compare.plan import SWEEP_SEED0, Sizes, best_rate, sweep_scores
 from benchmarks.provenance import LOADED_CORES
 
 PLATEAU = 0.02  # a curve has plateaued when its last quarter's change lies within +-PLATEAU (95% interval)

@@ -1,5 +1,5 @@
 """The report's statistics on the cell records: the records themselves, each group of seeds as one curve with the
-base as its first point, the bootstrap draw every comparison of a reward shares (:mod:`benchmarks.bootstrap`),
+base as its first point, the bootstrap draw every comparison of a reward shares (:mod:`benchmarks.compare.bootstrap`),
 curves read at a budget, collapse and spikes, the surrogate-CV ratio, Fisher's exact test and its power, and how
 many seeds a comparison would need.
 
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import fisher_exact
 
-from benchmarks.bootstrap import point_weights, prompt_weights
 from benchmarks.common import METHODS
+from benchmarks.compare.bootstrap import point_weights, prompt_weights
 from vgrpo.atomic import write_text_atomic
 
 AXES = {
@@ -130,7 +130,7 @@ class Group:
     def drop_values(self, point: np.ndarray) -> np.ndarray:
         """``(S, P)``: each seed's worst drop (:meth:`worst_drop` at the point weights) per prompt, read at the
         evaluation point where the seed's drop is largest (a diverged seed: its start), so that ``point @`` a
-        seed's row is its worst drop: the linearisation :mod:`benchmarks.studentized` tests."""
+        seed's row is its worst drop: the linearisation :mod:`benchmarks.compare.studentized` tests."""
         per = self.per_seed(point)
         k = 1 + np.argmax(per[:, :1] - per[:, 1:], axis=1)
         rows = np.arange(self.seeds)

@@ -1,8 +1,8 @@
 """What a claim's rule is made of: the groups of cells it compares, the statistic it reads off their curves, the
 notes it adds, and the :class:`Claim` that puts them together with the claim's words, threshold and side.
 
-The claims themselves are a table of these (:data:`benchmarks.claims.CLAIMS`); :func:`benchmarks.claim_rows.read`
-reads one off the records.
+The claims themselves are a table of these (:data:`benchmarks.compare.claims.CLAIMS`);
+:func:`benchmarks.compare.claim_rows.read` reads one off the records.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.analysis import (
+from benchmarks.common import LABELS
+from benchmarks.compare.analysis import (
     COLLAPSE_DROP,
     Analysis,
     Group,
@@ -25,8 +26,7 @@ from benchmarks.analysis import (
     seeds_for_power,
     start,
 )
-from benchmarks.common import LABELS
-from benchmarks.tables import plateau
+from benchmarks.compare.tables import plateau
 
 Groups = list[tuple[str, Group | None]]
 """A claim's groups as the statistic takes them: each with the key its seed draw is shared under."""
@@ -69,7 +69,7 @@ class RaisedRates:
 @dataclass(frozen=True)
 class Curves:
     """A statistic linear in the groups' per-seed curves ``(..., S, K)``: ``of(*curves)``, each reduced over seeds
-    by ``of`` itself (:func:`benchmarks.analysis.final`)."""
+    by ``of`` itself (:func:`benchmarks.compare.analysis.final`)."""
 
     of: Callable[..., np.ndarray]
 
@@ -101,7 +101,7 @@ class WorstDrops:
 @dataclass(frozen=True)
 class CvRatio:
     """The second group's mean per-iteration surrogate CV (record field ``key``) over the first's, seeds and
-    iterations resampled (:func:`benchmarks.analysis.cv_ratio`)."""
+    iterations resampled (:func:`benchmarks.compare.analysis.cv_ratio`)."""
 
     key: str
 

@@ -1,6 +1,6 @@
-"""The claims read off the cell records: each declaration of :data:`benchmarks.claims.CLAIMS` becomes a row with its
-statistic's estimate, bootstrap replicates and t-based test (:func:`read`), and the rows get their verdicts
-together (:func:`claim_rows`)."""
+"""The claims read off the cell records: each declaration of :data:`~benchmarks.compare.claims.CLAIMS` becomes a
+row with its statistic's estimate, bootstrap replicates and t-based test (:func:`read`), and the rows get their
+verdicts together (:func:`claim_rows`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.analysis import Analysis, Group, cells, cv_ratio, drop_of
-from benchmarks.claims import CLAIMS
-from benchmarks.rules import Claim, CvRatio, Groups, PaperFactor, RaisedRates, WorstDrops
-from benchmarks.studentized import ratio_t_test, t_test
-from benchmarks.verdicts import Row, decide, fill, power, refine
+from benchmarks.compare.analysis import Analysis, Group, cells, cv_ratio, drop_of
+from benchmarks.compare.claims import CLAIMS
+from benchmarks.compare.rules import Claim, CvRatio, Groups, PaperFactor, RaisedRates, WorstDrops
+from benchmarks.compare.studentized import ratio_t_test, t_test
+from benchmarks.compare.verdicts import Row, decide, fill, power, refine
 
 
 def groups_of(claim: Claim, an: Analysis) -> tuple[Groups, dict[str, str]]:
@@ -43,8 +43,8 @@ def groups_of(claim: Claim, an: Analysis) -> tuple[Groups, dict[str, str]]:
 
 def read(claim: Claim, an: Analysis, rows: dict[str, Row]) -> Row | None:
     """One claim's row from the records: its statistic's estimate, replicates and t-based test and the seeds for
-    80% power (no verdict yet: :func:`benchmarks.verdicts.decide`). None for a :class:`PaperFactor` whose row has
-    no ratio."""
+    80% power (no verdict yet: :func:`~benchmarks.compare.verdicts.decide`). None for a :class:`PaperFactor` whose
+    row has no ratio."""
     groups, words = groups_of(claim, an)
     note = claim.note if isinstance(claim.note, str) else claim.note(groups)
     r = Row(
@@ -80,7 +80,7 @@ def read(claim: Claim, an: Analysis, rows: dict[str, Row]) -> Row | None:
 
 def read_statistic(r: Row, an: Analysis, present: list[tuple[str, Group]], claim: Claim) -> None:
     """The estimate, the shared bootstrap's replicates and the t-based test of a statistic of the groups' curves;
-    the draw is kept (``extra["redraw"]``) so that :func:`benchmarks.verdicts.refine` can redraw it."""
+    the draw is kept (``extra["redraw"]``) so that :func:`benchmarks.compare.verdicts.refine` can redraw it."""
     reward, stat = claim.reward, claim.statistic
     draw: Callable[[Analysis], np.ndarray]
     if isinstance(stat, WorstDrops):
@@ -130,7 +130,7 @@ def read_cv_ratio(r: Row, an: Analysis, naive: list[dict[str, Any]], ours: list[
 
 def claim_rows(an: Analysis, refine_near: bool = True) -> list[Row]:
     """Every claim row in the report's order, with verdicts; ``refine_near`` redraws the rows near their threshold
-    with :data:`benchmarks.verdicts.REFINED` replicates (:func:`benchmarks.verdicts.refine`).
+    with :data:`benchmarks.compare.verdicts.REFINED` replicates (:func:`benchmarks.compare.verdicts.refine`).
 
     The rows are read in the declared order, the ``read_last`` ones after the others: every row draws from
     ``an``'s one random stream, so the order decides the replicates."""

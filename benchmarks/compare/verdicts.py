@@ -5,10 +5,10 @@ for 80% power, and the row as the report prints it.
 A rule names a statistic, a threshold and a side: the claim is *reproduced* when the statistic is on the claim's
 side of the threshold, *refuted* when it is on the other side, *unresolved* when the data cannot tell. Each row's
 two-sided bootstrap p-value against its threshold (:func:`test`) decides: for the *confirmatory* rows (the paper's
-main claims, fixed in :data:`benchmarks.claims.CONFIRMATORY` before the grid ran) after Holm's correction over all
-of them, for the *exploratory* rows at 0.05 on their own. A percentile interval excludes the threshold exactly when
-the unadjusted p-value is below 0.05, so a confirmatory row whose interval excludes its threshold but whose
-Holm-adjusted p does not pass reads *unresolved (Holm)*.
+main claims, fixed in :data:`~benchmarks.compare.claims.CONFIRMATORY` before the grid ran) after Holm's
+correction over all of them, for the *exploratory* rows at 0.05 on their own. A percentile interval excludes the
+threshold exactly when the unadjusted p-value is below 0.05, so a confirmatory row whose interval excludes its
+threshold but whose Holm-adjusted p does not pass reads *unresolved (Holm)*.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.analysis import Analysis
-from benchmarks.bootstrap import interval
-from benchmarks.claims import CONFIRMATORY
-from benchmarks.studentized import TTest
-from benchmarks.studentized import seeds_for_power as seeds_for_t_power
+from benchmarks.compare.analysis import Analysis
+from benchmarks.compare.bootstrap import interval
+from benchmarks.compare.claims import CONFIRMATORY
+from benchmarks.compare.studentized import TTest
+from benchmarks.compare.studentized import seeds_for_power as seeds_for_t_power
 
 ALPHA = 0.05
 NEAR = 2.0
@@ -186,19 +186,19 @@ def claims_table(rows: list[Row]) -> list[str]:
     lines = [
         "## The paper's claims",
         "",
-        "Each row: the claim in the paper's words, the paper's number, the rule (fixed before the grid ran unless its "
-        "note says otherwise), the statistic's estimate with its 95% interval, two p-values against the rule's "
-        "threshold and the verdict. *Bootstrap p*: two-sided, over prompts and seeds, with its number of "
-        f"replicates ({REFINED:,} for a row whose p lies within a factor {NEAR:g} of {ALPHA}). *t p*: Welch's test "
-        "over seeds (unbiased variances, Satterthwaite's degrees of freedom) with the prompts' interaction with the "
-        "difference added (`benchmarks/studentized.py`); no random stream moves it. The interval is the hull of the "
+        "Each row: the claim in the paper's words, the paper's number, the rule (fixed before the grid ran unless "
+        "its note says otherwise), the statistic's estimate with its 95% interval, two p-values against the rule's "
+        "threshold and the verdict. *Bootstrap p*: two-sided, over prompts and seeds, with its number of replicates "
+        f"({REFINED:,} for a row whose p lies within a factor {NEAR:g} of {ALPHA}). *t p*: Welch's test over seeds "
+        "(unbiased variances, Satterthwaite's degrees of freedom) with the prompts' interaction with the difference "
+        "added (`benchmarks/compare/studentized.py`); no random stream moves it. The interval is the hull of the "
         "percentile interval and the t interval, and the decision p the larger of the two p-values (Holm-adjusted "
         "over all the confirmatory rows, a row not run yet counting as p = 1), so a row passes only when both tests "
         "do. *Seeds for 80% power*: seeds per group (per cell for S-rows) at which a two-sided test at 0.05 would "
         "pass with probability 0.8 if the estimate were the truth, from the unbiased seed variance with only the "
         "prompt interaction as a floor (- when that floor alone is too wide; at least 2), and whether those seeds "
-        "would *reproduce* or *refute* the claim; for a confirmatory row, in brackets, the same at Bonferroni's level "
-        f"(0.05/{len(CONFIRMATORY)}), which passes Holm however the other rows fall.",
+        "would *reproduce* or *refute* the claim; for a confirmatory row, in brackets, the same at Bonferroni's "
+        f"level (0.05/{len(CONFIRMATORY)}), which passes Holm however the other rows fall.",
         "",
         "| id | claim | paper | rule | family | ours [95% CI] | bootstrap p [replicates] | t p (df) | p (Holm) | "
         "verdict | seeds for 80% power | note |",
