@@ -11,7 +11,8 @@ stability rows (``S1o``, ``S2o``) were added after the grid ran and are read las
 from __future__ import annotations
 
 from benchmarks.common import LABELS
-from benchmarks.compare.analysis import AXES, COLLAPSE_DROP
+from benchmarks.compare.analysis import AXES
+from benchmarks.compare.collapse import COLLAPSE_DROP
 from benchmarks.compare.rules import (
     CURVE_MEAN_DIFFERENCE,
     DROP_DIFFERENCE,

@@ -19,10 +19,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from benchmarks.common import METHODS
-from benchmarks.compare.analysis import AXES, COLLAPSE_DROP, N_BOOT, SPIKE_FACTOR, Analysis, load_records, write_records
+from benchmarks.compare.analysis import AXES, N_BOOT, Analysis, load_records, write_records
 from benchmarks.compare.claim_rows import claim_rows
 from benchmarks.compare.claims import CONVERGED_GAIN, MARGIN
+from benchmarks.compare.collapse import COLLAPSE_DROP, SPIKE_FACTOR
+from benchmarks.compare.method_tables import PLATEAU, cost_ratios, methods_table, time_to_reward
 from benchmarks.compare.mlflow_runs import track
+from benchmarks.compare.phase_tables import (
+    ablation_table,
+    preference_table,
+    provenance_table,
+    quick_table,
+    stability_table,
+    sweep_table,
+)
 from benchmarks.compare.plan import (
     PHASES,
     QUICK,
@@ -35,18 +45,6 @@ from benchmarks.compare.plan import (
     stage_config,
 )
 from benchmarks.compare.plots import plot_curves
-from benchmarks.compare.tables import (
-    PLATEAU,
-    ablation_table,
-    cost_ratios,
-    methods_table,
-    preference_table,
-    provenance_table,
-    quick_table,
-    stability_table,
-    sweep_table,
-    time_to_reward,
-)
 from benchmarks.compare.verdicts import NEAR, REFINED, Row, claims_table
 from benchmarks.provenance import LOADED_CORES, code_hash
 from vgrpo.atomic import write_text_atomic

@@ -13,20 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.common import LABELS
-from benchmarks.compare.analysis import (
-    COLLAPSE_DROP,
-    Analysis,
-    Group,
-    at_budget,
-    collapsed,
-    curve_mean,
-    final,
-    fisher_p,
-    identity,
-    seeds_for_power,
-    start,
-)
-from benchmarks.compare.tables import plateau
+from benchmarks.compare.analysis import Analysis, Group, at_budget, curve_mean, final, identity, start
+from benchmarks.compare.collapse import COLLAPSE_DROP, collapsed, fisher_p, seeds_for_power
+from benchmarks.compare.method_tables import plateau
 
 Groups = list[tuple[str, Group | None]]
 """A claim's groups as the statistic takes them: each with the key its seed draw is shared under."""

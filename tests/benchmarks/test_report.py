@@ -16,7 +16,18 @@ import pytest
 
 from benchmarks import paired_gain, provenance
 from benchmarks.common import GENEVAL_TAGS, METHODS, ROOT
-from benchmarks.compare import analysis, bootstrap, claim_rows, claims, mlflow_runs, plan, report, runner, verdicts
+from benchmarks.compare import (
+    analysis,
+    bootstrap,
+    claim_rows,
+    claims,
+    collapse,
+    mlflow_runs,
+    plan,
+    report,
+    runner,
+    verdicts,
+)
 from vgrpo.world import read_jsonl
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -197,7 +208,7 @@ def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values
     g = analysis.Group(runs, base)
     # Seed 0 fell 0.2 below the base before recovering; seed 1 diverged: its drop is the base's whole score.
     assert g.worst_drop(g.per_seed(bootstrap.point_weights(["a", "b"]))) == pytest.approx([0.2, 0.5])
-    assert analysis.collapsed(runs[0], base, 0.1) and not analysis.collapsed(runs[0], base, 0.25)
+    assert collapse.collapsed(runs[0], base, 0.1) and not collapse.collapsed(runs[0], base, 0.25)
 
 
 def test_holm_counts_a_confirmatory_row_not_run_yet_as_p_one() -> None:
@@ -221,9 +232,9 @@ def _axes(it: int, score: float) -> dict[str, float]:
 
 def test_fisher_power() -> None:
     # 5 seeds per arm: only 5/5 against 0/5 (p = 0.008) or 4/5 against 0/5 (p = 0.048) pass at 0.05.
-    assert analysis.fisher_power(5, 0.5, 0.0) == pytest.approx((1 + 5) / 32)
-    n = analysis.seeds_for_power(0.5, 0.0)
-    assert n is not None and analysis.fisher_power(n, 0.5, 0.0) >= 0.8 > analysis.fisher_power(n - 1, 0.5, 0.0)
+    assert collapse.fisher_power(5, 0.5, 0.0) == pytest.approx((1 + 5) / 32)
+    n = collapse.seeds_for_power(0.5, 0.0)
+    assert n is not None and collapse.fisher_power(n, 0.5, 0.0) >= 0.8 > collapse.fisher_power(n - 1, 0.5, 0.0)
 
 
 def test_a_replicate_at_the_threshold_counts_on_both_sides_whatever_its_rounding() -> None:
