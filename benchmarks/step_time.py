@@ -25,7 +25,8 @@ import yaml
 
 from benchmarks.common import METHODS as COMPARED
 from benchmarks.common import ROOT
-from benchmarks.roofline import counted_iteration, summarize
+from benchmarks.flops import counted_iteration
+from benchmarks.roofline import summarize
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import load_config, merge_overrides
 from vgrpo.demo import toy_reward
@@ -84,7 +85,7 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
-    """Iteration 0 warms up with its FLOPs counted per phase (:func:`benchmarks.roofline.counted_iteration`);
+    """Iteration 0 warms up with its FLOPs counted per phase (:func:`benchmarks.flops.counted_iteration`);
     ``iterations`` more are timed. Returns their median seconds per phase, the FLOPs, gradient steps and this
     process's peak RSS."""
     _, flops = counted_iteration(**iteration, iteration=0)
