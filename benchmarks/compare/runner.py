@@ -172,7 +172,7 @@ def record_elapsed(out: Path, args: argparse.Namespace, started: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="V-GRPO against naive ELBO-GRPO only (GenEval)")
     parser.add_argument("--out", default=None, help="records folder (default runs/bench/quick or runs/bench/full)")
     parser.add_argument("--workers", type=int, default=1, help="cells trained at once")
