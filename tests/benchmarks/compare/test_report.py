@@ -1,12 +1,10 @@
-"""benchmarks: the grid's plan (every cell's params validate; seeds, rates and prompt files as the protocol says),
-resume by provenance key, the statistics' pieces with known values, and the report read off synthetic records
-whose effects are known, rebuilt from the committed records, with an interval recomputed independently."""
+"""benchmarks.compare: the grid's plan (every cell's params validate; seeds, rates and prompt files as the protocol
+says), resume by provenance key, the statistics' pieces with known values, and the report read off synthetic
+records whose effects are known, rebuilt from the committed records, with an interval recomputed independently."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from argparse import Namespace
 from collections import Counter
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import paired_gain, provenance
+from benchmarks import provenance
 from benchmarks.common import GENEVAL_TAGS, METHODS, ROOT
 from benchmarks.compare import (
     analysis,
@@ -28,10 +26,8 @@ from benchmarks.compare import (
     runner,
     verdicts,
 )
+from tests.benchmarks.compare import synthetic
 from vgrpo.world import read_jsonl
-
-sys.path.insert(0, str(Path(__file__).parent))
-import synthetic
 
 
 @pytest.mark.parametrize("quick", [True, False])
@@ -121,25 +117,6 @@ def test_the_sweep_picks_the_best_seed_mean_and_extends_until_the_best_is_interi
         plan.best_learning_rates(partial, sizes)
 
 
-def test_the_cell_key_follows_config_threads_prompt_files_and_code_but_not_docstrings(tmp_path: Path) -> None:
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("a\n")
-    key = provenance.cell_key({"a": 1}, {"lr": 1}, 2, [prompts])
-    assert key == provenance.cell_key({"a": 1}, {"lr": 1}, 2, [prompts])
-    assert key != provenance.cell_key({"a": 1}, {"lr": 2}, 2, [prompts])
-    assert key != provenance.cell_key({"a": 1}, {"lr": 1}, 1, [prompts])
-    prompts.write_text("b\n")
-    assert key != provenance.cell_key({"a": 1}, {"lr": 1}, 2, [prompts])
-    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
-    a.write_text('def f(x):\n    """Doc."""\n    return x + 1\n')
-    b.write_text("def f(x):  # a comment\n    return (x + 1)\n")
-    c.write_text("def f(x):\n    return x + 2\n")
-    assert provenance.source_digest(a) == provenance.source_digest(b) != provenance.source_digest(c)
-    files = {p.relative_to(ROOT).as_posix() for p in provenance.code_files()}
-    assert {"benchmarks/compare/cell.py", "vgrpo/training/stage.py", "vgrpo/surrogate.py"} <= files
-    assert "benchmarks/compare/plan.py" not in files  # the plan's code: what it decides is in the resolved config
-
-
 def test_a_record_is_reused_only_under_its_key_and_a_stale_one_is_kept(tmp_path: Path, monkeypatch) -> None:
     spec = plan.RunSpec("methods", "vgrpo", lr=2e-4, seed=0, iterations=80)
     monkeypatch.setattr(runner, "expected_key", lambda spec, sizes, out, threads: f"key-{threads}")
@@ -163,31 +140,6 @@ def test_the_grid_resumes_from_the_committed_records_and_writes_them_back(tmp_pa
     (out / "b.json").write_text(json.dumps({"name": "b", "key": "k2", "spec": {}}))
     runner.sync_records(out, committed, export=True)
     assert [json.loads(line)["name"] for line in committed.read_text().splitlines()] == ["a", "b"]
-
-
-def test_the_machine_clock_sees_another_process_load_the_cores() -> None:
-    clock, with_children = provenance.MachineClock(), provenance.MachineClock(count_children=True)
-    pid = os.fork()
-    if pid == 0:  # a child that keeps one core busy for a second
-        end = __import__("time").perf_counter() + 1.0
-        while __import__("time").perf_counter() < end:
-            pass
-        os._exit(0)
-    os.waitpid(pid, 0)
-    m, mc = clock.finish(), with_children.finish()
-    assert m["other_load_cores"] > 0.5 and m["under_load"] and m["process_cpu_s"] < 0.5
-    # the same second of the child's CPU is the measurement's own when it counts its children
-    assert mc["process_cpu_s"] - m["process_cpu_s"] > 0.8
-    assert (m["other_load_cores"] - mc["other_load_cores"]) * mc["wall_s"] > 0.8
-
-
-def test_the_cpu_model_is_the_first_processor_name_with_family_and_model(tmp_path: Path) -> None:
-    info = tmp_path / "cpuinfo"
-    block = "processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
-    info.write_text(block.format(0) + "\n" + block.format(1).replace("AMD EPYC", "other") + "\n")
-    assert provenance.cpu_model(str(info)) == "AMD EPYC (25/17)"
-    assert provenance.cpu_model(str(tmp_path / "missing")) == "unknown"
-    assert provenance.MachineClock().finish()["cpu"] == provenance.cpu_model()
 
 
 def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values() -> None:
@@ -384,32 +336,6 @@ def test_each_cell_becomes_one_mlflow_run_under_one_parent(tmp_path: Path) -> No
     assert [(m.step, m.value) for m in history] == [(p["iteration"], p["score"]) for p in full[names[1]]["curve"]]
 
 
-def test_paired_gain_pairs_images_and_splits_the_colour_prompts() -> None:
-    prompts = ["a photo of a red triangle", "a photo of a green square", "a photo of two circles", "a sign"]
-    tags = ["colors", "colors", "counting", "ocr"]
-    base = {
-        "prompt": [*prompts, "not evaluated by the run"],
-        "tag": [*tags, "counting"],
-        "geneval": {"strict": [0.25, 0.5, 0.5, None, 0.0]},
-        "ocr": {"mean": [None, None, None, 0.5, None]},
-    }
-    run = {
-        "prompt": prompts,
-        "tag": tags,
-        "geneval": {"strict": [0.0, 1.0, 0.75, None]},
-        "ocr": {"mean": [None, None, None, 0.75]},
-    }
-    row = paired_gain.paired_row(run, base, [("red", "triangle")])
-    # strict is the mean over tags: colors (0 + 1) / 2, counting 0.75; the base's (0.25 + 0.5) / 2 and 0.5
-    assert row["strict"] == pytest.approx((0.5 + 0.75) / 2) and row["base_strict"] == pytest.approx((0.375 + 0.5) / 2)
-    assert row["gain"] == pytest.approx(row["strict"] - row["base_strict"])
-    assert row["per_tag_gain"] == pytest.approx({"colors": 0.125, "counting": 0.25})
-    assert row["held_out_colour_gain"] == pytest.approx(-0.25) and row["seen_colour_gain"] == pytest.approx(0.5)
-    assert row["ocr_gain"] == pytest.approx(0.25)
-    with pytest.raises(ValueError, match="first prompts"):
-        paired_gain.paired_row({**run, "prompt": prompts[::-1]}, base, [])
-
-
 def _without_progress(text: str) -> list[str]:
     """The report's lines less those on how much of the planned grid ran and the machine time (a grid still
     running adds to both between the report's commit and this test)."""
@@ -435,42 +361,3 @@ def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_pat
     rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
     assert _without_progress(rebuilt) == _without_progress(text)
     assert "Cells whose config is not the one this checkout's plan gives their spec: none." in rebuilt
-
-
-def test_the_committed_speed_repeats_rebuild_the_committed_speed_tables() -> None:
-    from benchmarks import speed
-
-    args = Namespace(repeats=3, embedded_iterations=5, sd35_iterations=2)
-    raw = ROOT / "docs" / "benchmarks" / "speed"
-    assert len(list(raw.glob("*-T*-r*.json"))) == 2 * 3 * 3  # all committed, so `measure` only reads them
-    results = {t: speed.measure(t, raw, args) for t in (10, 20, 40)}
-    tables = speed.table(results, args)
-    committed = (ROOT / "docs" / "benchmarks" / "speed.md").read_text().splitlines()
-    start = committed.index("## Embedded base (8 prompts x 8 samples)")  # the header names this machine's CPU
-    assert tables[tables.index(committed[start]) :] == [*committed[start:], ""]
-    assert speed.spread([3.0, 1.0, 2.0]) == "2.00 (1.00-3.00)"
-
-
-def test_a_speed_measurement_records_the_machine_load_and_is_not_run_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from benchmarks import speed
-
-    calls: list[list[str]] = []
-
-    def fake_run(cmd: list[str], **_: object) -> None:  # the measured process writes its JSON where it is told
-        calls.append(cmd)
-        Path(cmd[-1]).write_text(json.dumps({"results": {}, "args": {}}))
-
-    monkeypatch.setattr(speed.subprocess, "run", fake_run)
-    monkeypatch.setattr(speed, "wait_until_idle", lambda: None)
-    args = Namespace(repeats=2, embedded_iterations=1, sd35_iterations=1)
-    first = speed.measure(10, tmp_path, args)
-    assert len(calls) == 4 and sorted(p.name for p in tmp_path.iterdir()) == [
-        f"{n}-T10-r{k}.json" for n in ("embedded", "sd35_arch") for k in (0, 1)
-    ]
-    assert all(set(x["machine"]) >= {"other_load_cores", "under_load", "process_cpu_s"} for x in first["embedded"])
-    assert speed.measure(10, tmp_path, args) == first and len(calls) == 4
-    note = speed.load_note({10: first})  # all four recorded: no line about measurements that predate recording
-    assert len(note) == 3 and f"of 4 ran above {provenance.LOADED_CORES} cores" in note[2]
-    assert speed.load_note({10: {"embedded": [{"results": {}}]}})[2].startswith("- 1 of 1 measurements predate")
