@@ -1,8 +1,7 @@
-"""The benchmark and measuring scripts, run from the repository root as ``python -m benchmarks.<name>``.
+"""The benchmarks, run from the repository root: the method comparison, a package of its own
+(:mod:`benchmarks.compare`, ``python -m benchmarks.compare``), and the standalone measuring scripts beside it
+(``python -m benchmarks.<name>``).
 
-The methods, their labels and the GenEval tags the scripts share are in :mod:`benchmarks.common`; the method
-comparison is :mod:`benchmarks.compare` (the grid, :mod:`benchmarks.grid` and :mod:`benchmarks.cell`) and its report
-:mod:`benchmarks.report` (statistics in :mod:`benchmarks.bootstrap` and :mod:`benchmarks.analysis`, the claims in
-:mod:`benchmarks.claims`, the tables in :mod:`benchmarks.tables`, the plots in :mod:`benchmarks.plots`, the MLflow
-runs in :mod:`benchmarks.mlflow_runs`). How to run each script and what it measured: ``benchmarks/README.md``.
+What they share: the methods, their labels and the GenEval tags (:mod:`benchmarks.common`) and the provenance of a
+measurement (:mod:`benchmarks.provenance`). How to run each and what it measured: ``benchmarks/README.md``.
 """

@@ -17,12 +17,11 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import LABELS, ROOT, TIMED_METHODS, flags
+from benchmarks.timed_steps import Budget, Step, run_step
 from vgrpo.world import make_splits, write_jsonl
 
 STEPS = ("gpu_tests", "embedded_stage", "sd35_arch")
@@ -77,50 +77,6 @@ STAGE_EVAL_REWARDS = json.dumps(
         {"name": "pickscore", "key": "world_pickscore", "options": {"path": "models/world-pickscore"}},
     ]
 )
-
-
-@dataclass
-class Step:
-    """One step's record: what ran, how it ended (``passed``, ``failed``, ``timed_out``, ``skipped``) and its
-    numbers."""
-
-    name: str
-    command: list[str] = field(default_factory=list)
-    status: str = "skipped"
-    seconds: float = 0.0
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-class Budget:
-    """Seconds left of the whole check; each step gets what is left, at most its own cap."""
-
-    def __init__(self, seconds: float):
-        self.deadline = time.monotonic() + seconds
-
-    def left(self, cap: float | None = None) -> float:
-        remaining = max(0.0, self.deadline - time.monotonic())
-        return remaining if cap is None else min(cap, remaining)
-
-
-def run_step(step: Step, budget: Budget, log: Path, env: dict[str, str], cap: float | None = None) -> str:
-    """Run ``step.command`` from the repository root with the budget's time limit; append its output to ``log``;
-    return the output."""
-    limit = budget.left(cap)
-    if limit < 5:
-        step.status, step.details["reason"] = "skipped", "out of time"
-        return ""
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run(step.command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
-        output, step.status = proc.stdout + proc.stderr, "passed" if proc.returncode == 0 else "failed"
-        step.details["returncode"] = proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        output = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        step.status, step.details["reason"] = "timed_out", f"cut after {limit:.0f} s"
-    step.seconds = round(time.monotonic() - t0, 2)
-    with log.open("a") as f:
-        f.write(f"===== {step.name}: {' '.join(step.command)}\n{output}\n")
-    return output
 
 
 def gpu_test_files() -> list[str]:

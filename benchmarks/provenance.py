@@ -2,11 +2,11 @@
 
 A cell's *key* is a hash of everything that decides its result: its spec, its fully resolved stage config, the
 torch threads, the content of every file its config names (prompt files), and the *code hash*: the code that
-trains and scores it (:mod:`benchmarks.cell` and the import closure of the library modules it imports, as
+trains and scores it (:mod:`benchmarks.compare.cell` and the import closure of the library modules it imports, as
 ``scripts/import_graph.py`` computes closures for the DVC stages) and the model weights under ``models/``. What
 the grid's plan decides about a cell is all in its resolved config, so the plan's own code is not in the hash; a
 module's code is hashed as its syntax tree without docstrings, so that a comment or a reformat does not count. The grid
-resumes a cell only when the record on disk carries the same key (:func:`benchmarks.compare.run_phase`), so a
+resumes a cell only when the record on disk carries the same key (:func:`benchmarks.compare.runner.run_phase`), so a
 record from another config, another thread count or other code is run again, never reused under a new name.
 
 The machine's state is read from ``/proc``: the CPU time every process spent while the cell ran, less the cell's
@@ -50,7 +50,7 @@ def source_digest(path: Path) -> str:
 
 
 @cache
-def code_files(module: str = "benchmarks.cell") -> tuple[Path, ...]:
+def code_files(module: str = "benchmarks.compare.cell") -> tuple[Path, ...]:
     """The code a cell runs: ``module`` and the closure of the library modules (``vgrpo``) it imports and of every
     module of the packages behind the registries (:data:`REGISTRIES`)."""
     spec = importlib.util.spec_from_file_location("_import_graph", ROOT / "scripts" / "import_graph.py")

@@ -33,7 +33,8 @@ from diffusers import SD3Transformer2DModel
 
 from benchmarks.common import METHODS as COMPARED
 from benchmarks.common import ROOT, TIMED_METHODS
-from benchmarks.roofline import ceilings, counted_iteration, phase_table, summarize
+from benchmarks.flops import ceilings, counted_iteration
+from benchmarks.roofline import phase_table, summarize
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import load_config
 from vgrpo.models import SD3Velocity, add_lora

@@ -99,7 +99,7 @@ def table(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.Na
         f"measurement, nothing else running. Each cell is the median over {args.repeats} repeats (fresh processes) "
         f"of the median of {args.embedded_iterations} timed iterations after a warm-up one, with the repeats' "
         "range in brackets. The embedded rows train each method with the comparison grid's own stage config "
-        "(`benchmarks/grid.py`: its recipe, two half-batch gradient steps per iteration, LoRA r 32, the world "
+        "(`benchmarks/compare/plan.py`: its recipe, two half-batch gradient steps per iteration, LoRA r 32, the world "
         "GenEval reward), at T sampling steps.",
         "",
         "## Embedded base (8 prompts x 8 samples)",

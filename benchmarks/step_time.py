@@ -25,7 +25,8 @@ import yaml
 
 from benchmarks.common import METHODS as COMPARED
 from benchmarks.common import ROOT
-from benchmarks.roofline import counted_iteration, summarize
+from benchmarks.flops import counted_iteration
+from benchmarks.roofline import summarize
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import load_config, merge_overrides
 from vgrpo.demo import toy_reward
@@ -84,7 +85,7 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
-    """Iteration 0 warms up with its FLOPs counted per phase (:func:`benchmarks.roofline.counted_iteration`);
+    """Iteration 0 warms up with its FLOPs counted per phase (:func:`benchmarks.flops.counted_iteration`);
     ``iterations`` more are timed. Returns their median seconds per phase, the FLOPs, gradient steps and this
     process's peak RSS."""
     _, flops = counted_iteration(**iteration, iteration=0)
@@ -104,8 +105,8 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
         algorithm["memory_bounded"] = False
     rollout = {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps}
     precision = json.loads(args.precision) if args.precision else {}
-    if args.grid:  # the comparison grid's stage config for the method (benchmarks.grid), at this T and batch
-        from benchmarks.grid import RunSpec, Sizes, stage_config
+    if args.grid:  # the comparison grid's stage config for the method (benchmarks.compare.plan), at this T and batch
+        from benchmarks.compare.plan import RunSpec, Sizes, stage_config
 
         grid_config = stage_config(RunSpec("methods", preset), Sizes(), ROOT / "data/world/test.jsonl")
         config = load_config(

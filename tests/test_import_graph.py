@@ -159,7 +159,8 @@ def test_the_rule_finds_an_uphill_import(tmp_path: Path) -> None:
 
 
 MAX_MODULE_LINES = 350
-"""No module of the library, the tasks or the flows is longer: a longer one holds more than one idea."""
+"""No module of the library, the tasks, the flows or the benchmarks is longer: a longer one holds more than one
+idea."""
 LONGER_MODULES: dict[str, int] = {}
 """Today's longer modules with their line counts as ceilings: they may shrink, not grow; none may join them."""
 
@@ -167,10 +168,10 @@ LONGER_MODULES: dict[str, int] = {}
 def test_no_module_is_longer_than_the_limit_and_the_allowed_ones_do_not_grow() -> None:
     sizes = {
         str(path.relative_to(REPO)): len(path.read_text(encoding="utf-8").splitlines())
-        for top in ("vgrpo", "tasks", "flows")
+        for top in ("vgrpo", "tasks", "flows", "benchmarks")
         for path in sorted((REPO / top).rglob("*.py"))
     }
-    assert len(sizes) > 100
+    assert len(sizes) > 100 and "benchmarks/compare/claims.py" in sizes
     too_long = {p: n for p, n in sizes.items() if n > LONGER_MODULES.get(p, MAX_MODULE_LINES)}
     assert too_long == {}
     assert all(p in sizes for p in LONGER_MODULES)  # a module that was split leaves the list

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.robustness import gains_table, headline_gains, merge_record, read_records, stages_table
+from benchmarks.curriculum_runs import gains_table, headline_gains, merge_record, read_records, stages_table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,7 +115,7 @@ def test_the_grid_on_a_tiny_curriculum_records_each_run_and_resumes(tmp_path: Pa
 
 
 def test_give_backs_are_drops_below_an_earlier_stages_best_beyond_the_tolerance() -> None:
-    from benchmarks.robustness import give_backs
+    from benchmarks.curriculum_runs import give_backs
 
     # The EPYC run of issue 42 (world PickScore on the 120 test prompts): stage 2 and stage 5 gave back.
     pick = [10.15, 10.70, 3.42, 12.91, 12.99, 2.27]

@@ -10,15 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.common import ROOT
-from benchmarks.roofline import (
-    PHASES,
-    count_flops,
-    counted_iteration,
-    markdown,
-    matmul_ceiling,
-    median_repeat,
-    roofline,
-)
+from benchmarks.flops import count_flops, counted_iteration, matmul_ceiling
+from benchmarks.roofline import PHASES, markdown, median_repeat, roofline
 from tests.algorithms.helpers import GROUP, PROMPTS, make_config, make_policy
 from vgrpo.algorithms import build_algorithm
 from vgrpo.demo import toy_reward

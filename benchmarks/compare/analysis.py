@@ -1,7 +1,7 @@
 """The report's statistics on the cell records: the records themselves, each group of seeds as one curve with the
-base as its first point, the bootstrap draw every comparison of a reward shares (:mod:`benchmarks.bootstrap`),
-curves read at a budget, collapse and spikes, the surrogate-CV ratio, Fisher's exact test and its power, and how
-many seeds a comparison would need.
+base as its first point, the bootstrap draw every comparison of a reward shares (:mod:`~benchmarks.compare.bootstrap`),
+curves read at a budget and the surrogate-CV ratio. Collapse, spikes and Fisher's test on collapse counts are in
+:mod:`~benchmarks.compare.collapse`.
 
 Every statistic is a function of per-seed curves, so one replicate is: the prompts drawn within their tags (the
 same draw for every group of a reward, which pairs the comparison on prompts and images) and each group's seeds
@@ -13,16 +13,13 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Sequence
-from functools import cache
-from math import comb
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import fisher_exact
 
-from benchmarks.bootstrap import point_weights, prompt_weights
 from benchmarks.common import METHODS
+from benchmarks.compare.bootstrap import point_weights, prompt_weights
 from vgrpo.atomic import write_text_atomic
 
 AXES = {
@@ -32,13 +29,6 @@ AXES = {
     "nfe": "transformer evaluations in training (NFE)",
 }
 N_BOOT = 4000
-COLLAPSE_DROP = {"geneval": 0.10, "preference": 1.0}
-"""A cell collapsed when it diverged or, at any evaluation point, scored more than this below the base on the
-same prompts: GenEval strict credit, or world PickScore (about twice what the curriculum's preference stage
-gains)."""
-SPIKE_FACTOR = 10.0
-"""A gradient-norm or surrogate spike: an iteration's value more than this many times the median of the cell's
-first ten iterations (in absolute value)."""
 
 
 def load_records(source: Path) -> dict[str, dict[str, Any]]:
@@ -130,7 +120,7 @@ class Group:
     def drop_values(self, point: np.ndarray) -> np.ndarray:
         """``(S, P)``: each seed's worst drop (:meth:`worst_drop` at the point weights) per prompt, read at the
         evaluation point where the seed's drop is largest (a diverged seed: its start), so that ``point @`` a
-        seed's row is its worst drop: the linearisation :mod:`benchmarks.studentized` tests."""
+        seed's row is its worst drop: the linearisation :mod:`benchmarks.compare.studentized` tests."""
         per = self.per_seed(point)
         k = 1 + np.argmax(per[:, :1] - per[:, 1:], axis=1)
         rows = np.arange(self.seeds)
@@ -180,7 +170,8 @@ class Analysis:
     def replicates(self, n_boot: int, draw: Callable[[Analysis], np.ndarray], chunk: int = 50_000) -> np.ndarray:
         """``n_boot`` replicates of a statistic, ``draw(analysis) -> (B,)`` run on chunks of at most ``chunk``
         replicates each (memory: a chunk's prompt weights are ``chunk x P`` floats)."""
-        parts, done = [], 0
+        parts: list[np.ndarray] = []
+        done = 0
         while done < n_boot:
             size = min(chunk, n_boot - done)
             parts.append(np.asarray(draw(self.redraw(size, len(parts))), dtype=np.float64))
@@ -302,27 +293,6 @@ def at_budget(xs: np.ndarray, c: np.ndarray, x: float) -> np.ndarray:
     return ((1 - frac) * c[..., k - 1] + frac * c[..., k]).mean(axis=-1)
 
 
-def collapsed(run: dict[str, Any], base: dict[str, Any], margin: float) -> bool:
-    """Diverged, or at some evaluation point more than ``margin`` below the base's score."""
-    b = float(base["curve"][0]["score"])
-    return bool(run.get("diverged")) or not run["curve"] or min(p["score"] for p in run["curve"]) < b - margin
-
-
-def spikes(run: dict[str, Any]) -> dict[str, int]:
-    """Iterations whose gradient norm or surrogate magnitude exceeds :data:`SPIKE_FACTOR` times the median of the
-    cell's first ten (non-finite values count as spikes)."""
-    out = {}
-    for key, label in (("grad_norm_per_iteration", "grad_norm"), ("surrogate_mean_per_iteration", "surrogate")):
-        values = [v for v in run.get(key, []) if v is not None]
-        if len(values) < 11:
-            out[label] = 0
-            continue
-        arr = np.abs(np.asarray(values, dtype=np.float64))
-        ref = float(np.median(arr[:10][np.isfinite(arr[:10])])) if np.isfinite(arr[:10]).any() else 0.0
-        out[label] = int(np.sum(~np.isfinite(arr[10:]) | (arr[10:] > SPIKE_FACTOR * max(ref, 1e-12))))
-    return out
-
-
 def cv_ratio(
     naive: Sequence[dict[str, Any]], ours: Sequence[dict[str, Any]], key: str, rng: np.random.Generator, n_boot: int
 ) -> tuple[float, float, np.ndarray] | None:
@@ -340,27 +310,3 @@ def cv_ratio(
 
     ma, mb = float(np.mean([x.mean() for x in a])), float(np.mean([x.mean() for x in b]))
     return ma, mb, np.asarray([draw(b) / draw(a) for _ in range(n_boot)])
-
-
-def fisher_p(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float:
-    """Fisher's exact test's two-sided p-value for ``a_hits`` of ``a_n`` against ``b_hits`` of ``b_n``."""
-    return float(fisher_exact([[a_hits, a_n - a_hits], [b_hits, b_n - b_hits]])[1])
-
-
-def fisher_power(n: int, p_a: float, p_b: float, alpha: float = 0.05) -> float:
-    """Power of Fisher's two-sided exact test at level ``alpha`` with ``n`` seeds per arm when the true
-    collapse rates are ``p_a`` and ``p_b`` (exact: every outcome enumerated)."""
-    power = 0.0
-    for i in range(n + 1):
-        pi = comb(n, i) * p_a**i * (1 - p_a) ** (n - i)
-        for j in range(n + 1):
-            pj = comb(n, j) * p_b**j * (1 - p_b) ** (n - j)
-            if pi * pj > 0 and fisher_p(i, n, j, n) < alpha:
-                power += pi * pj
-    return power
-
-
-@cache
-def seeds_for_power(p_a: float, p_b: float, target: float = 0.8, most: int = 60) -> int | None:
-    """The fewest seeds per arm at which Fisher's test reaches ``target`` power (None beyond ``most``)."""
-    return next((n for n in range(2, most + 1) if fisher_power(n, p_a, p_b) >= target), None)

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import grid
 from benchmarks.common import GENEVAL_TAGS, METHODS
+from benchmarks.compare import plan
 
 TAGS = [t for t in GENEVAL_TAGS for _ in range(4)]  # 24 prompts
 PREF_TAGS = [t for t in (*GENEVAL_TAGS, "ocr") for _ in range(4)]
@@ -46,8 +46,8 @@ def _base_scores(tags: list[str]) -> np.ndarray:
     return BASE + 0.2 * np.sin(np.arange(len(tags)))  # prompts of different difficulty
 
 
-def _record(spec: grid.RunSpec, sizes: grid.Sizes, curve: list, *, diverged: str | None = None, cv: float = 0.3):
-    config = grid.stage_config(spec, sizes, Path("/bench/prompts.jsonl")).model_dump(mode="json")
+def _record(spec: plan.RunSpec, sizes: plan.Sizes, curve: list, *, diverged: str | None = None, cv: float = 0.3):
+    config = plan.stage_config(spec, sizes, Path("/bench/prompts.jsonl")).model_dump(mode="json")
     n = len(curve)
     return {
         "spec": dataclasses.asdict(spec),
@@ -78,27 +78,27 @@ def _record(spec: grid.RunSpec, sizes: grid.Sizes, curve: list, *, diverged: str
 
 def base_record(reward: str, split: str) -> dict[str, Any]:
     tags = PREF_TAGS if reward == "preference" else TAGS
-    spec = grid.RunSpec("base", "base", reward, split=split)
+    spec = plan.RunSpec("base", "base", reward, split=split)
     scores = _base_scores(tags)
     point = {"iteration": 0.0, "train_s": 0.0, "gradient_steps": 0.0, "nfe": 0.0, "score": float(scores.mean())}
     point |= {"per_prompt": [float(x) for x in scores], "tags": tags, "clipscore": 1.4, "partial": 0.5}
     return {"spec": dataclasses.asdict(spec), "name": spec.name, "curve": [point], "wall_s": 5.0}
 
 
-def full_grid(sizes: grid.Sizes | None = None, noise: float = 0.02) -> dict[str, dict[str, Any]]:
+def full_grid(sizes: plan.Sizes | None = None, noise: float = 0.02) -> dict[str, dict[str, Any]]:
     """Records for every cell of the full plan (a sweep whose best rung is interior for every method)."""
-    sizes = sizes or grid.Sizes()
+    sizes = sizes or plan.Sizes()
     records = {r["name"]: r for r in (base_record("geneval", "test"), base_record("geneval", "val"))}
     records["base-preference-test"] = base_record("preference", "test")
     rng = np.random.default_rng(0)
     best = {m: 2e-4 for m in METHODS} | {"flow_grpo": 4e-4}
-    for spec in grid.plan_phase("sweep", sizes, best, False):
+    for spec in plan.plan_phase("sweep", sizes, best, False):
         peak = np.log2(spec.lr / best[spec.method])
         gain = GAIN[spec.method] * (1 - 0.3 * peak**2)
         its = list(range(spec.eval_every, spec.iterations + 1, spec.eval_every))
         records[spec.name] = _record(spec, sizes, _curve(gain, TAU[spec.method], its, TAGS, rng, noise))
-    for phase in grid.PHASES[2:]:
-        for spec in grid.plan_phase(phase, sizes, best, False):
+    for phase in plan.PHASES[2:]:
+        for spec in plan.plan_phase(phase, sizes, best, False):
             its = list(range(spec.eval_every, spec.iterations + 1, spec.eval_every))
             tags = PREF_TAGS if spec.reward == "preference" else TAGS
             if phase == "ablation":

@@ -1,12 +1,10 @@
-"""benchmarks: the grid's plan (every cell's params validate; seeds, rates and prompt files as the protocol says),
-resume by provenance key, the statistics' pieces with known values, and the report read off synthetic records
-whose effects are known, rebuilt from the committed records, with an interval recomputed independently."""
+"""benchmarks.compare: the grid's plan (every cell's params validate; seeds, rates and prompt files as the protocol
+says), resume by provenance key, the statistics' pieces with known values, and the report read off synthetic
+records whose effects are known, rebuilt from the committed records, with an interval recomputed independently."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from argparse import Namespace
 from collections import Counter
 from pathlib import Path
@@ -14,22 +12,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import analysis, bootstrap, claims, compare, grid, mlflow_runs, paired_gain, provenance, report
+from benchmarks import provenance
 from benchmarks.common import GENEVAL_TAGS, METHODS, ROOT
+from benchmarks.compare import (
+    analysis,
+    bootstrap,
+    claim_rows,
+    claims,
+    collapse,
+    mlflow_runs,
+    plan,
+    report,
+    runner,
+    verdicts,
+)
+from tests.benchmarks.compare import synthetic
 from vgrpo.world import read_jsonl
-
-sys.path.insert(0, str(Path(__file__).parent))
-import synthetic
 
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, tmp_path: Path) -> None:
-    sizes = grid.QUICK if quick else grid.Sizes()
+    sizes = plan.QUICK if quick else plan.Sizes()
     best = {m: 2e-4 for m in METHODS} | {"flow_grpo": 4e-4}
-    specs = [s for phase in grid.PHASES for s in grid.plan_phase(phase, sizes, best, quick)]
+    specs = [s for phase in plan.PHASES for s in plan.plan_phase(phase, sizes, best, quick)]
     assert len({s.name for s in specs}) == len(specs)
     trained = [s for s in specs if s.phase != "base"]
-    configs = [grid.stage_config(s, sizes, tmp_path / "prompts.jsonl") for s in trained]
+    configs = [plan.stage_config(s, sizes, tmp_path / "prompts.jsonl") for s in trained]
     rollouts = {(c.rollout.prompts_per_iteration, c.rollout.group_size, c.rollout.num_steps) for c in configs}
     assert rollouts == {(8, 8, 10)}
     for spec, config in zip(trained, configs, strict=True):
@@ -39,7 +47,7 @@ def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, t
     if quick:
         assert {(s.method, s.lr) for s in trained} == {(m, lr) for m in ("vgrpo", "naive_elbo") for lr in (2e-4, 4e-4)}
         return
-    by_phase = {p: [s for s in specs if s.phase == p] for p in grid.PHASES}
+    by_phase = {p: [s for s in specs if s.phase == p] for p in plan.PHASES}
     assert Counter(s.phase for s in specs) == {
         "base": 3,
         "sweep": 40,
@@ -66,79 +74,60 @@ def test_every_planned_cell_has_valid_params_and_the_same_rollout(quick: bool, t
 
 
 def test_the_evaluation_prompts_are_balanced_and_the_validation_draw_is_not_the_test_draw(tmp_path: Path) -> None:
-    sizes = grid.Sizes()
-    test = read_jsonl(grid.eval_prompt_file(tmp_path, "geneval", "test", sizes))
-    val = read_jsonl(grid.eval_prompt_file(tmp_path, "geneval", "val", sizes))
-    pref = read_jsonl(grid.eval_prompt_file(tmp_path, "preference", "test", sizes))
+    sizes = plan.Sizes()
+    test = read_jsonl(plan.eval_prompt_file(tmp_path, "geneval", "test", sizes))
+    val = read_jsonl(plan.eval_prompt_file(tmp_path, "geneval", "val", sizes))
+    pref = read_jsonl(plan.eval_prompt_file(tmp_path, "preference", "test", sizes))
     assert len(test) == 540 >= 512 and Counter(r["tag"] for r in test) == {t: 90 for t in GENEVAL_TAGS}
     assert len(pref) == 630 and Counter(r["tag"] for r in pref)["ocr"] == 90
     assert len(val) == 240
     assert [r["prompt"] for r in test[:24]] != [r["prompt"] for r in val[:24]]  # another seed's draw
     # The file is written once and read back: a second call returns the same draw.
-    assert read_jsonl(grid.eval_prompt_file(tmp_path, "geneval", "test", sizes)) == test
+    assert read_jsonl(plan.eval_prompt_file(tmp_path, "geneval", "test", sizes)) == test
 
 
 def _sweep(method: str, lr: float, score_by_seed: list[float]) -> dict[str, dict]:
     out = {}
     for i, score in enumerate(score_by_seed):
-        spec = grid.sweep_spec(method, lr, i, grid.Sizes())
+        spec = plan.sweep_spec(method, lr, i, plan.Sizes())
         out[spec.name] = {"spec": {**spec.__dict__}, "curve": [{"score": score}], "name": spec.name}
     return out
 
 
 def test_the_sweep_picks_the_best_seed_mean_and_extends_until_the_best_is_interior() -> None:
-    sizes = grid.Sizes()
+    sizes = plan.Sizes()
     records: dict[str, dict] = {}
     for m in METHODS:
         for lr, scores in ((1e-4, [0.5, 0.5]), (2e-4, [0.6, 0.62]), (4e-4, [0.7, 0.5]), (8e-4, [0.4, 0.4])):
             records |= _sweep(m, lr, scores if m != "mixgrpo" else [0.1 * lr / 1e-4] * 2)
-    best = grid.best_learning_rates(records, sizes)
+    best = plan.best_learning_rates(records, sizes)
     assert best["vgrpo"] == 2e-4  # 0.61 against 0.60: the seed mean, not the best single seed
     assert best["mixgrpo"] == 8e-4  # at the top edge: one rung further, with every sweep seed
-    extra = grid.sweep_extensions(records, sizes)
+    extra = plan.sweep_extensions(records, sizes)
     assert sorted((s.method, s.lr, s.seed) for s in extra) == [("mixgrpo", 1.6e-3, 200), ("mixgrpo", 1.6e-3, 201)]
     # The later phases are planned only when the sweep is finished.
-    assert {s.phase for s in grid.full_plan(records, sizes, False)} == {"base", "sweep"}
+    assert {s.phase for s in plan.full_plan(records, sizes, False)} == {"base", "sweep"}
     records |= _sweep("mixgrpo", 1.6e-3, [0.5, 0.5])  # below 8e-4's 0.8: the best is interior now
-    assert grid.sweep_extensions(records, sizes) == []
-    plan = grid.full_plan(records, sizes, False)
-    assert {s.lr for s in plan if s.phase == "methods" and s.method == "mixgrpo"} == {8e-4}
+    assert plan.sweep_extensions(records, sizes) == []
+    planned = plan.full_plan(records, sizes, False)
+    assert {s.lr for s in planned if s.phase == "methods" and s.method == "mixgrpo"} == {8e-4}
     # One finished seed of a rung does not count; a seed outside the sweep's does not either.
     partial = {k: v for k, v in records.items() if not k.endswith("s201") or "diffusion_nft" not in k}
     with pytest.raises(RuntimeError, match="diffusion_nft"):
-        grid.best_learning_rates(partial, sizes)
-
-
-def test_the_cell_key_follows_config_threads_prompt_files_and_code_but_not_docstrings(tmp_path: Path) -> None:
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("a\n")
-    key = provenance.cell_key({"a": 1}, {"lr": 1}, 2, [prompts])
-    assert key == provenance.cell_key({"a": 1}, {"lr": 1}, 2, [prompts])
-    assert key != provenance.cell_key({"a": 1}, {"lr": 2}, 2, [prompts])
-    assert key != provenance.cell_key({"a": 1}, {"lr": 1}, 1, [prompts])
-    prompts.write_text("b\n")
-    assert key != provenance.cell_key({"a": 1}, {"lr": 1}, 2, [prompts])
-    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
-    a.write_text('def f(x):\n    """Doc."""\n    return x + 1\n')
-    b.write_text("def f(x):  # a comment\n    return (x + 1)\n")
-    c.write_text("def f(x):\n    return x + 2\n")
-    assert provenance.source_digest(a) == provenance.source_digest(b) != provenance.source_digest(c)
-    files = {p.relative_to(ROOT).as_posix() for p in provenance.code_files()}
-    assert {"benchmarks/cell.py", "vgrpo/training/stage.py", "vgrpo/surrogate.py"} <= files
-    assert "benchmarks/grid.py" not in files  # the plan's code: what it decides is in the resolved config
+        plan.best_learning_rates(partial, sizes)
 
 
 def test_a_record_is_reused_only_under_its_key_and_a_stale_one_is_kept(tmp_path: Path, monkeypatch) -> None:
-    spec = grid.RunSpec("methods", "vgrpo", lr=2e-4, seed=0, iterations=80)
-    monkeypatch.setattr(compare, "expected_key", lambda spec, sizes, out, threads: f"key-{threads}")
+    spec = plan.RunSpec("methods", "vgrpo", lr=2e-4, seed=0, iterations=80)
+    monkeypatch.setattr(runner, "expected_key", lambda spec, sizes, out, threads: f"key-{threads}")
     path = tmp_path / f"{spec.name}.json"
     path.write_text(json.dumps({"key": "key-2", "machine": {"under_load": True}}))
     args = Namespace(threads=2, rerun_loaded=False)
-    assert compare.reusable(spec, args, grid.Sizes(), tmp_path)
-    assert not compare.reusable(spec, Namespace(threads=1, rerun_loaded=False), grid.Sizes(), tmp_path)
+    assert runner.reusable(spec, args, plan.Sizes(), tmp_path)
+    assert not runner.reusable(spec, Namespace(threads=1, rerun_loaded=False), plan.Sizes(), tmp_path)
     assert not path.exists() and len(list((tmp_path / "stale").glob(f"{spec.name}.key-2.*.json"))) == 1
     path.write_text(json.dumps({"key": "key-2", "machine": {"under_load": True}}))
-    assert not compare.reusable(spec, Namespace(threads=2, rerun_loaded=True), grid.Sizes(), tmp_path)
+    assert not runner.reusable(spec, Namespace(threads=2, rerun_loaded=True), plan.Sizes(), tmp_path)
 
 
 def test_the_grid_resumes_from_the_committed_records_and_writes_them_back(tmp_path: Path) -> None:
@@ -146,42 +135,17 @@ def test_the_grid_resumes_from_the_committed_records_and_writes_them_back(tmp_pa
     out.mkdir()
     rows = [{"name": "a", "key": "k", "spec": {}}, {"name": "old", "spec": {}}]  # "old" predates keys
     committed.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    compare.sync_records(out, committed, export=False)
+    runner.sync_records(out, committed, export=False)
     assert sorted(p.name for p in out.glob("*.json")) == ["a.json"]
     (out / "b.json").write_text(json.dumps({"name": "b", "key": "k2", "spec": {}}))
-    compare.sync_records(out, committed, export=True)
+    runner.sync_records(out, committed, export=True)
     assert [json.loads(line)["name"] for line in committed.read_text().splitlines()] == ["a", "b"]
 
 
-def test_the_machine_clock_sees_another_process_load_the_cores() -> None:
-    clock, with_children = provenance.MachineClock(), provenance.MachineClock(count_children=True)
-    pid = os.fork()
-    if pid == 0:  # a child that keeps one core busy for a second
-        end = __import__("time").perf_counter() + 1.0
-        while __import__("time").perf_counter() < end:
-            pass
-        os._exit(0)
-    os.waitpid(pid, 0)
-    m, mc = clock.finish(), with_children.finish()
-    assert m["other_load_cores"] > 0.5 and m["under_load"] and m["process_cpu_s"] < 0.5
-    # the same second of the child's CPU is the measurement's own when it counts its children
-    assert mc["process_cpu_s"] - m["process_cpu_s"] > 0.8
-    assert (m["other_load_cores"] - mc["other_load_cores"]) * mc["wall_s"] > 0.8
-
-
-def test_the_cpu_model_is_the_first_processor_name_with_family_and_model(tmp_path: Path) -> None:
-    info = tmp_path / "cpuinfo"
-    block = "processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
-    info.write_text(block.format(0) + "\n" + block.format(1).replace("AMD EPYC", "other") + "\n")
-    assert provenance.cpu_model(str(info)) == "AMD EPYC (25/17)"
-    assert provenance.cpu_model(str(tmp_path / "missing")) == "unknown"
-    assert provenance.MachineClock().finish()["cpu"] == provenance.cpu_model()
-
-
 def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values() -> None:
-    assert claims.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+    assert verdicts.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
     reps = np.concatenate([np.full(97, 1.0), np.full(3, -1.0)])
-    p, lean = claims.test(reps, 0.0)
+    p, lean = verdicts.test(reps, 0.0)
     assert lean == "above" and p == pytest.approx(2 * 4 / 101)
     xs = np.array([0.0, 10.0, 20.0])
     c = np.array([[0.5, 0.6, 0.8], [0.5, 0.7, 0.8]])  # 2 seeds, 3 points
@@ -196,21 +160,22 @@ def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values
     g = analysis.Group(runs, base)
     # Seed 0 fell 0.2 below the base before recovering; seed 1 diverged: its drop is the base's whole score.
     assert g.worst_drop(g.per_seed(bootstrap.point_weights(["a", "b"]))) == pytest.approx([0.2, 0.5])
-    assert analysis.collapsed(runs[0], base, 0.1) and not analysis.collapsed(runs[0], base, 0.25)
+    assert collapse.collapsed(runs[0], base, 0.1) and not collapse.collapsed(runs[0], base, 0.25)
 
 
 def test_holm_counts_a_confirmatory_row_not_run_yet_as_p_one() -> None:
-    assert len(claims.CONFIRMATORY) == 14
-    ran = [claims.Row(id=i, claim="", paper="", rule="", p=0.004, extra={"lean": "above"}) for i in ("E1", "S2")]
-    not_run = claims.Row(id="A1", claim="", paper="", rule="")
-    claims.decide([*ran, not_run])  # the other eleven confirmatory rows are not even passed: they count as p = 1
+    pre_registered = ("E1", "E3", "N1", "N2", "S1", "S2", "A1", "A2", "A3", "A4", "A5", "A6", "C1", "C2")
+    assert pre_registered == claims.CONFIRMATORY
+    ran = [verdicts.Row(id=i, claim="", paper="", rule="", p=0.004, extra={"lean": "above"}) for i in ("E1", "S2")]
+    not_run = verdicts.Row(id="A1", claim="", paper="", rule="")
+    verdicts.decide([*ran, not_run])  # the other eleven confirmatory rows are not even passed: they count as p = 1
     # The two ran rows share the smallest p: the first is adjusted by 14, the second by 13 and carried up to it.
     assert [r.p_holm for r in ran] == pytest.approx([0.056, 0.056])
     assert [r.verdict for r in ran] == ["unresolved (Holm)", "unresolved (Holm)"]
     assert not_run.verdict == "not run" and not_run.p_holm is None
     # Over the two ran rows alone the same p-values would pass (2 x 0.004): rows not run yet make Holm stricter,
     # never laxer (a row's own new cells can still move its p-value either way).
-    assert claims.holm({"E1": 0.004, "S2": 0.004})["E1"] == pytest.approx(0.008)
+    assert verdicts.holm({"E1": 0.004, "S2": 0.004})["E1"] == pytest.approx(0.008)
 
 
 def _axes(it: int, score: float) -> dict[str, float]:
@@ -219,27 +184,27 @@ def _axes(it: int, score: float) -> dict[str, float]:
 
 def test_fisher_power() -> None:
     # 5 seeds per arm: only 5/5 against 0/5 (p = 0.008) or 4/5 against 0/5 (p = 0.048) pass at 0.05.
-    assert analysis.fisher_power(5, 0.5, 0.0) == pytest.approx((1 + 5) / 32)
-    n = analysis.seeds_for_power(0.5, 0.0)
-    assert n is not None and analysis.fisher_power(n, 0.5, 0.0) >= 0.8 > analysis.fisher_power(n - 1, 0.5, 0.0)
+    assert collapse.fisher_power(5, 0.5, 0.0) == pytest.approx((1 + 5) / 32)
+    n = collapse.seeds_for_power(0.5, 0.0)
+    assert n is not None and collapse.fisher_power(n, 0.5, 0.0) >= 0.8 > collapse.fisher_power(n - 1, 0.5, 0.0)
 
 
 def test_a_replicate_at_the_threshold_counts_on_both_sides_whatever_its_rounding() -> None:
     # Two replicates are 0 in exact arithmetic; one reads 1e-17 above, one 1e-17 below after floating-point sums.
     reps = np.concatenate([np.full(96, 1.0), [1e-17, -1e-17], np.full(2, -1.0)])
-    p, lean = claims.test(reps, 0.0)
+    p, lean = verdicts.test(reps, 0.0)
     assert lean == "above" and p == pytest.approx(2 * (1 + 4) / 101)
 
 
 @pytest.fixture(scope="module")
-def synthetic_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[claims.Row], dict]:
+def synthetic_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[verdicts.Row], dict]:
     records = synthetic.full_grid()
     folder = tmp_path_factory.mktemp("grid")
     for name, r in records.items():
         (folder / f"{name}.json").write_text(json.dumps(r))
     docs = tmp_path_factory.mktemp("docs")
-    plan = [s.name for s in grid.full_plan(records, grid.Sizes(), False)] + ["not-run-cell"]
-    rows = report.write_report(folder, docs, command="python -m benchmarks.compare", planned=plan, code_now="c")
+    planned = [s.name for s in plan.full_plan(records, plan.Sizes(), False)] + ["not-run-cell"]
+    rows = report.write_report(folder, docs, command="python -m benchmarks.compare", planned=planned, code_now="c")
     return docs, rows, records
 
 
@@ -283,7 +248,7 @@ def test_the_report_reads_every_claim_off_the_records(synthetic_report) -> None:
 
 def test_an_unresolved_confirmatory_row_says_how_many_seeds_would_resolve_it() -> None:
     records = synthetic.full_grid(noise=0.3)  # noisy prompts and seeds: small effects stop being resolved
-    rows = {r.id: r for r in claims.claim_rows(analysis.Analysis(records, n_boot=1000))}
+    rows = {r.id: r for r in claim_rows.claim_rows(analysis.Analysis(records, n_boot=1000))}
     a3 = rows["A3"]
     assert a3.verdict.startswith("unresolved") and a3.low < a3.threshold < a3.high
     assert a3.extra["power_goal"] == "reproduce" and a3.extra["seeds_power"] is not None
@@ -353,7 +318,7 @@ def test_each_cell_becomes_one_mlflow_run_under_one_parent(tmp_path: Path) -> No
     ]
     records = {n: full[n] for n in names}
     uri = tracking_uri(tmp_path / "mlflow")
-    row = claims.Row("E1", "faster", "2x", "rule", estimate=0.1, low=0.02, high=0.18, verdict="reproduced")
+    row = verdicts.Row("E1", "faster", "2x", "rule", estimate=0.1, low=0.02, high=0.18, verdict="reproduced")
     mlflow_runs.track(records, uri, grid="full", claims=[row])
     mlflow_runs.track(records, uri, grid="full")  # idempotent: a resumed grid adds only new cells
     client = MlflowClient(uri)
@@ -371,32 +336,6 @@ def test_each_cell_becomes_one_mlflow_run_under_one_parent(tmp_path: Path) -> No
     assert [(m.step, m.value) for m in history] == [(p["iteration"], p["score"]) for p in full[names[1]]["curve"]]
 
 
-def test_paired_gain_pairs_images_and_splits_the_colour_prompts() -> None:
-    prompts = ["a photo of a red triangle", "a photo of a green square", "a photo of two circles", "a sign"]
-    tags = ["colors", "colors", "counting", "ocr"]
-    base = {
-        "prompt": [*prompts, "not evaluated by the run"],
-        "tag": [*tags, "counting"],
-        "geneval": {"strict": [0.25, 0.5, 0.5, None, 0.0]},
-        "ocr": {"mean": [None, None, None, 0.5, None]},
-    }
-    run = {
-        "prompt": prompts,
-        "tag": tags,
-        "geneval": {"strict": [0.0, 1.0, 0.75, None]},
-        "ocr": {"mean": [None, None, None, 0.75]},
-    }
-    row = paired_gain.paired_row(run, base, [("red", "triangle")])
-    # strict is the mean over tags: colors (0 + 1) / 2, counting 0.75; the base's (0.25 + 0.5) / 2 and 0.5
-    assert row["strict"] == pytest.approx((0.5 + 0.75) / 2) and row["base_strict"] == pytest.approx((0.375 + 0.5) / 2)
-    assert row["gain"] == pytest.approx(row["strict"] - row["base_strict"])
-    assert row["per_tag_gain"] == pytest.approx({"colors": 0.125, "counting": 0.25})
-    assert row["held_out_colour_gain"] == pytest.approx(-0.25) and row["seen_colour_gain"] == pytest.approx(0.5)
-    assert row["ocr_gain"] == pytest.approx(0.25)
-    with pytest.raises(ValueError, match="first prompts"):
-        paired_gain.paired_row({**run, "prompt": prompts[::-1]}, base, [])
-
-
 def _without_progress(text: str) -> list[str]:
     """The report's lines less those on how much of the planned grid ran and the machine time (a grid still
     running adds to both between the report's commit and this test)."""
@@ -408,13 +347,13 @@ def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_pat
     committed = ROOT / "docs" / folder
     quick = folder.endswith("-quick")
     records = report.load_records(committed / "cells.jsonl")
-    sizes = grid.QUICK if quick else grid.Sizes()
+    sizes = plan.QUICK if quick else plan.Sizes()
     (tmp_path / "grid.json").write_text((committed / "grid.json").read_text())
     report.write_report(
         committed / "cells.jsonl",
         tmp_path,
         command="python -m benchmarks.compare" + " --quick" * quick,
-        planned=[s.name for s in grid.full_plan(records, sizes, quick)],
+        planned=[s.name for s in plan.full_plan(records, sizes, quick)],
         quick=quick,
         sizes=sizes,
         code_now=provenance.code_hash(),
@@ -422,42 +361,3 @@ def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_pat
     rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
     assert _without_progress(rebuilt) == _without_progress(text)
     assert "Cells whose config is not the one this checkout's plan gives their spec: none." in rebuilt
-
-
-def test_the_committed_speed_repeats_rebuild_the_committed_speed_tables() -> None:
-    from benchmarks import speed
-
-    args = Namespace(repeats=3, embedded_iterations=5, sd35_iterations=2)
-    raw = ROOT / "docs" / "benchmarks" / "speed"
-    assert len(list(raw.glob("*-T*-r*.json"))) == 2 * 3 * 3  # all committed, so `measure` only reads them
-    results = {t: speed.measure(t, raw, args) for t in (10, 20, 40)}
-    tables = speed.table(results, args)
-    committed = (ROOT / "docs" / "benchmarks" / "speed.md").read_text().splitlines()
-    start = committed.index("## Embedded base (8 prompts x 8 samples)")  # the header names this machine's CPU
-    assert tables[tables.index(committed[start]) :] == [*committed[start:], ""]
-    assert speed.spread([3.0, 1.0, 2.0]) == "2.00 (1.00-3.00)"
-
-
-def test_a_speed_measurement_records_the_machine_load_and_is_not_run_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from benchmarks import speed
-
-    calls: list[list[str]] = []
-
-    def fake_run(cmd: list[str], **_: object) -> None:  # the measured process writes its JSON where it is told
-        calls.append(cmd)
-        Path(cmd[-1]).write_text(json.dumps({"results": {}, "args": {}}))
-
-    monkeypatch.setattr(speed.subprocess, "run", fake_run)
-    monkeypatch.setattr(speed, "wait_until_idle", lambda: None)
-    args = Namespace(repeats=2, embedded_iterations=1, sd35_iterations=1)
-    first = speed.measure(10, tmp_path, args)
-    assert len(calls) == 4 and sorted(p.name for p in tmp_path.iterdir()) == [
-        f"{n}-T10-r{k}.json" for n in ("embedded", "sd35_arch") for k in (0, 1)
-    ]
-    assert all(set(x["machine"]) >= {"other_load_cores", "under_load", "process_cpu_s"} for x in first["embedded"])
-    assert speed.measure(10, tmp_path, args) == first and len(calls) == 4
-    note = speed.load_note({10: first})  # all four recorded: no line about measurements that predate recording
-    assert len(note) == 3 and f"of 4 ran above {provenance.LOADED_CORES} cores" in note[2]
-    assert speed.load_note({10: {"embedded": [{"results": {}}]}})[2].startswith("- 1 of 1 measurements predate")

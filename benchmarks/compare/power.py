@@ -1,12 +1,12 @@
 """Seeds per group for 80% power on each claim row, from the variances of the committed grid: the power analysis
 the v3 pre-registration (`docs/benchmarks/v3-preregistration.md`) sizes its seeds by.
 
-    python -m benchmarks.power docs/benchmarks/cells.jsonl [--out docs/benchmarks/v3-power.md]
+    python -m benchmarks.compare.power docs/benchmarks/cells.jsonl [--out docs/benchmarks/v3-power.md]
 
 For each row: its estimate's distance from the threshold (taken as the true effect), the seeds' part of the
 variance at one seed per group (unbiased) and the prompt interaction (which seeds do not lower), both from
-:mod:`benchmarks.studentized`, and the seeds per group at which a two-sided test at 0.05 and at Bonferroni's level
-over the confirmatory rows would pass with probability 0.8, to reproduce or to refute the claim.
+:mod:`~benchmarks.compare.studentized`, and the seeds per group at which a two-sided test at 0.05 and at
+Bonferroni's level over the confirmatory rows would pass with probability 0.8, to reproduce or to refute the claim.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.analysis import Analysis, load_records
-from benchmarks.claims import ALPHA, CONFIRMATORY, Row, claim_rows, fmt_seeds
-from benchmarks.studentized import POWER, seeds_for_power
+from benchmarks.compare.analysis import Analysis, load_records
+from benchmarks.compare.claim_rows import claim_rows
+from benchmarks.compare.claims import CONFIRMATORY
+from benchmarks.compare.studentized import POWER, seeds_for_power
+from benchmarks.compare.verdicts import ALPHA, Row, fmt_seeds
 from vgrpo.atomic import write_text_atomic
 
 
@@ -32,8 +34,8 @@ def power_table(rows: list[Row], source: str) -> list[str]:
     """The power analysis as markdown lines."""
     lines = [
         f"Seeds per group (per cell for the S rows) for {POWER:.0%} power if each estimate were the truth, from "
-        f"`{source}` (`python -m benchmarks.power {source}`). *Seed part*: the variance of the row's statistic at one "
-        "seed per group (unbiased); *interaction*: the prompts' part, which seeds do not lower. Bonferroni: "
+        f"`{source}` (`python -m benchmarks.compare.power {source}`). *Seed part*: the variance of the row's statistic "
+        "at one seed per group (unbiased); *interaction*: the prompts' part, which seeds do not lower. Bonferroni: "
         f"{ALPHA}/{len(CONFIRMATORY)}, which passes Holm however the other rows fall (given for exploratory rows too, "
         "should they become confirmatory).",
         "",

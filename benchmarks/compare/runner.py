@@ -1,5 +1,5 @@
 """V-GRPO against naive ELBO-GRPO, Flow-GRPO, MixGRPO and DiffusionNFT, and the paper's ablations, on the
-embedded base, under the protocol written at the top of the report (:data:`benchmarks.report.PROTOCOL`).
+embedded base, under the protocol written at the top of the report (:data:`benchmarks.compare.report.PROTOCOL`).
 
     python -m benchmarks.compare --quick        # V-GRPO against naive ELBO-GRPO on the GenEval reward
     python -m benchmarks.compare                # the full grid (resumable: run it again to continue)
@@ -23,8 +23,8 @@ against training wall time, gradient steps and transformer evaluations (NFE, cou
 scores of every evaluation point (what the report's bootstrap resamples), its per-iteration time split, peak
 memory and surrogate-CV statistics. A cell whose record exists is skipped, so a killed grid resumes.
 
-This module runs the grid (its plan is :mod:`benchmarks.grid`, one cell :mod:`benchmarks.cell`) and then writes
-the report (:mod:`benchmarks.report`).
+This module runs the grid (its plan is :mod:`~benchmarks.compare.plan`, one cell :mod:`~benchmarks.compare.cell`)
+and then writes the report (:mod:`~benchmarks.compare.report`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from benchmarks.analysis import load_records, write_records
-from benchmarks.cell import expected_key, run_cell
 from benchmarks.common import ROOT
-from benchmarks.grid import (
+from benchmarks.compare.analysis import load_records, write_records
+from benchmarks.compare.cell import expected_key, run_cell
+from benchmarks.compare.plan import (
     PHASES,
     QUICK,
     RunSpec,
@@ -51,8 +51,8 @@ from benchmarks.grid import (
     plan_phase,
     sweep_extensions,
 )
+from benchmarks.compare.report import write_report
 from benchmarks.provenance import code_hash, wait_until_idle
-from benchmarks.report import write_report
 from vgrpo.atomic import write_json_atomic
 
 
@@ -172,7 +172,7 @@ def record_elapsed(out: Path, args: argparse.Namespace, started: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="V-GRPO against naive ELBO-GRPO only (GenEval)")
     parser.add_argument("--out", default=None, help="records folder (default runs/bench/quick or runs/bench/full)")
     parser.add_argument("--workers", type=int, default=1, help="cells trained at once")

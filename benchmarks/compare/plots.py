@@ -7,12 +7,13 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from benchmarks.analysis import AXES, Analysis
 from benchmarks.common import LABELS
+from benchmarks.compare.analysis import AXES, Analysis
 
 
 def plot_curves(analysis: Analysis, axis: str, path: Path, title: str) -> None:
-    """Mean curve and band of every method against ``axis`` (a key of :data:`benchmarks.analysis.AXES`), as PNG."""
+    """Mean curve and band of every method against ``axis`` (a key of :data:`~benchmarks.compare.analysis.AXES`),
+    as PNG."""
     fig = Figure(figsize=(6.5, 4))  # no pyplot: no global figure state and no interactive backend to choose
     ax = fig.subplots()
     point, _ = analysis.weights("geneval")

@@ -14,7 +14,7 @@ import torch
 from diffusers import SD3Transformer2DModel
 
 from benchmarks.common import ROOT
-from benchmarks.grid import REWARDS, RunSpec, Sizes, eval_prompt_file, stage_config
+from benchmarks.compare.plan import REWARDS, RunSpec, Sizes, eval_prompt_file, stage_config
 from benchmarks.provenance import MachineClock, cell_key, code_hash, git_state
 from vgrpo.evaluation.evaluator import Sampling, evaluate
 from vgrpo.models.pipeline import build_adapter, load_pipeline

@@ -1,5 +1,5 @@
-"""benchmarks.studentized and the claim rows' statistics (issue 47): Welch's test with the prompt interaction, an
-interval that keeps its coverage at 3 seeds where the percentile bootstrap does not, the seeds for 80% power by
+"""benchmarks.compare.studentized and the claim rows' statistics (issue 47): Welch's test with the prompt interaction,
+an interval that keeps its coverage at 3 seeds where the percentile bootstrap does not, the seeds for 80% power by
 hand, and the committed E1 row's verdict and p unchanged across random streams."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import ttest_ind
 
-from benchmarks import analysis, bootstrap, claims, studentized
 from benchmarks.common import ROOT
+from benchmarks.compare import analysis, bootstrap, claim_rows, claims, studentized, verdicts
 
 
 def test_without_a_prompt_interaction_the_t_test_is_welchs() -> None:
@@ -86,9 +86,9 @@ def test_at_three_seeds_the_t_interval_covers_where_the_percentile_bootstrap_doe
 
 
 @pytest.fixture(scope="module")
-def committed_rows() -> tuple[dict, list[claims.Row]]:
+def committed_rows() -> tuple[dict, list[verdicts.Row]]:
     records = analysis.load_records(ROOT / "docs" / "benchmarks" / "cells.jsonl")
-    return records, claims.claim_rows(analysis.Analysis(records))
+    return records, claim_rows.claim_rows(analysis.Analysis(records))
 
 
 def test_e1s_verdict_and_p_do_not_move_with_the_random_stream(committed_rows) -> None:
@@ -100,10 +100,10 @@ def test_e1s_verdict_and_p_do_not_move_with_the_random_stream(committed_rows) ->
     for stream in (0, 1, 2):
         again = [dataclasses.replace(r, extra=dict(r.extra)) for r in rows]
         if stream:
-            claims.refine(again, analysis.Analysis(records, stream=stream), ids={"E1"})
+            verdicts.refine(again, analysis.Analysis(records, stream=stream), ids={"E1"})
         e1 = next(r for r in again if r.id == "E1")
-        assert e1.n_boot == claims.REFINED and e1.t is not None
-        readings.append((claims.fmt_p(e1.p), claims.fmt_p(e1.p_holm), e1.verdict, e1.p_boot, e1.t.p))
+        assert e1.n_boot == verdicts.REFINED and e1.t is not None
+        readings.append((verdicts.fmt_p(e1.p), verdicts.fmt_p(e1.p_holm), e1.verdict, e1.p_boot, e1.t.p))
     assert len({r[:3] for r in readings}) == 1, readings
     assert readings[0][:3] == ("0.005", "0.058", "unresolved (Holm)")
     boot = [r[3] for r in readings]
@@ -115,7 +115,7 @@ def test_the_stress_rows_read_wider_and_say_what_their_seeds_would_do(committed_
     _, rows = committed_rows
     by_id = {r.id: r for r in rows}
     s2 = by_id["S2"]
-    assert s2.t is not None and s2.n_boot == claims.REFINED
+    assert s2.t is not None and s2.n_boot == verdicts.REFINED
     # Welch over 3 seeds per cell: the t interval is wider than the 3-seed percentile one and includes 0.
     assert s2.t.low < 0 < s2.boot_low and s2.low == s2.t.low and s2.t.p == pytest.approx(0.141, abs=0.001)
     assert s2.verdict == "unresolved" and s2.extra["power_goal"] == "reproduce"
@@ -129,7 +129,7 @@ def test_the_stress_rows_read_wider_and_say_what_their_seeds_would_do(committed_
 
 
 def test_the_power_command_reads_the_seeds_off_the_committed_rows(committed_rows) -> None:
-    from benchmarks import power
+    from benchmarks.compare import power
 
     _, rows = committed_rows
     lines = {line.split(" | ")[0]: line for line in power.power_table(rows, "cells.jsonl") if line.startswith("| ")}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from benchmarks.claims import Row
+    from benchmarks.compare.verdicts import Row
 
 
 def track(records: dict[str, dict[str, Any]], tracking_uri: str, *, grid: str, claims: Sequence[Row] = ()) -> None:

@@ -5,7 +5,7 @@ Every evaluation point of every cell scores the same prompts with the same sampl
 array ``(P,)`` lines up across cells. A replicate draws prompts with replacement within each tag (GenEval's
 overall score is the mean of its per-tag means, Ghosh et al. 2023) -- the same draw for every method, which pairs
 the comparison on prompts -- and, for each group of seeds, its seeds with replacement
-(:class:`benchmarks.analysis.Analysis`). Because the stratified mean is linear in the scores, a replicate of
+(:class:`benchmarks.compare.analysis.Analysis`). Because the stratified mean is linear in the scores, a replicate of
 prompts is a weight vector, and a seed's replicate curve is a weighted sum.
 Intervals are percentile intervals (Efron & Tibshirani 1993).
 """

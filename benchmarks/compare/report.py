@@ -1,11 +1,11 @@
 """Turn the cells of :mod:`benchmarks.compare` into the benchmark report (markdown, PNG plots) and MLflow runs.
 
-    python -m benchmarks.report runs/bench/full docs/benchmarks [--tracking-uri sqlite:////abs/mlflow.db]
-    python -m benchmarks.report docs/benchmarks/cells.jsonl docs/benchmarks   # again, from the committed records
+    python -m benchmarks.compare.report runs/bench/full docs/benchmarks [--tracking-uri sqlite:////abs/mlflow.db]
+    python -m benchmarks.compare.report docs/benchmarks/cells.jsonl docs/benchmarks  # again, from the records
 
-Every number in the report is computed from the cell records (:mod:`benchmarks.analysis` and
-:mod:`benchmarks.bootstrap` for the intervals, :mod:`benchmarks.claims` for the verdicts); nothing is typed in by
-hand. The protocol below is printed at the top of the report with the sizes the cells ran at.
+Every number in the report is computed from the cell records (:mod:`~benchmarks.compare.analysis` and
+:mod:`~benchmarks.compare.bootstrap` for the intervals, :mod:`~benchmarks.compare.claims` for the verdicts); nothing
+is typed in by hand. The protocol below is printed at the top of the report with the sizes the cells ran at.
 """
 
 from __future__ import annotations
@@ -18,10 +18,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from benchmarks.analysis import AXES, COLLAPSE_DROP, N_BOOT, SPIKE_FACTOR, Analysis, load_records, write_records
-from benchmarks.claims import CONVERGED_GAIN, MARGIN, NEAR, REFINED, Row, claim_rows, claims_table
 from benchmarks.common import METHODS
-from benchmarks.grid import (
+from benchmarks.compare.analysis import AXES, N_BOOT, Analysis, load_records, write_records
+from benchmarks.compare.claim_rows import claim_rows
+from benchmarks.compare.claims import CONVERGED_GAIN, MARGIN
+from benchmarks.compare.collapse import COLLAPSE_DROP, SPIKE_FACTOR
+from benchmarks.compare.method_tables import PLATEAU, cost_ratios, methods_table, time_to_reward
+from benchmarks.compare.mlflow_runs import track
+from benchmarks.compare.phase_tables import (
+    ablation_table,
+    preference_table,
+    provenance_table,
+    quick_table,
+    stability_table,
+    sweep_table,
+)
+from benchmarks.compare.plan import (
     PHASES,
     QUICK,
     SWEEP_BOUNDS,
@@ -32,21 +44,9 @@ from benchmarks.grid import (
     plan_phase,
     stage_config,
 )
-from benchmarks.mlflow_runs import track
-from benchmarks.plots import plot_curves
+from benchmarks.compare.plots import plot_curves
+from benchmarks.compare.verdicts import NEAR, REFINED, Row, claims_table
 from benchmarks.provenance import LOADED_CORES, code_hash
-from benchmarks.tables import (
-    PLATEAU,
-    ablation_table,
-    cost_ratios,
-    methods_table,
-    preference_table,
-    provenance_table,
-    quick_table,
-    stability_table,
-    sweep_table,
-    time_to_reward,
-)
 from vgrpo.atomic import write_text_atomic
 
 PROTOCOL = """\
@@ -73,8 +73,8 @@ PROTOCOL = """\
   factor {near:g} of 0.05): prompts resampled within each tag (the same draw for every group of a reward) and each
   group's seeds resampled, so every interval carries the seed spread. A claim row's interval is the hull of that
   and a t interval over seeds (Welch, unbiased variances, the prompts' interaction with the difference added:
-  `benchmarks/studentized.py`), since at 3-9 seeds the percentile bootstrap is too narrow.
-- **Rules, fixed before the grid ran** (`benchmarks/claims.py`, `benchmarks/analysis.py`). Non-inferiority margin
+  `benchmarks/compare/studentized.py`), since at 3-9 seeds the percentile bootstrap is too narrow.
+- **Rules, fixed before the grid ran** (`benchmarks/compare/`: `claims.py`, `analysis.py`). Non-inferiority margin
   {margin_g} GenEval strict ({margin_p} world PickScore); *fails to converge*: a final gain over the base of at most
   {converged}; *adds little*: less than the margin; *collapse*: a divergence, or a drop below the base of more than
   {drop_g} GenEval strict ({drop_p} world PickScore) at any evaluation point; *spike*: an iteration's gradient norm
@@ -154,7 +154,7 @@ def write_report(
     lines = [
         "# Benchmarks: V-GRPO and the baselines on the embedded default",
         "",
-        f"Produced by `{command}`; the report alone, from the committed records: `python -m benchmarks.report "
+        f"Produced by `{command}`; the report alone, from the committed records: `python -m benchmarks.compare.report "
         f"{folder}/cells.jsonl {folder}{' --quick' if quick else ''}`. Machine: 2 CPU cores, no GPU.",
         "",
     ]

@@ -1,0 +1,155 @@
+"""FLOPs: what one training iteration computes, counted per phase (rollout, reward, prepare, update) with
+:class:`torch.utils.flop_counter.FlopCounterMode`, and what the machine can, its square ``torch.mm`` ceiling. The
+CPU's fused attention kernel, which the counter does not know, is counted with the same formula as the GPU's
+(:func:`register_cpu_attention_flops`). :mod:`benchmarks.roofline` puts the two together."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+
+from vgrpo.training.iteration import IterationRecord, gather_rewards, rollout_batch, update_policy
+
+CPU_SIZES = (2048, 4096)
+GPU_SIZES = (8192,)
+
+_registered = False
+
+
+def register_cpu_attention_flops() -> None:
+    """Count ``aten._scaled_dot_product_flash_attention_for_cpu`` (and its backward) as the counter counts the CUDA
+    flash kernel: ``4 b h s_q s_k d`` forward, 2.5 times that backward. Idempotent."""
+    global _registered
+    if _registered:
+        return
+    aten = torch.ops.aten
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+    def _cpu_flash(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+        return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+    def _cpu_flash_backward(
+        grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any
+    ) -> int:
+        return int(sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
+
+    _registered = True
+
+
+def count_flops(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()``'s result and the FLOPs of the tensor operations it ran (matmuls, convolutions, attention)."""
+    register_cpu_attention_flops()
+    with FlopCounterMode(display=False) as counter:
+        result = fn()
+    return result, int(counter.get_total_flops())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_ceiling(device: str | torch.device, dtype: torch.dtype, sizes: Sequence[int], repeats: int = 3) -> float:
+    """The best rate in GFLOP/s of ``torch.mm`` on square ``n x n`` random matrices over ``sizes`` (each timed
+    ``repeats`` times after a warm-up; the best time per size), in the current thread setting."""
+    device = torch.device(device)
+    best = 0.0
+    g = torch.Generator(device=device).manual_seed(0)
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+        b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+        torch.mm(a, b)
+        _sync(device)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        best = max(best, 2 * n**3 / min(times) / 1e9)
+        del a, b
+    return best
+
+
+def ceilings(device: str | torch.device) -> dict[str, float]:
+    """fp32 and bf16 matmul ceilings (GFLOP/s) of ``device``; on CUDA fp32 without TF32 (what fp32 runs get)."""
+    device = torch.device(device)
+    sizes = GPU_SIZES if device.type == "cuda" else CPU_SIZES
+    repeats = 10 if device.type == "cuda" else 5
+    return {
+        "fp32": matmul_ceiling(device, torch.float32, sizes, repeats),
+        "bf16": matmul_ceiling(device, torch.bfloat16, sizes, repeats),
+    }
+
+
+@contextmanager
+def _counting_prepare(algorithm: Any, into: dict[str, int]) -> Iterator[None]:
+    """Count the FLOPs of ``algorithm.prepare`` apart from the rest of the update (an instance attribute shadows the
+    method for the duration)."""
+    prepare = algorithm.prepare
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        result, into["prepare"] = count_flops(lambda: prepare(*args, **kwargs))
+        return result
+
+    algorithm.prepare = counted
+    try:
+        yield
+    finally:
+        del algorithm.prepare
+
+
+def counted_iteration(
+    *,
+    policy: torch.nn.Module,
+    algorithm: Any,
+    optimizer: torch.optim.Optimizer,
+    reward_fn: Callable[[torch.Tensor, Sequence[str]], Mapping[str, torch.Tensor]],
+    prompts: Sequence[str],
+    cond: Any,
+    config: Any,
+    latent_shape: tuple[int, ...],
+    generator: torch.Generator,
+    iteration: int,
+) -> tuple[IterationRecord, dict[str, int]]:
+    """One iteration as :func:`vgrpo.training.iteration.train_iteration` runs it (the same three phases, the same
+    generator draws), with the FLOPs of each of the four phases counted."""
+    flops: dict[str, int] = {}
+    batch, flops["rollout"] = count_flops(
+        lambda: rollout_batch(
+            policy=policy,
+            algorithm=algorithm,
+            prompts=prompts,
+            cond=cond,
+            minibatches=config.optim.minibatches,
+            latent_shape=latent_shape,
+            generator=generator,
+            iteration=iteration,
+        )
+    )
+    t0 = time.perf_counter()
+    scores, flops["reward"] = count_flops(lambda: reward_fn(batch.rollout.samples, batch.sample_prompts))
+    rewards = gather_rewards(batch, scores, algorithm.dist)
+    reward_seconds = time.perf_counter() - t0
+    with _counting_prepare(algorithm, flops):
+        record, update_and_prepare = count_flops(
+            lambda: update_policy(
+                policy=policy,
+                algorithm=algorithm,
+                optimizer=optimizer,
+                batch=batch,
+                rewards=rewards,
+                advantage=config.advantage,
+                optim=config.optim,
+                reward_weights=config.advantage.weights,
+                reward_seconds=reward_seconds,
+            )
+        )
+    flops["update"] = update_and_prepare - flops.get("prepare", 0)  # the outer counter sees prepare's FLOPs too
+    return record, flops
