@@ -236,3 +236,35 @@ def test_exported_lora_in_a_plain_kontext_pipeline_samples_what_the_project_samp
     untrained = _pipeline_latents(base, kontext_dir, noise, 4)
     assert (theirs - ours).abs().max() <= LATENT_TOLERANCE  # alpha / rank travelled in the file's metadata
     assert (untrained - ours).abs().max() > 1e-3  # the trained adapter changes the samples
+
+
+def test_guided_sampling_carries_the_condition_image_into_both_halves_as_the_pipelines_true_cfg(
+    kontext_dir: Path,
+) -> None:
+    from vgrpo.flow import timestep_grid
+    from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample
+
+    pipe = load_pipeline(kontext_dir / "pipeline")
+    adapter, policy = build_adapter(pipe, resolution=16)
+    noise = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(2))
+    packed = pipe(
+        image=[load_condition_image(kontext_dir / f"source{i}.png") for i in range(2)],
+        prompt=list(PROMPTS),
+        negative_prompt=["", ""],
+        true_cfg_scale=3.0,
+        height=16,
+        width=16,
+        max_area=16 * 16,
+        _auto_resize=False,
+        num_inference_steps=3,
+        guidance_scale=KONTEXT_GUIDANCE,
+        latents=pack_latents(noise),
+        output_type="latent",
+        max_sequence_length=16,
+    ).images
+    guided = ClassifierFreeGuidance(policy, adapter.encode_prompts([""]), 3.0)
+    with torch.no_grad():
+        ours = euler_ode_sample(
+            guided, noise, adapter.encode_rows(_rows(kontext_dir)), timestep_grid(3, shift=adapter.scheduler_shift)
+        )
+    assert (ours - unpack_latents(packed, 8, 8)).abs().max() <= LATENT_TOLERANCE

@@ -25,8 +25,10 @@ Guidance: :data:`KONTEXT_GUIDANCE` = 2.5, the FLUX.1-Kontext-dev model card's an
 (``FluxKontextPipeline.__call__``'s own default is FLUX.1's 3.5); an exported LoRA samples the project's images in a
 plain pipeline called with ``guidance_scale=2.5``.
 
-Prompt rows name their condition image under :data:`CONDITION_IMAGE_KEY` (``image``, Flow-GRPO's key), a path;
-:meth:`FluxKontextAdapter.encode_rows` encodes a batch of rows.
+Prompt rows name their condition image under :data:`vgrpo.prompts.CONDITION_IMAGE_KEY` (``image``, Flow-GRPO's key),
+a path relative to the prompt file (:func:`vgrpo.prompts.load_prompts` makes it absolute); the stage's rollouts and
+evaluations encode rows with :meth:`FluxKontextAdapter.encode_rows`, and the rewards receive the same rows
+(:class:`vgrpo.rewards.source.SourceSimilarityReward` compares each sample with its source image).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from torch import Tensor, nn
 from vgrpo.models.flux import FluxAdapter, FluxVelocity, latent_image_ids, pack_latents, text_ids, unpack_latents
 from vgrpo.models.prompt_cache import PromptEmbeddingCache
 from vgrpo.policy import Conditioning
+from vgrpo.prompts import CONDITION_IMAGE_KEY
 
 __all__ = [
     "CONDITION_IMAGE_KEY",
@@ -54,9 +57,6 @@ __all__ = [
 
 KONTEXT_GUIDANCE = 2.5
 """FLUX.1-Kontext-dev's distilled guidance for rollouts and sampling (module docstring)."""
-
-CONDITION_IMAGE_KEY = "image"
-"""The prompt-row key naming the condition (source) image (Flow-GRPO's editing datasets use it too)."""
 
 
 def condition_image_ids(height: int, width: int, *, device: torch.device | None = None, dtype: torch.dtype) -> Tensor:
