@@ -268,3 +268,23 @@ def test_guided_sampling_carries_the_condition_image_into_both_halves_as_the_pip
             guided, noise, adapter.encode_rows(_rows(kontext_dir)), timestep_grid(3, shift=adapter.scheduler_shift)
         )
     assert (ours - unpack_latents(packed, 8, 8)).abs().max() <= LATENT_TOLERANCE
+
+
+def test_the_kontext_recipe_loads_as_a_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgrpo.config import StageConfig, load_config
+
+    monkeypatch.setenv("VGRPO_MODELS", "/models")
+    root = Path(__file__).parents[2] / "params"
+    stage = {"name": "kontext-edit", "prompts": "edits/train.jsonl", "iterations": 1}
+    stage["rewards"] = [{"name": "source_similarity"}]
+    config = load_config([root / "base.yaml", root / "models/flux-kontext.yaml"], stage, schema=StageConfig)
+    assert str(config.pipeline) == "/models/FLUX.1-Kontext-dev"
+    rollout, lora = config.rollout, config.lora
+    assert (rollout.resolution, rollout.num_steps, rollout.shift, rollout.dynamic_shift) == (512, 6, None, True)
+    assert (rollout.prompts_per_iteration, rollout.group_size, config.optim.lr) == (48, 21, 3e-4)
+    assert lora is not None and (lora.rank, lora.alpha) == (64, 128)
+    assert set(FAMILIES["flux-kontext"].lora_targets) <= set(lora.target_modules)
+    assert (config.evaluation.num_steps, config.evaluation.shift) == (28, "dynamic")
+    # Every target names modules of the transformer (the tiny one has FLUX.1's structure).
+    names = [n for n, _ in tiny_flux_kontext_pipeline(seed=0).transformer.named_modules()]
+    assert all(any(n.endswith(t) for n in names) for t in lora.target_modules)
