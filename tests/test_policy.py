@@ -16,6 +16,19 @@ def test_conditioning_index_and_repeat():
         Conditioning(prompt_embeds=torch.zeros(3, 1, 1), pooled_prompt_embeds=torch.zeros(2, 1))
 
 
+def test_conditioning_carries_an_editing_familys_condition_image_latents_through_every_row_operation():
+    image = torch.arange(3.0).reshape(3, 1, 1, 1).expand(3, 2, 4, 4)
+    cond = Conditioning(prompt_embeds=torch.zeros(3, 1, 1), image_latents=image)
+    rep = cond.repeat_interleave(2)
+    assert rep.image_latents is not None and rep.image_latents[:, 0, 0, 0].tolist() == [0, 0, 1, 1, 2, 2]
+    sub = rep.index(torch.tensor([5, 0])).to("cpu", torch.float64)
+    assert sub.image_latents is not None and sub.image_latents.dtype == torch.float64
+    assert sub.image_latents[:, 0, 0, 0].tolist() == [2, 0]
+    assert tiny_conditioning(2).image_latents is None  # text-to-image families carry none
+    with pytest.raises(ValueError, match=r"image_latents must be \(B, C, h, w\) with B = 3"):
+        Conditioning(prompt_embeds=torch.zeros(3, 1, 1), image_latents=torch.zeros(2, 2, 4, 4))
+
+
 def test_parameter_snapshot_swaps_and_restores_and_ema():
     layer = torch.nn.Linear(2, 2)
     snap = ParameterSnapshot(list(layer.parameters()))

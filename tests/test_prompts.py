@@ -40,3 +40,26 @@ def test_bad_prompt_files_are_named(tmp_path: Path) -> None:
     big.write_text("a photo\n" * 100)
     with pytest.raises(PromptFileError, match="over the 64-byte limit"):
         load_prompts(big, max_bytes=64)
+
+
+def test_a_rows_condition_image_is_resolved_against_the_prompt_file_and_must_exist(tmp_path):
+    from vgrpo.prompts import CONDITION_IMAGE_KEY
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.png").write_bytes(b"png")
+    absolute = tmp_path / "images" / "a.png"
+    path = tmp_path / "edits.jsonl"
+    path.write_text(
+        '{"prompt": "make it red", "image": "images/a.png"}\n'
+        f'{{"prompt": "make it blue", "image": "{absolute}"}}\n'
+        '{"prompt": "no source"}\n'
+    )
+    rows = load_prompts(path)
+    assert CONDITION_IMAGE_KEY == "image"
+    assert [r.get("image") for r in rows] == [str(absolute), str(absolute), None]
+    path.write_text('{"prompt": "x", "image": "images/missing.png"}\n')
+    with pytest.raises(PromptFileError, match=r"edits.jsonl:1: condition image 'images/missing.png' not found"):
+        load_prompts(path)
+    path.write_text('{"prompt": "x", "image": 3}\n')
+    with pytest.raises(PromptFileError, match=r"edits.jsonl:1: 'image' must be a non-empty path string"):
+        load_prompts(path)

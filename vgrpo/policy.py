@@ -28,24 +28,32 @@ __all__ = ["Conditioning", "ParameterSnapshot", "VelocityModel", "trainable_para
 
 @dataclass(frozen=True)
 class Conditioning:
-    """Text conditioning for a batch, every tensor batch-first.
+    """A batch's conditioning: its text, and for editing families the condition image; every tensor batch-first.
 
     Attributes:
         prompt_embeds: ``(B, L, D)`` token embeddings (SD3: CLIP-L/G + T5 joint sequence).
         pooled_prompt_embeds: ``(B, P)`` pooled embeddings, or ``None`` for models without them.
         prompt_mask: ``(B, L)`` bool, True on each prompt's own tokens, for models whose prompts have their own
             lengths (Z-Image: the rows are padded to the batch's longest); ``None`` = every token counts.
+        image_latents: ``(B, C, h, w)`` normalised VAE latents of each row's condition (source) image, for editing
+            families (FLUX.1-Kontext, :mod:`vgrpo.models.flux_kontext`: every forward of the velocity model sees
+            them, so the rollout, the surrogate's and the ELBO's evaluations all do); ``None`` = text only.
     """
 
     prompt_embeds: Tensor
     pooled_prompt_embeds: Tensor | None = None
     prompt_mask: Tensor | None = None
+    image_latents: Tensor | None = None
 
     def __post_init__(self) -> None:
-        pooled, mask = self.pooled_prompt_embeds, self.prompt_mask
+        pooled, mask, image = self.pooled_prompt_embeds, self.prompt_mask, self.image_latents
         if pooled is not None and pooled.shape[0] != self.prompt_embeds.shape[0]:
             raise ValueError(
                 f"pooled_prompt_embeds has batch {pooled.shape[0]}, prompt_embeds {self.prompt_embeds.shape[0]}"
+            )
+        if image is not None and (image.ndim != 4 or image.shape[0] != self.prompt_embeds.shape[0]):
+            raise ValueError(
+                f"image_latents must be (B, C, h, w) with B = {self.prompt_embeds.shape[0]}, got {tuple(image.shape)}"
             )
         if mask is not None and (mask.dtype != torch.bool or mask.shape != self.prompt_embeds.shape[:2]):
             raise ValueError(
@@ -57,11 +65,12 @@ class Conditioning:
         return int(self.prompt_embeds.shape[0])
 
     def _map(self, fn: Callable[[Tensor], Tensor], mask_fn: Callable[[Tensor], Tensor] | None = None) -> Conditioning:
-        pooled, mask = self.pooled_prompt_embeds, self.prompt_mask
+        pooled, mask, image = self.pooled_prompt_embeds, self.prompt_mask, self.image_latents
         return Conditioning(
             prompt_embeds=fn(self.prompt_embeds),
             pooled_prompt_embeds=None if pooled is None else fn(pooled),
             prompt_mask=None if mask is None else (mask_fn or fn)(mask),
+            image_latents=None if image is None else fn(image),
         )
 
     def index(self, idx: Tensor) -> Conditioning:

@@ -95,8 +95,12 @@ class ClassifierFreeGuidance(torch.nn.Module):
         pooled = None
         if cond.pooled_prompt_embeds is not None and uncond.pooled_prompt_embeds is not None:
             pooled = torch.cat([uncond.pooled_prompt_embeds, cond.pooled_prompt_embeds])
+        # An editing family's condition image enters both halves (FluxKontextPipeline's true CFG does the same).
+        image = None if cond.image_latents is None else torch.cat([cond.image_latents, cond.image_latents])
         both = Conditioning(
-            prompt_embeds=torch.cat([uncond.prompt_embeds, cond.prompt_embeds]), pooled_prompt_embeds=pooled
+            prompt_embeds=torch.cat([uncond.prompt_embeds, cond.prompt_embeds]),
+            pooled_prompt_embeds=pooled,
+            image_latents=image,
         )
         v_uncond, v_cond = self.velocity(torch.cat([latents, latents]), torch.cat([t, t]), both).chunk(2)
         return v_uncond + self.scale * (v_cond - v_uncond)

@@ -212,9 +212,9 @@ def test_loader_dispatches_on_class_and_names_the_missing_piece(saved_flux: Path
     with pytest.raises(PipelineError, match=r"expected StableDiffusion3Pipeline$"):
         load_sd3_pipeline(saved_flux)  # the SD3-only loader still refuses FLUX
     index = json.loads((broken / "model_index.json").read_text())
-    index["_class_name"] = "FluxKontextPipeline"
+    index["_class_name"] = "QwenImageEditPipeline"
     (broken / "model_index.json").write_text(json.dumps(index))
-    with pytest.raises(PipelineError, match=r"model_index\.json: _class_name is 'FluxKontextPipeline', expected Stab"):
+    with pytest.raises(PipelineError, match=r"model_index\.json: _class_name is 'QwenImageEditPipeline', expected St"):
         load_pipeline(broken)
     index |= {"_class_name": "FluxPipeline", "vae": [None, None]}
     (broken / "model_index.json").write_text(json.dumps(index))

@@ -21,16 +21,21 @@ from vgrpo.models.registry import (
 
 
 def test_the_registry_holds_the_families_by_name_and_refuses_an_unknown_one_listing_them() -> None:
-    assert sorted(FAMILIES) == ["flux", "flux2", "qwen-image", "sd3", "z-image"]
+    assert sorted(FAMILIES) == ["flux", "flux-kontext", "flux2", "qwen-image", "sd3", "z-image"]
     assert family("sd3").pipeline_class == "StableDiffusion3Pipeline"
     assert family_for_pipeline("FluxPipeline") is FAMILIES["flux"]
     assert family_for_transformer("ZImageTransformer2DModel") is FAMILIES["z-image"]
+    # FLUX.1-Kontext shares FLUX.1's transformer class: the pipeline class tells them apart; the transformer's: FLUX.1.
+    assert family_for_pipeline("FluxKontextPipeline") is FAMILIES["flux-kontext"]
+    assert family_for_transformer("FluxTransformer2DModel") is FAMILIES["flux"]
     with pytest.raises(
-        UnknownFamilyError, match=r"no model family for name 'wan'; known: flux, flux2, qwen-image, sd3, "
+        UnknownFamilyError, match=r"no model family for name 'wan'; known: flux, flux-kontext, flux2, qwen-image, "
     ):
         family("wan")
-    with pytest.raises(UnknownFamilyError, match=r"pipeline class 'FluxKontextPipeline'; known: StableDiffusion3Pipe"):
-        family_for_pipeline("FluxKontextPipeline")
+    with pytest.raises(
+        UnknownFamilyError, match=r"pipeline class 'QwenImageEditPipeline'; known: StableDiffusion3Pipe"
+    ):
+        family_for_pipeline("QwenImageEditPipeline")
     with pytest.raises(UnknownFamilyError, match=r"transformer class 'WanTransformer3DModel'; known: SD3Transf"):
         family_for_transformer("WanTransformer3DModel")
 
@@ -75,6 +80,7 @@ def test_sd3_and_flux_lora_targets_are_the_config_default() -> None:
         ("sd3", {"patch_size": 2, "sample_size": 128, "pos_embed_max_size": 384}, [1, 2, 3, 4], (8, 2, 1024, 6144)),
         ("sd3", {"patch_size": 2, "sample_size": 64}, [1, 2, 3, 4], (8, 2, 512, None)),
         ("flux", {"patch_size": 1}, [1, 2, 3, 4], (8, 2, 1024, None)),
+        ("flux-kontext", {"patch_size": 1}, [1, 2, 3, 4], (8, 2, 1024, None)),
         ("z-image", {"all_patch_size": [2]}, [1, 2, 3, 4], (8, 2, 1024, None)),
         ("qwen-image", {"patch_size": 2}, None, (8, 2, 1024, None)),
         ("flux2", {"patch_size": 1}, [1, 2, 3, 4], (8, 2, 1024, None)),

@@ -88,6 +88,7 @@ def generate(
     micro_batch: int = 64,
     score: Callable[[np.ndarray, list[int]], Future[Any]] | None = None,
     progress: bool = False,
+    condition: Callable[[list[int]], Conditioning] | None = None,
 ) -> tuple[np.ndarray, list[Any]]:
     """Images for ``prompts`` (``uint8 (N, H, W, 3)``), sample ``i`` from :func:`sample_noise` ``(sampling.seed, i)``.
 
@@ -100,6 +101,9 @@ def generate(
         score: called with each decoded chunk and its sample indices as soon as it exists (e.g.
             :meth:`vgrpo.rewards.multi.MultiReward.submit`), so rewards overlap the next chunk's sampling.
         progress: show a tqdm bar over the samples.
+        condition: sample indices -> their conditioning, in place of ``encode`` of their prompts (:func:`evaluate`
+            passes the adapter's ``encode_rows`` of their rows: an editing family's rows name condition images);
+            guidance's empty prompt is still ``encode([""])``.
 
     Returns:
         The images and the futures ``score`` returned, in chunk order.
@@ -118,7 +122,7 @@ def generate(
     bar = tqdm(total=len(prompts), desc="sampling", unit="img", disable=not progress)
     for start in range(0, len(prompts), micro_batch):
         idx = list(range(start, min(start + micro_batch, len(prompts))))
-        cond = encode([prompts[i] for i in idx])
+        cond = encode([prompts[i] for i in idx]) if condition is None else condition(idx)
         # drawn on the CPU (the same noise on every device), sampled where the conditioning is: the model's device
         noise = sample_noise(sampling.seed, idx, latent_shape).to(cond.prompt_embeds.device)
         if base_model is not None and p_mix is not None:
@@ -175,6 +179,7 @@ def evaluate(
         micro_batch=micro_batch,
         score=score if overlap else None,
         progress=progress,
+        condition=lambda idx: adapter.encode_rows([expanded[i] for i in idx]),
     )
     t1 = time.perf_counter()
     scored = MultiRewardOutput.concatenate([f.result() for f in futures]) if overlap else rewards(images, prompts, meta)

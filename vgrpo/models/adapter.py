@@ -12,7 +12,7 @@ import copy
 import gc
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -192,6 +192,11 @@ class PipelineAdapter(ABC):
         # Rows are held here until the batch is built: the cache may evict a prompt of this very batch.
         rows = {p: self._encode_cached(p) for p in sorted(set(prompts))}
         return self._batch([rows[p] for p in prompts]).to(self.device)
+
+    def encode_rows(self, rows: Sequence[Mapping[str, Any]]) -> Conditioning:
+        """Conditioning for prompt rows (one per sample): :meth:`encode_prompts` of their ``prompt`` s; an editing
+        family (:class:`vgrpo.models.flux_kontext.FluxKontextAdapter`) adds the condition images the rows name."""
+        return self.encode_prompts([str(r["prompt"]) for r in rows])
 
     def _batch(self, rows: Sequence[tuple[Tensor, ...]]) -> Conditioning:
         """One batch's conditioning from its prompts' cached ``_encode_prompt`` rows: token embeddings and pooled

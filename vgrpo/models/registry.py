@@ -194,6 +194,16 @@ FAMILIES: dict[str, ModelFamily] = {
             geometry=_flux_geometry,
         ),
         ModelFamily(
+            name="flux-kontext",
+            pipeline_class="FluxKontextPipeline",
+            transformer_class="FluxTransformer2DModel",  # FLUX.1's: family_for_transformer finds "flux" first
+            components=_TWO_TEXT_ENCODERS,
+            adapter="vgrpo.models.flux_kontext:FluxKontextAdapter",
+            velocity="vgrpo.models.flux_kontext:FluxKontextVelocity",
+            lora_targets=_SD3_FLUX_ATTENTION,
+            geometry=_flux_geometry,  # FluxKontextPipeline.default_sample_size is FLUX.1's
+        ),
+        ModelFamily(
             name="z-image",
             pipeline_class="ZImagePipeline",
             transformer_class="ZImageTransformer2DModel",

@@ -49,6 +49,7 @@ REWARDS: dict[str, str] = {
     "aesthetic": "vgrpo.rewards.preference:AestheticScore",
     "imagereward": "vgrpo.rewards.image_reward:ImageReward",
     "unifiedreward": "vgrpo.rewards.vlm:UnifiedReward",
+    "source_similarity": "vgrpo.rewards.source:SourceSimilarityReward",
 }
 
 

@@ -198,7 +198,7 @@ def rollout(stage: StagePolicy, config: StageConfig, rows: Sequence[Metadata], i
         policy=stage.policy,
         algorithm=stage.algorithm,
         prompts=prompts,
-        cond=stage.adapter.encode_prompts(prompts),
+        cond=stage.adapter.encode_rows(drawn),  # the rows: an editing family's name its condition images
         minibatches=config.optim.minibatches,
         latent_shape=stage.adapter.latent_shape,
         generator=iteration_generator(config.seed, iteration),
