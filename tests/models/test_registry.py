@@ -21,23 +21,24 @@ from vgrpo.models.registry import (
 
 
 def test_the_registry_holds_the_families_by_name_and_refuses_an_unknown_one_listing_them() -> None:
-    assert sorted(FAMILIES) == ["flux", "flux-kontext", "flux2", "qwen-image", "sd3", "z-image"]
+    assert sorted(FAMILIES) == ["flux", "flux-kontext", "flux2", "qwen-image", "sd3", "wan", "z-image"]
     assert family("sd3").pipeline_class == "StableDiffusion3Pipeline"
     assert family_for_pipeline("FluxPipeline") is FAMILIES["flux"]
     assert family_for_transformer("ZImageTransformer2DModel") is FAMILIES["z-image"]
     # FLUX.1-Kontext shares FLUX.1's transformer class: the pipeline class tells them apart; the transformer's: FLUX.1.
     assert family_for_pipeline("FluxKontextPipeline") is FAMILIES["flux-kontext"]
     assert family_for_transformer("FluxTransformer2DModel") is FAMILIES["flux"]
+    assert family_for_pipeline("WanPipeline") is family_for_transformer("WanTransformer3DModel") is FAMILIES["wan"]
     with pytest.raises(
-        UnknownFamilyError, match=r"no model family for name 'wan'; known: flux, flux-kontext, flux2, qwen-image, "
+        UnknownFamilyError, match=r"no model family for name 'hunyuan'; known: flux, flux-kontext, flux2, qwen-image, "
     ):
-        family("wan")
+        family("hunyuan")
     with pytest.raises(
         UnknownFamilyError, match=r"pipeline class 'QwenImageEditPipeline'; known: StableDiffusion3Pipe"
     ):
         family_for_pipeline("QwenImageEditPipeline")
-    with pytest.raises(UnknownFamilyError, match=r"transformer class 'WanTransformer3DModel'; known: SD3Transf"):
-        family_for_transformer("WanTransformer3DModel")
+    with pytest.raises(UnknownFamilyError, match=r"transformer class 'LTXVideoTransformer3DModel'; known: SD3Transf"):
+        family_for_transformer("LTXVideoTransformer3DModel")
 
 
 def test_importing_the_registry_imports_no_family_code() -> None:
@@ -84,13 +85,17 @@ def test_sd3_and_flux_lora_targets_are_the_config_default() -> None:
         ("z-image", {"all_patch_size": [2]}, [1, 2, 3, 4], (8, 2, 1024, None)),
         ("qwen-image", {"patch_size": 2}, None, (8, 2, 1024, None)),
         ("flux2", {"patch_size": 1}, [1, 2, 3, 4], (8, 2, 1024, None)),
+        ("wan", {"patch_size": [1, 2, 2]}, None, (8, 2, 480, None)),
     ],
 )
 def test_each_family_reads_its_image_sides_from_the_configs(
     name: str, transformer: dict[str, object], vae: list[int] | None, expected: tuple[int, int, int, int | None]
 ) -> None:
     # An AutoencoderKL's block_out_channels give 2 ** (len - 1); Qwen-Image's video VAE 2 ** len(temperal_downsample).
-    vae_config = {"block_out_channels": vae} if vae else {"temperal_downsample": [False, True, True]}
+    # Wan's names its spatial factor (scale_factor_spatial).
+    vae_config = (
+        {"block_out_channels": vae} if vae else {"temperal_downsample": [False, True, True], "scale_factor_spatial": 8}
+    )
     sides = FAMILIES[name].geometry(transformer, vae_config)
     assert (sides.vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution) == expected
 

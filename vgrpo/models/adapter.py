@@ -65,11 +65,11 @@ class PipelineAdapter(ABC):
         self.resolution = self._checked(self.default_resolution if resolution is None else int(resolution))
 
     def _checked(self, resolution: int) -> int:
-        step = int(self.pipe.vae_scale_factor) * self.patch_size
+        step = self.vae_scale_factor * self.patch_size
         if resolution <= 0 or resolution % step:
             raise ValueError(
                 f"resolution {resolution} px is not a positive multiple of {step} (the VAE's "
-                f"{self.pipe.vae_scale_factor}x downsampling times the transformer's "
+                f"{self.vae_scale_factor}x downsampling times the transformer's "
                 f"{self.patch_size}x{self.patch_size} patches)"
             )
         return resolution
@@ -102,15 +102,20 @@ class PipelineAdapter(ABC):
         return 2
 
     @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        """``(C, H, W)`` of the policy's input at :attr:`resolution`."""
-        side = self.resolution // int(self.pipe.vae_scale_factor)
+    def vae_scale_factor(self) -> int:
+        """The VAE's spatial downsampling (the pipeline's ``vae_scale_factor``; a video family names it otherwise)."""
+        return int(self.pipe.vae_scale_factor)
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        """``(C, H, W)`` of the policy's input at :attr:`resolution` (a video family's: ``(C, F, H, W)``)."""
+        side = self.resolution // self.vae_scale_factor
         return (self.latent_channels, side, side)
 
     @property
     def image_seq_len(self) -> int:
         """Image tokens the transformer sees at :attr:`resolution` (what FLUX's dynamic shift depends on)."""
-        _, h, w = self.latent_shape
+        h, w = self.latent_shape[-2:]
         return (h // self.patch_size) * (w // self.patch_size)
 
     def dynamic_shift(self, num_steps: int | None = None) -> float:

@@ -114,6 +114,17 @@ def _flux2_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> F
     return FamilyGeometry(vae_scale_factor, 2, FLUX2_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
 
 
+WAN_DEFAULT_RESOLUTION = 480
+"""``WanPipeline.__call__``'s default height in pixels (its width is 832; vgrpo samples squares)."""
+
+
+def _wan_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+    # A video VAE naming its spatial factor (8 for Wan2.1); the transformer patchifies (1, 2, 2); rotary positions.
+    return FamilyGeometry(
+        int(vae["scale_factor_spatial"]), int(transformer["patch_size"][1]), WAN_DEFAULT_RESOLUTION, None
+    )
+
+
 def _import(target: str) -> Any:
     module, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module), attribute)
@@ -234,6 +245,16 @@ FAMILIES: dict[str, ModelFamily] = {
             # projection (their output projection is named to_out, which would also match the double blocks' list).
             lora_targets=(*_SD3_FLUX_ATTENTION, "to_qkv_mlp_proj"),
             geometry=_flux2_geometry,
+        ),
+        ModelFamily(
+            name="wan",
+            pipeline_class="WanPipeline",
+            transformer_class="WanTransformer3DModel",
+            components=_ONE_TEXT_ENCODER,
+            adapter="vgrpo.models.wan:WanAdapter",
+            velocity="vgrpo.models.wan:WanVelocity",
+            lora_targets=("to_q", "to_k", "to_v", "to_out.0"),  # each block's self- and cross-attention
+            geometry=_wan_geometry,
         ),
     )
 }
