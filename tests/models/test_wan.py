@@ -241,3 +241,23 @@ def test_exported_lora_in_a_plain_wan_pipeline_samples_what_the_project_samples(
     theirs, untrained = _pipeline_latents(plain, noise, 4), _pipeline_latents(base, noise, 4)
     assert (theirs - ours).abs().max() <= LATENT_TOLERANCE  # alpha / rank travelled in the file's metadata
     assert (untrained - ours).abs().max() > 1e-3  # the trained adapter changes the samples
+
+
+def test_the_wan_recipe_loads_as_a_stage_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgrpo.config import StageConfig, load_config
+
+    monkeypatch.setenv("VGRPO_MODELS", "/models")
+    root = Path(__file__).parents[2] / "params"
+    stage = {"name": "wan-t2v", "prompts": "prompts/flow_grpo/pickscore/train.txt", "iterations": 1}
+    stage["rewards"] = [{"name": "pickscore", "options": {"path": "/models/PickScore_v1"}}]  # Flow-Factory's, per frame
+    config = load_config([root / "base.yaml", root / "models/wan.yaml"], stage, schema=StageConfig)
+    assert str(config.pipeline) == "/models/Wan2.1-T2V-14B-Diffusers"
+    rollout, lora = config.rollout, config.lora
+    assert (rollout.resolution, rollout.num_steps, rollout.shift, rollout.dynamic_shift) == (256, 10, 3.0, False)
+    assert (rollout.prompts_per_iteration, rollout.group_size, config.optim.lr) == (48, 16, 1e-4)
+    assert config.optim.max_grad_norm == 1.0
+    assert lora is not None and (lora.rank, lora.alpha) == (64, 128)
+    assert set(lora.target_modules) == set(FAMILIES["wan"].lora_targets)
+    assert (config.evaluation.num_steps, config.evaluation.guidance_scale) == (28, 5.0)
+    names = [n for n, _ in tiny_wan_pipeline(seed=0).transformer.named_modules()]
+    assert all(any(n.endswith(t) for n in names) for t in lora.target_modules)
