@@ -42,3 +42,15 @@ def test_the_gif_animates_the_grid_of_the_videos_frames(tmp_path: Path) -> None:
             gif.seek(t)
             # Greys are exact in a GIF's palette.
             np.testing.assert_array_equal(np.asarray(gif.convert("RGB")), grid_image(videos[:, t], 2, 1))
+
+
+def test_an_evaluations_grid_lays_each_videos_frames_side_by_side() -> None:
+    from vgrpo.evaluation.grids import grid_of
+
+    videos = np.concatenate([_videos(), _videos()])  # 2 prompts x group 2
+    table = {"group_size": 2, "per_prompt": {"prompt": ["a", "b"], "credited": [[True, False], [None, True]]}}
+    kwargs = grid_of(table, videos, prompts=1)
+    assert kwargs["images"].shape == (2 * 3, 4, 4, 3) and kwargs["cols"] == 2 * 3
+    assert kwargs["credited"] == [True] * 3 + [False] * 3 and kwargs["captions"] == ["a"]
+    np.testing.assert_array_equal(kwargs["images"][4], videos[1, 1])
+    assert grid_image(**kwargs).shape == (6 * 4 + 14, 6 * 6 * 4, 3)  # one row of six 4x-scaled framed frames

@@ -49,3 +49,16 @@ def test_the_video_reward_refuses_images_and_mismatched_prompts() -> None:
         reward(np.zeros((2, 4, 4, 3), np.uint8), ["a", "b"])
     with pytest.raises(ValueError, match="2 videos but 1 prompts"):
         reward(np.zeros((2, 3, 4, 4, 3), np.uint8), ["a"])
+
+
+def test_a_reward_set_scores_videos_per_frame_averaged_per_video() -> None:
+    from vgrpo.rewards.multi import MultiReward, RewardTerm
+
+    videos = np.zeros((2, 3, 2, 2, 3), np.uint8)
+    videos[0] = np.array([0, 51, 255], np.uint8)[:, None, None, None]
+    videos[1, 1] = 102
+    rewards = MultiReward({"bright": RewardTerm(_Brightness(), offset=0.1, scale=2.0)})
+    out = rewards(videos, ["ab", "abcd"], [{"k": 0}, {"k": 1}])
+    np.testing.assert_allclose(out.raw["bright"], [1.2 / 3, 0.4 / 3])
+    np.testing.assert_allclose(out.scores["bright"], (np.array([1.2 / 3, 0.4 / 3]) - 0.1) / 2.0)
+    np.testing.assert_allclose(out.sub_scores["bright/red"], [2 * 306 / 3, 4 * 102 / 3])

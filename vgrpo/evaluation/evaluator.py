@@ -31,7 +31,6 @@ from tqdm.auto import tqdm
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.evaluation.tables import summarise
 from vgrpo.flow import timestep_grid
-from vgrpo.images import tensor_to_images
 from vgrpo.policy import Conditioning, VelocityModel
 from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
@@ -170,7 +169,7 @@ def evaluate(
     t0 = time.perf_counter()
     images, futures = generate(
         encode=adapter.encode_prompts,
-        decode=lambda z: tensor_to_images(adapter.decode(z)),
+        decode=adapter.decode_samples,  # a video family's: uint8 frames (N, T, H, W, 3)
         policy=policy,
         prompts=prompts,
         latent_shape=adapter.latent_shape,

@@ -107,12 +107,15 @@ def side_by_side(grids: Sequence[np.ndarray], titles: Sequence[str], gap: int = 
 
 def grid_of(table: Mapping[str, Any], images: np.ndarray, prompts: int) -> dict[str, Any]:
     """Keyword arguments of :func:`grid_image` for the first ``prompts`` prompts of an evaluation ``table`` and
-    its ``images``: a row per prompt, its caption, and the credit marks of ``per_prompt``."""
+    its ``images``: a row per prompt, its caption, and the credit marks of ``per_prompt``. Videos (uint8
+    ``(N, T, H, W, 3)``, a video family's samples) lay each video's frames side by side, its mark on every frame."""
     group, detail = int(table["group_size"]), table["per_prompt"]
     rows = min(prompts, len(detail["prompt"]))
+    shown = images[: rows * group]
+    frames = shown.shape[1] if shown.ndim == 5 else 1
     return {
-        "images": images[: rows * group],
-        "cols": group,
+        "images": shown.reshape(-1, *shown.shape[-3:]),
+        "cols": group * frames,
         "captions": detail["prompt"][:rows],
-        "credited": [mark for marks in detail["credited"][:rows] for mark in marks],
+        "credited": [mark for marks in detail["credited"][:rows] for mark in marks for _ in range(frames)],
     }

@@ -15,11 +15,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from vgrpo.errors import ConfigError
 from vgrpo.flow import resolution_shift_mu
+from vgrpo.images import tensor_to_images
 from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.prompt_cache import PromptEmbeddingCache
 from vgrpo.policy import Conditioning
@@ -256,6 +258,11 @@ class PipelineAdapter(ABC):
         cfg = self.vae.config
         z = latents / cfg.scaling_factor + (cfg.shift_factor or 0.0)
         return self.vae.decode(z.to(self.vae.dtype), return_dict=False)[0].float()
+
+    def decode_samples(self, latents: Tensor) -> np.ndarray:
+        """Normalised latents -> what the rewards score and the grids draw: uint8 images ``(N, H, W, 3)`` (a video
+        family's: uint8 frames ``(N, T, H, W, 3)``, :meth:`vgrpo.models.wan.WanAdapter.decode_samples`)."""
+        return tensor_to_images(self.decode(latents))
 
 
 def padded_conditioning(embeds: Sequence[Tensor]) -> Conditioning:

@@ -83,12 +83,18 @@ class WanAdapter(PipelineAdapter):
 
     Args:
         num_frames: output frames per video, ``scale_factor_temporal * k + 1`` (the pipeline's default: 81).
-        max_sequence_length: text tokens per prompt (the pipeline's default: 512).
+        max_sequence_length: text tokens per prompt; None = the tokenizer's ``model_max_length``, at most 512 (the
+            pipeline's default).
         options: :class:`PipelineAdapter`'s (``resolution``: the square side; None = 480, the pipeline's height).
     """
 
     def __init__(
-        self, pipe: Any, *, num_frames: int = WAN_DEFAULT_FRAMES, max_sequence_length: int = 512, **options: Any
+        self,
+        pipe: Any,
+        *,
+        num_frames: int = WAN_DEFAULT_FRAMES,
+        max_sequence_length: int | None = None,
+        **options: Any,
     ):
         if pipe.config.get("boundary_ratio") is not None or pipe.config.get("expand_timesteps"):
             raise ValueError("Wan2.2 pipelines (boundary_ratio, expand_timesteps) are not supported: Wan2.1 only")
@@ -97,7 +103,9 @@ class WanAdapter(PipelineAdapter):
             raise ValueError(f"num_frames {num_frames} is not {temporal}k + 1 (the VAE's {temporal}x in time)")
         super().__init__(pipe, **options)
         self.num_frames = num_frames
-        self.max_sequence_length = max_sequence_length
+        self.max_sequence_length = (
+            max_sequence_length if max_sequence_length is not None else min(512, int(pipe.tokenizer.model_max_length))
+        )
 
     @property
     def latent_channels(self) -> int:
@@ -173,3 +181,8 @@ class WanAdapter(PipelineAdapter):
         mean, std = self._normalisation(latents.to(self.vae.dtype))
         z = latents.to(self.vae.dtype) / (1.0 / std) + mean
         return self.vae.decode(z, return_dict=False)[0].float()
+
+    def decode_samples(self, latents: Tensor) -> np.ndarray:
+        """Normalised latents -> uint8 frames ``(N, T, H, W, 3)``: what the rewards score (each frame, averaged per
+        video: :class:`vgrpo.rewards.multi.MultiReward`) and the grids draw."""
+        return video_frames(self.decode(latents))

@@ -40,6 +40,7 @@ from vgrpo.rewards.base import (
 )
 from vgrpo.rewards.config import RewardConfig, check_unique_keys
 from vgrpo.rewards.registry import FunctionReward, build_reward
+from vgrpo.rewards.video import PerFrameMean, check_videos
 
 __all__ = ["MultiReward", "MultiRewardOutput", "RewardTerm", "import_name"]
 
@@ -165,14 +166,18 @@ class MultiReward:
         """Every reward on the images it applies to (:meth:`vgrpo.rewards.base.Reward.applies_to`); the others
         get NaN, which training rejects by the reward's name and evaluation leaves out of its means.
 
+        A video family's samples, uint8 frames ``(N, T, H, W, 3)``, are scored per frame and averaged per video
+        (:class:`vgrpo.rewards.video.PerFrameMean`, each reward called once on all ``N * T`` frames).
+
         Raises:
-            ValueError: for bad input (not ``uint8 (N, H, W, 3)`` images, ``N`` prompts and metadata rows).
+            ValueError: for bad input (not ``uint8 (N, H, W, 3)`` images or ``(N, T, H, W, 3)`` videos, ``N``
+                prompts and metadata rows).
             RewardFailed: a reward raised, or returned something that is not ``N`` numbers (one line naming its key,
                 its import name and what it returned or raised; the reward's own exception chained).
                 :class:`vgrpo.rewards.base.TransientRewardFailed` when its engine could not be reached.
             NonFiniteRewardError: a reward returned NaN or Inf scores (``quantity``: ``reward/KEY``).
         """
-        images = check_images(images)
+        images = check_videos(images) if np.ndim(images) == 5 else check_images(images)
         n = len(prompts)
         if len(images) != n or (metadata is not None and len(metadata) != n):
             counts = f"{len(images)} images, {n} prompts" + ("" if metadata is None else f", {len(metadata)} rows")
@@ -221,12 +226,13 @@ class MultiReward:
         )
         values = np.full(n, np.nan)
         sub_values: dict[str, np.ndarray] = {}
+        score = reward if images.ndim == 4 else PerFrameMean(reward)  # videos: each frame, averaged per video
         if mask.all():
-            out = reward(images, prompts, metadata)
+            out = score(images, prompts, metadata)
             values, sub_values = out.scores, out.sub_scores
         elif mask.any():
             idx = [int(i) for i in np.flatnonzero(mask)]
-            out = reward(
+            out = score(
                 images[idx], [prompts[i] for i in idx], None if metadata is None else [metadata[i] for i in idx]
             )
             values[idx] = out.scores

@@ -33,7 +33,6 @@ from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.checkpoints.state import Checkpointed, load_lora_into, save_lora
 from vgrpo.config import StageConfig
 from vgrpo.evaluation.evaluator import Evaluator
-from vgrpo.images import tensor_to_images
 from vgrpo.models import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
 from vgrpo.models.precision import apply_precision, frozen_dtype
@@ -223,7 +222,7 @@ def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
     :class:`vgrpo.training.guards.NonFiniteError` naming the reward (a flag reduced over ranks, so all ranks skip)."""
     t0 = time.perf_counter()
     with torch.no_grad():
-        images = tensor_to_images(stage.adapter.decode(rolled.batch.rollout.samples))
+        images = stage.adapter.decode_samples(rolled.batch.rollout.samples)  # a video family's: frames
     rewards, out, failure = stage.rewards, None, None
     try:
         out = rewards(images, rolled.batch.sample_prompts, rolled.sample_rows if rewards.needs_metadata else None)
