@@ -255,7 +255,7 @@ def test_the_wan_recipe_loads_as_a_stage_config(monkeypatch: pytest.MonkeyPatch)
     rollout, lora = config.rollout, config.lora
     assert (rollout.resolution, rollout.num_steps, rollout.shift, rollout.dynamic_shift) == (256, 10, 3.0, False)
     assert (rollout.prompts_per_iteration, rollout.group_size, config.optim.lr) == (48, 16, 1e-4)
-    assert config.optim.max_grad_norm == 1.0
+    assert rollout.num_frames == 5 and config.optim.max_grad_norm == 1.0
     assert lora is not None and (lora.rank, lora.alpha) == (64, 128)
     assert set(lora.target_modules) == set(FAMILIES["wan"].lora_targets)
     assert (config.evaluation.num_steps, config.evaluation.guidance_scale) == (28, 5.0)

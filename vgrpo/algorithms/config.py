@@ -54,6 +54,13 @@ class RolloutConfig(FrozenConfig):
         description="Image side in pixels (FLUX: 720); None = the pipeline's default. The adapter "
         "checks it is a multiple of the VAE factor x patch size (FLUX.1: 16).",
     )
+    num_frames: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Frames per video of a video family (Wan2.1: 4k + 1; its latents carry a frame axis); None = "
+        "the pipeline's default (Wan2.1: 81); an image family refuses it.",
+    )
     schedule: Literal["uniform", "diffusers"] = Field(
         "uniform",
         description="Sigma grid (vgrpo.flow.timestep_grid): `uniform` = shift(linspace(1, 0, T + 1)), FluxPipeline's "

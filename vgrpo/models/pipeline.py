@@ -17,7 +17,7 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from torch import nn
 
-from vgrpo.errors import UserError
+from vgrpo.errors import ConfigError, UserError
 from vgrpo.models.adapter import PipelineAdapter
 from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.registry import FAMILIES, family_for_pipeline, family_of
@@ -139,7 +139,11 @@ def place_pipeline(pipe: Any, device: torch.device | str, *, text_encoders: str 
 
 
 def build_adapter(
-    pipe: Any, *, resolution: int | None = None, precision: PrecisionConfig | None = None
+    pipe: Any,
+    *,
+    resolution: int | None = None,
+    precision: PrecisionConfig | None = None,
+    num_frames: int | None = None,
 ) -> tuple[PipelineAdapter, nn.Module]:
     """The adapter and the velocity model (the policy, wrapping ``pipe.transformer`` itself, so LoRA added to
     the transformer before or after is trained) for a pipeline from :func:`load_pipeline`.
@@ -147,6 +151,10 @@ def build_adapter(
     Args:
         resolution: image side in pixels; None = the pipeline's default.
         precision: the prompt cache's budget and the text encoders' placement (None = the defaults).
+        num_frames: frames per video of a video family (None = its default); an image family refuses it.
+
+    Raises:
+        ConfigError: ``num_frames`` for an image family.
     """
 
     precision = precision if precision is not None else PrecisionConfig()
@@ -156,4 +164,8 @@ def build_adapter(
         "text_encoders": precision.text_encoders,
     }
     entry = family_of(pipe)
+    if num_frames is not None:
+        if not entry.video:
+            raise ConfigError(f"rollout.num_frames is for video families; {entry.name!r} samples images: remove it")
+        options["num_frames"] = num_frames
     return entry.adapter_class()(pipe, **options), entry.velocity_class()(pipe.transformer)

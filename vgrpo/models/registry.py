@@ -146,6 +146,7 @@ class ModelFamily:
         velocity: ``"module:Class"`` of its velocity wrapper: ``(transformer) -> VelocityModel``.
         lora_targets: the module names LoRA adapts in the family's attention (``lora.target_modules``).
         geometry: reads the image sides from the folder's configs.
+        video: the family samples videos (its adapter takes ``num_frames``; its latents carry a frame axis).
     """
 
     name: str
@@ -156,6 +157,7 @@ class ModelFamily:
     velocity: str
     lora_targets: tuple[str, ...]
     geometry: GeometryReader
+    video: bool = False
 
     def adapter_class(self) -> Any:
         """The adapter class, imported now."""
@@ -255,6 +257,7 @@ FAMILIES: dict[str, ModelFamily] = {
             velocity="vgrpo.models.wan:WanVelocity",
             lora_targets=("to_q", "to_k", "to_v", "to_out.0"),  # each block's self- and cross-attention
             geometry=_wan_geometry,
+            video=True,
         ),
     )
 }

@@ -118,7 +118,9 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
         if config.distributed.strategy == "fsdp" and dist.world_size > 1:  # before moving: one block at a time moves
             shard_transformer(pipe.transformer, dist)
     pipe = place_pipeline(pipe, dist.device, text_encoders=config.precision.text_encoders)
-    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution, precision=config.precision)
+    adapter, policy = build_adapter(
+        pipe, resolution=config.rollout.resolution, precision=config.precision, num_frames=config.rollout.num_frames
+    )
     transformer = pipe.transformer
     if config.lora is not None:
         with torch.random.fork_rng():  # LoRA A is drawn from the global RNG: seed it, or runs differ

@@ -1,0 +1,116 @@
+"""Wan2.1 in the pipeline, on a tiny WanPipeline built offline: a stage samples 5-frame videos (rollout.num_frames),
+scores every frame with an image reward averaged per video, evaluates and draws its videos' frames in the grid,
+exports a LoRA a plain WanPipeline loads, and a killed stage resumes to bit-identical LoRA weights; an image family
+refuses rollout.num_frames."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.tiny_world import KillAt, Killed
+from vgrpo.models.registry import FAMILIES
+from vgrpo.models.tiny_wan import TINY_WAN_FRAMES, TINY_WAN_RESOLUTION, tiny_wan_pipeline
+
+PROMPTS = ("a cat walking on grass", "a red car driving at night", "waves on a beach")
+
+
+@pytest.fixture(scope="module")
+def video_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("wan-world")
+    (root / "train.txt").write_text("".join(p + "\n" for p in PROMPTS))
+    (root / "test.txt").write_text(PROMPTS[0] + "\n")
+    tiny_wan_pipeline(seed=0).save_pretrained(root / "base")
+    return root
+
+
+def _stage_config(**overrides: Any) -> Any:
+    from vgrpo.config import StageConfig
+
+    brightness = [{"name": "tests.rewards.custom:Brightness", "key": "brightness"}]
+    data: dict[str, Any] = {
+        "name": "wan-tiny",
+        "prompts": "train.txt",
+        "iterations": 2,
+        "checkpoint_every": 1,
+        "rollout": {
+            "prompts_per_iteration": 2,
+            "group_size": 3,
+            "num_steps": 3,
+            "resolution": TINY_WAN_RESOLUTION,
+            "num_frames": TINY_WAN_FRAMES,
+            "micro_batch_size": 6,
+        },
+        "optim": {"lr": 1e-2, "micro_batch_size": 6},
+        "algorithm": {"name": "vgrpo", "n_mc": 2},
+        "lora": {"rank": 4, "alpha": 8, "target_modules": list(FAMILIES["wan"].lora_targets)},
+        "rewards": brightness,
+        "eval_prompts": "test.txt",
+        "evaluation": {"group_size": 2, "num_steps": 2, "rewards": brightness},
+    }
+    return StageConfig.model_validate(data | overrides)
+
+
+def test_a_wan_stage_trains_on_videos_scored_per_frame_and_exports_its_lora(
+    video_world: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from diffusers import WanPipeline
+
+    from vgrpo.checkpoints.state import LORA_FILE
+    from vgrpo.models.wan import WanVelocity
+    from vgrpo.training.stage import run_stage
+
+    shapes: list[tuple[int, ...]] = []
+    forward = WanVelocity.forward
+
+    def spying(self: Any, latents: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        shapes.append(tuple(latents.shape[1:]))
+        return forward(self, latents, t, cond)
+
+    monkeypatch.setattr(WanVelocity, "forward", spying)
+    out = video_world / "out"
+    result = run_stage(
+        _stage_config(), pipeline_dir=Path("base"), work_dir=video_world / "run", out_dir=out, root=video_world
+    )
+    assert len(result.history) == 2 and all(math.isfinite(h["train/loss"]) for h in result.history)
+    assert all(0.0 < h["reward/brightness_raw_mean"] < 1.0 for h in result.history)
+    final = result.evaluations[-1]
+    assert final["iteration"] == 2 and 0.0 < final["rewards"]["brightness"]["mean"] < 1.0
+    assert len(shapes) > 10 and set(shapes) == {(4, 2, 4, 4)}  # every forward saw 2 latent frames of 4 x 4
+    assert (out / LORA_FILE).is_file()
+    base = WanPipeline.from_pretrained(video_world / "base", local_files_only=True)
+    base.load_lora_weights(out)
+    assert any("lora" in name for name, _ in base.transformer.named_parameters())
+
+
+def test_a_killed_wan_stage_resumes_to_the_same_weights(video_world: Path) -> None:
+    from safetensors.torch import load_file
+
+    from vgrpo.training.stage import run_stage
+
+    config = _stage_config(eval_prompts=None)
+    root = video_world
+    run_stage(config, pipeline_dir=Path("base"), work_dir=root / "whole", out_dir=root / "a", root=root)
+    with pytest.raises(Killed):
+        run_stage(
+            config, pipeline_dir=Path("base"), work_dir=root / "cut", out_dir=root / "b", root=root, callbacks=KillAt(1)
+        )
+    resumed = run_stage(config, pipeline_dir=Path("base"), work_dir=root / "cut", out_dir=root / "b", root=root)
+    assert resumed.resumed_from == 1
+    a = load_file(root / "a" / "pytorch_lora_weights.safetensors")
+    b = load_file(root / "b" / "pytorch_lora_weights.safetensors")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(bool(a[k].abs().max() > 0) for k in a if "lora_B" in k)
+
+
+def test_an_image_family_refuses_num_frames() -> None:
+    from vgrpo.errors import ConfigError
+    from vgrpo.models.pipeline import build_adapter
+    from vgrpo.models.tiny import tiny_flux_pipeline
+
+    with pytest.raises(ConfigError, match=r"rollout\.num_frames is for video families; 'flux' samples images"):
+        build_adapter(tiny_flux_pipeline(seed=0), resolution=16, num_frames=5)
