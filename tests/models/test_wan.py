@@ -258,6 +258,10 @@ def test_the_wan_recipe_loads_as_a_stage_config(monkeypatch: pytest.MonkeyPatch)
     assert rollout.num_frames == 5 and config.optim.max_grad_norm == 1.0
     assert lora is not None and (lora.rank, lora.alpha) == (64, 128)
     assert set(lora.target_modules) == set(FAMILIES["wan"].lora_targets)
-    assert (config.evaluation.num_steps, config.evaluation.guidance_scale) == (28, 5.0)
+    assert (config.evaluation.num_steps, config.evaluation.guidance_scale, config.evaluation.num_frames) == (
+        28,
+        5.0,
+        13,
+    )
     names = [n for n, _ in tiny_wan_pipeline(seed=0).transformer.named_modules()]
     assert all(any(n.endswith(t) for n in names) for t in lora.target_modules)

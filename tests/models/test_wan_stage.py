@@ -50,7 +50,7 @@ def _stage_config(**overrides: Any) -> Any:
         "lora": {"rank": 4, "alpha": 8, "target_modules": list(FAMILIES["wan"].lora_targets)},
         "rewards": brightness,
         "eval_prompts": "test.txt",
-        "evaluation": {"group_size": 2, "num_steps": 2, "rewards": brightness},
+        "evaluation": {"group_size": 2, "num_steps": 2, "num_frames": 9, "rewards": brightness},
     }
     return StageConfig.model_validate(data | overrides)
 
@@ -80,7 +80,8 @@ def test_a_wan_stage_trains_on_videos_scored_per_frame_and_exports_its_lora(
     assert all(0.0 < h["reward/brightness_raw_mean"] < 1.0 for h in result.history)
     final = result.evaluations[-1]
     assert final["iteration"] == 2 and 0.0 < final["rewards"]["brightness"]["mean"] < 1.0
-    assert len(shapes) > 10 and set(shapes) == {(4, 2, 4, 4)}  # every forward saw 2 latent frames of 4 x 4
+    # Rollouts and updates saw 5 frames' 2 latent frames of 4 x 4; the evaluation 9 frames' 3.
+    assert len(shapes) > 10 and set(shapes) == {(4, 2, 4, 4), (4, 3, 4, 4)} and shapes[-1] == (4, 3, 4, 4)
     assert (out / LORA_FILE).is_file()
     base = WanPipeline.from_pretrained(video_world / "base", local_files_only=True)
     base.load_lora_weights(out)
@@ -109,8 +110,25 @@ def test_a_killed_wan_stage_resumes_to_the_same_weights(video_world: Path) -> No
 
 def test_an_image_family_refuses_num_frames() -> None:
     from vgrpo.errors import ConfigError
+    from vgrpo.evaluation.evaluator import resized_adapter
     from vgrpo.models.pipeline import build_adapter
     from vgrpo.models.tiny import tiny_flux_pipeline
 
+    pipe = tiny_flux_pipeline(seed=0)
     with pytest.raises(ConfigError, match=r"rollout\.num_frames is for video families; 'flux' samples images"):
-        build_adapter(tiny_flux_pipeline(seed=0), resolution=16, num_frames=5)
+        build_adapter(pipe, resolution=16, num_frames=5)
+    with pytest.raises(ValueError, match=r"evaluation\.num_frames is for video families; FluxAdapter samples images"):
+        resized_adapter(build_adapter(pipe, resolution=16)[0], None, 5)
+
+
+def test_the_evaluation_resizes_a_wan_adapter_in_time_and_space_sharing_its_prompt_cache(video_world: Path) -> None:
+    from vgrpo.evaluation.evaluator import resized_adapter
+    from vgrpo.models.pipeline import build_adapter, load_pipeline
+
+    adapter = build_adapter(load_pipeline(video_world / "base"), resolution=TINY_WAN_RESOLUTION, num_frames=5)[0]
+    assert resized_adapter(adapter, None, None) is adapter and resized_adapter(adapter, None, 5) is adapter
+    other = resized_adapter(adapter, 16, 13)
+    assert other.latent_shape == (4, 4, 2, 2) and adapter.latent_shape == (4, 2, 4, 4)
+    assert other.prompt_cache is adapter.prompt_cache
+    with pytest.raises(ValueError, match=r"evaluation\.num_frames 7 is not 4k \+ 1"):
+        resized_adapter(adapter, None, 7)

@@ -33,6 +33,13 @@ class EvaluationConfig(FrozenConfig):
         description="Image side in pixels (paper: 512 for SD3.5-M, 1024 for FLUX); None = the rollout's in a stage, "
         "the pipeline's default in `vgrpo evaluate`.",
     )
+    num_frames: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Frames per video of a video family (Wan2.1: 4k + 1); None = the rollout's in a stage, the "
+        "pipeline's default in `vgrpo evaluate`; an image family refuses it.",
+    )
     shift: Annotated[float, Field(gt=0)] | Literal["rollout", "dynamic"] = Field(
         "rollout",
         description="Timestep shift of the sampling grid: `rollout` = the stage rollout's (its dynamic shift "

@@ -190,14 +190,23 @@ def evaluate(
     return table, images
 
 
-def resized_adapter(adapter: Any, resolution: int | None) -> Any:
+def resized_adapter(adapter: Any, resolution: int | None, num_frames: int | None = None) -> Any:
     """``adapter`` (:class:`vgrpo.models.adapter.PipelineAdapter`) at the evaluation's image side, sharing its
-    pipeline and its prompt cache (:meth:`~vgrpo.models.adapter.PipelineAdapter.resized`); ``adapter`` itself when
-    ``resolution`` is None or its own.
+    pipeline and its prompt cache (:meth:`~vgrpo.models.adapter.PipelineAdapter.resized`), and a video family's at
+    the evaluation's ``num_frames`` (:meth:`vgrpo.models.wan.WanAdapter.with_frames`); ``adapter`` itself when both
+    are None or its own.
 
     Raises:
-        ValueError: naming ``evaluation.resolution`` when it is not a multiple of the VAE factor times the patch size.
+        ValueError: naming ``evaluation.resolution`` when it is not a multiple of the VAE factor times the patch size,
+            ``evaluation.num_frames`` for an image family or frames the VAE cannot decode.
     """
+    if num_frames is not None and num_frames != getattr(adapter, "num_frames", None):
+        if not hasattr(adapter, "with_frames"):
+            raise ValueError(f"evaluation.num_frames is for video families; {type(adapter).__name__} samples images")
+        try:
+            adapter = adapter.with_frames(num_frames)
+        except ValueError as exc:
+            raise ValueError(f"evaluation.{exc}") from exc
     if resolution is None or resolution == adapter.resolution:
         return adapter
     try:
@@ -242,7 +251,7 @@ class Evaluator:
 
     def sampling(self, adapter: Any) -> tuple[Any, Sampling]:
         """The adapter at the evaluation's resolution and the :class:`Sampling` it is evaluated with."""
-        adapter = resized_adapter(adapter, self.config.resolution)
+        adapter = resized_adapter(adapter, self.config.resolution, self.config.num_frames)
         shift = sampling_shift(
             self.config.shift,
             adapter,

@@ -78,7 +78,7 @@ def evaluate_to_files(
     pipe = load_pipeline(pipeline)
     if lora is not None:
         pipe.load_lora_weights(lora, use_safetensors=True)
-    adapter, policy = build_adapter(pipe, resolution=config.resolution)
+    adapter, policy = build_adapter(pipe, resolution=config.resolution, num_frames=config.num_frames)
     base = None
     if config.base_pipeline is not None:
         base_pipe = load_pipeline(config.base_pipeline)

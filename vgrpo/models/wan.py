@@ -31,6 +31,7 @@ and :func:`video_frames` turns decoded videos into those frames.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,14 +99,24 @@ class WanAdapter(PipelineAdapter):
     ):
         if pipe.config.get("boundary_ratio") is not None or pipe.config.get("expand_timesteps"):
             raise ValueError("Wan2.2 pipelines (boundary_ratio, expand_timesteps) are not supported: Wan2.1 only")
-        temporal = int(pipe.vae_scale_factor_temporal)
-        if num_frames < 1 or (num_frames - 1) % temporal:
-            raise ValueError(f"num_frames {num_frames} is not {temporal}k + 1 (the VAE's {temporal}x in time)")
         super().__init__(pipe, **options)
-        self.num_frames = num_frames
+        self.num_frames = self._checked_frames(num_frames)
         self.max_sequence_length = (
             max_sequence_length if max_sequence_length is not None else min(512, int(pipe.tokenizer.model_max_length))
         )
+
+    def _checked_frames(self, num_frames: int) -> int:
+        temporal = int(self.pipe.vae_scale_factor_temporal)
+        if num_frames < 1 or (num_frames - 1) % temporal:
+            raise ValueError(f"num_frames {num_frames} is not {temporal}k + 1 (the VAE's {temporal}x in time)")
+        return num_frames
+
+    def with_frames(self, num_frames: int) -> WanAdapter:
+        """This adapter at another number of frames (checked as the constructor checks it), sharing its pipeline, text
+        encoder and prompt cache (as :meth:`resized`)."""
+        other = copy.copy(self)  # shallow on purpose: one pipeline, one prompt cache
+        other.num_frames = self._checked_frames(int(num_frames))
+        return other
 
     @property
     def latent_channels(self) -> int:
