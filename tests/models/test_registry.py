@@ -92,12 +92,15 @@ def test_each_family_reads_its_image_sides_from_the_configs(
     name: str, transformer: dict[str, object], vae: list[int] | None, expected: tuple[int, int, int, int | None]
 ) -> None:
     # An AutoencoderKL's block_out_channels give 2 ** (len - 1); Qwen-Image's video VAE 2 ** len(temperal_downsample).
-    # Wan's names its spatial factor (scale_factor_spatial).
+    # Wan's names its spatial and temporal factors (scale_factor_spatial, scale_factor_temporal).
     vae_config = (
-        {"block_out_channels": vae} if vae else {"temperal_downsample": [False, True, True], "scale_factor_spatial": 8}
+        {"block_out_channels": vae}
+        if vae
+        else {"temperal_downsample": [False, True, True], "scale_factor_spatial": 8, "scale_factor_temporal": 4}
     )
     sides = FAMILIES[name].geometry(transformer, vae_config)
     assert (sides.vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution) == expected
+    assert sides.frames_factor == (4 if FAMILIES[name].video else None)  # Wan's VAE: 4x in time
 
 
 @pytest.mark.parametrize(

@@ -132,3 +132,22 @@ def test_the_evaluation_resizes_a_wan_adapter_in_time_and_space_sharing_its_prom
     assert other.prompt_cache is adapter.prompt_cache
     with pytest.raises(ValueError, match=r"evaluation\.num_frames 7 is not 4k \+ 1"):
         resized_adapter(adapter, None, 7)
+
+
+def test_preflight_refuses_frames_the_vae_cannot_take_before_loading_a_weight(video_world: Path) -> None:
+    from vgrpo.models.geometry import read_geometry
+    from vgrpo.training.preflight import preflight
+
+    rollout = _stage_config().rollout.model_dump() | {"num_frames": 6}
+    evaluation = _stage_config().evaluation.model_dump() | {"num_frames": 11}
+    config = _stage_config(pipeline="base", rollout=rollout, evaluation=evaluation)
+    messages = [p.message for p in preflight([config], video_world)]
+    assert any("rollout.num_frames: 6 frames is not 4k + 1" in m and "nearest: 5 or 9" in m for m in messages)
+    assert any("evaluation.num_frames: 11 frames is not 4k + 1" in m and "nearest: 9 or 13" in m for m in messages)
+    assert not [p for p in preflight([_stage_config(pipeline="base")], video_world) if "num_frames" in p.message]
+    geometry = read_geometry(video_world / "base")
+    assert geometry is not None and geometry.frames_factor == 4 and geometry.frames_problem(None, "k") is None
+    image = type(geometry)(video_world / "flux", 8, 2, 1024, None)
+    assert image.frames_problem(5, "rollout.num_frames") == (
+        f"rollout.num_frames: {video_world / 'flux'} samples images; num_frames is for video families (remove it)"
+    )

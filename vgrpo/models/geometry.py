@@ -29,6 +29,22 @@ class PipelineGeometry:
     patch_size: int
     default_resolution: int
     max_resolution: int | None
+    frames_factor: int | None = None
+
+    def frames_problem(self, num_frames: int | None, key: str) -> str | None:
+        """Why the params entry ``key`` (frames per video; None = the default) cannot be sampled; None if it can:
+        an image family's pipeline takes none, a video family's ``frames_factor * k + 1``."""
+        if num_frames is None:
+            return None
+        if self.frames_factor is None:
+            return f"{key}: {self.pipeline} samples images; num_frames is for video families (remove it)"
+        if (num_frames - 1) % self.frames_factor:
+            low = num_frames - (num_frames - 1) % self.frames_factor
+            return (
+                f"{key}: {num_frames} frames is not {self.frames_factor}k + 1 ({self.pipeline}: the VAE's "
+                f"{self.frames_factor}x in time); nearest: {low} or {low + self.frames_factor}"
+            )
+        return None
 
     @property
     def step(self) -> int:
@@ -72,7 +88,12 @@ def read_geometry(pipeline: Path) -> PipelineGeometry | None:
     try:
         sides = family_for_pipeline(str(index.get("_class_name"))).geometry(transformer, vae)
         return PipelineGeometry(
-            pipeline, sides.vae_scale_factor, sides.patch_size, sides.default_resolution, sides.max_resolution
+            pipeline,
+            sides.vae_scale_factor,
+            sides.patch_size,
+            sides.default_resolution,
+            sides.max_resolution,
+            sides.frames_factor,
         )
     except (KeyError, TypeError, ValueError, IndexError, UnknownFamilyError):
         return None

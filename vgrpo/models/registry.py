@@ -47,6 +47,8 @@ class FamilyGeometry:
     patch_size: int
     default_resolution: int
     max_resolution: int | None
+    frames_factor: int | None = None
+    """A video family's temporal downsampling (frames are ``frames_factor * k + 1``); None for an image family."""
 
 
 GeometryReader = Callable[[Mapping[str, Any], Mapping[str, Any]], FamilyGeometry]
@@ -121,7 +123,11 @@ WAN_DEFAULT_RESOLUTION = 480
 def _wan_geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
     # A video VAE naming its spatial factor (8 for Wan2.1); the transformer patchifies (1, 2, 2); rotary positions.
     return FamilyGeometry(
-        int(vae["scale_factor_spatial"]), int(transformer["patch_size"][1]), WAN_DEFAULT_RESOLUTION, None
+        int(vae["scale_factor_spatial"]),
+        int(transformer["patch_size"][1]),
+        WAN_DEFAULT_RESOLUTION,
+        None,
+        frames_factor=int(vae["scale_factor_temporal"]),
     )
 
 

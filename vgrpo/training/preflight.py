@@ -211,6 +211,11 @@ def _model_problems(
     if geometry is not None:
         rollout = geometry.resolution_problem(config.rollout.resolution, "rollout.resolution")
         out += [rollout] if rollout else []
+        out += [p] if (p := geometry.frames_problem(config.rollout.num_frames, "rollout.num_frames")) else []
+        if config.eval_prompts and (
+            p := geometry.frames_problem(config.evaluation.num_frames, "evaluation.num_frames")
+        ):
+            out.append(p)
         if config.eval_prompts:
             side = config.evaluation.resolution or config.rollout.resolution
             key = "evaluation.resolution" if config.evaluation.resolution else "rollout.resolution (evaluated at)"
