@@ -265,3 +265,12 @@ def test_the_wan_recipe_loads_as_a_stage_config(monkeypatch: pytest.MonkeyPatch)
     )
     names = [n for n, _ in tiny_wan_pipeline(seed=0).transformer.named_modules()]
     assert all(any(n.endswith(t) for n in names) for t in lora.target_modules)
+
+
+def test_fsdp_finds_the_wan_transformers_blocks() -> None:
+    from collections import Counter
+
+    from vgrpo.parallel.fsdp import _blocks
+
+    transformer = tiny_wan_pipeline(seed=0).transformer
+    assert Counter(type(b).__name__ for b in _blocks(transformer)) == {"WanTransformerBlock": 1}
