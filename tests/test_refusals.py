@@ -430,11 +430,27 @@ def test_the_bounds_leave_every_shipped_recipe_loading(curriculum: str) -> None:
         *sorted((REPO / "params" / "algorithms").glob("*.yaml")),
         *sorted((REPO / "params" / "ablations").glob("*.yaml")),
     ]
+    from vgrpo.errors import ConfigError
+
     for extra in extras:
-        _, stages = load_curriculum(
-            REPO / "params" / "curricula" / curriculum, root=REPO, extra=[extra] if extra else []
-        )
+        try:
+            _, stages = load_curriculum(
+                REPO / "params" / "curricula" / curriculum, root=REPO, extra=[extra] if extra else []
+            )
+        except ConfigError as exc:  # a preset written for SD3.5's grid on another family: refused by a cross-check
+            assert extra is not None and curriculum in OTHER_GRIDS, exc
+            assert any(reason in str(exc) for reason in OTHER_GRIDS[curriculum]), exc
+            continue
         assert stages and all(s.rollout.prompts_per_iteration * s.rollout.group_size <= 65_536 for s in stages)
+
+
+OTHER_GRIDS = {
+    "qwen-image.yaml": ("schedule: diffusers is the SD3 pipeline's static-shift schedule",),
+    "flux2.yaml": ("schedule: diffusers is the SD3 pipeline's static-shift schedule",),
+    "z-image.yaml": ("algorithm.n_mc=8 stratified timesteps need rollout.num_steps >= n_mc (got 6)",),
+}
+"""Curricula of families whose own grid some presets do not fit (a dynamic shift; 6 rollout steps), with the
+cross-check that refuses the combination: not a bound."""
 
 
 def test_an_output_over_a_params_file_is_refused(

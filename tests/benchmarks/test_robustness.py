@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.curriculum_runs import gains_table, headline_gains, merge_record, read_records, stages_table
+from benchmarks.curriculum_runs import (
+    HEADLINE,
+    gains_table,
+    headline_gains,
+    merge_record,
+    read_records,
+    stages_table,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,6 +50,25 @@ def test_the_table_is_rebuilt_from_the_records_file(tmp_path: Path) -> None:
         [sys.executable, "-m", "benchmarks.robustness", "table", str(path)], cwd=REPO, capture_output=True, text=True
     )
     assert out.returncode == 0 and out.stdout.strip() == gains_table(records)
+
+
+def test_the_readme_headline_is_the_table_over_the_committed_runs() -> None:
+    """The README's headline table is metrics/curriculum_runs.json's (rebuilt here to the digit); every record is
+    one whole run of one recipe, over several seeds and thread counts, with its provenance and paired intervals."""
+    records = read_records(REPO / "metrics/curriculum_runs.json")
+    runs = [(r["seed"], r["threads"]) for r in records]
+    assert len(set(runs)) == len(runs) >= 4
+    assert len({seed for seed, _ in runs}) >= 3 and {threads for _, threads in runs} == {1, 2}
+    assert len({r["curriculum"] for r in records}) == 1 and not any(r["overrides"] for r in records)
+    for record in records:
+        assert record["cpu"] and record["commit"] and record["code_dirty"] is False
+        assert set(record["rewards"]) == set(HEADLINE)
+        for row in record["rewards"].values():
+            assert row["lo"] <= row["gain"] <= row["hi"]
+            assert row["gain"] == pytest.approx(row["final"] - row["base"])
+        assert record["stages"][0]["stage"] == "base" and len(record["stages"]) == 6
+    readme = (REPO / "README.md").read_text()
+    assert gains_table(records) in readme
 
 
 def test_headline_gains_read_the_paired_evaluation() -> None:
