@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.models.family_training import train_two_iterations
 from vgrpo.models.flux import pack_latents, unpack_latents
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.models.qwen_image import QwenImageAdapter, QwenImageVelocity
@@ -91,69 +92,11 @@ def test_euler_with_qwen_image_velocity_reproduces_qwen_image_pipeline(saved_qwe
     assert (reference - noise).abs().max() > 0.5
 
 
-def _train(pipe: Any, algorithm_name: str) -> tuple[Any, Any, dict[str, torch.Tensor], list[Any]]:
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.models import add_lora
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
-    algorithm_options: dict[str, Any] = {"name": algorithm_name}
-    if algorithm_name == "vgrpo":
-        algorithm_options["n_mc"] = 2
-    config = load_config(
-        overrides={
-            "rollout": {
-                "prompts_per_iteration": 2,
-                "group_size": 3,
-                "num_steps": 3,
-                "shift": None,
-                "dynamic_shift": True,
-                "resolution": 16,
-                "micro_batch_size": 6,
-            },
-            "optim": {"lr": 1e-2, "micro_batch_size": 6},
-            "algorithm": algorithm_options,
-            "lora": {"rank": 4, "alpha": 8, "target_modules": list(FAMILIES["qwen-image"].lora_targets)},
-        }
-    )
-    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        add_lora(pipe.transformer, rank=4, alpha=8, target_modules=FAMILIES["qwen-image"].lora_targets)
-    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
-    config = config.model_copy(
-        update={"rollout": config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})}
-    )
-    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
-    optimizer = build_optimizer(policy, config.optim)
-
-    def brightness(samples: torch.Tensor, prompts: Any) -> dict[str, torch.Tensor]:  # scored on decoded images
-        with torch.no_grad():
-            return {"bright": adapter.decode(samples).mean(dim=(1, 2, 3))}
-
-    cond, records = adapter.encode_prompts(PROMPTS), []
-    for it in range(2):
-        records.append(
-            train_iteration(
-                policy=policy,
-                algorithm=algorithm,
-                optimizer=optimizer,
-                prompts=PROMPTS,
-                cond=cond,
-                config=config,
-                reward_fn=brightness,
-                latent_shape=adapter.latent_shape,
-                generator=torch.Generator().manual_seed(it),
-                iteration=it,
-            )
-        )
-    return adapter, policy, before, records
-
-
 @pytest.mark.parametrize("algorithm_name", ["vgrpo", "flow_grpo"])
 def test_rollout_score_update_moves_the_qwen_image_lora(saved_qwen_image: Path, algorithm_name: str) -> None:
-    _, policy, before, records = _train(load_pipeline(saved_qwen_image), algorithm_name)
+    _, policy, before, records = train_two_iterations(
+        load_pipeline(saved_qwen_image), "qwen-image", algorithm_name, PROMPTS
+    )
     after = policy.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("lora" in k for k in changed) and any("lora_B" in k for k in changed)
@@ -172,7 +115,7 @@ def test_exported_lora_in_a_plain_qwen_image_pipeline_samples_what_the_project_s
     from vgrpo.samplers import euler_ode_sample
 
     pipe = load_pipeline(saved_qwen_image)
-    adapter, policy, _, _ = _train(pipe, "vgrpo")
+    adapter, policy, _, _ = train_two_iterations(pipe, "qwen-image", "vgrpo", PROMPTS)
     save_lora(pipe.transformer, tmp_path / "lora")
     assert (tmp_path / "lora" / LORA_FILE).is_file()
 
