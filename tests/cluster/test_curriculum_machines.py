@@ -35,7 +35,8 @@ def _params(dst: Path) -> list[str]:
     shutil.copytree(REPO / "params", dst)
     (dst / "models" / "embedded.yaml").write_text(yaml.safe_dump(TINY_MODEL))
     names = []
-    for path in sorted((dst / "stages" / "embedded").glob("*.yaml")):
+    for rel in yaml.safe_load((REPO / CURRICULUM).read_text())["curriculum"]["stages"]:
+        path = dst / Path(rel).relative_to("params")
         stage = yaml.safe_load(path.read_text())
         path.write_text(yaml.safe_dump({**stage, "iterations": 2, "checkpoint_every": 1}))
         names.append(stage["name"])
