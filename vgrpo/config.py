@@ -85,6 +85,19 @@ class TrainConfig(FrozenConfig):
             )
         if self.lora is None and self.precision.merged_lora:
             raise ValueError("precision.merged_lora needs lora: a full fine-tune has no adapter to merge")
+        if self.precision.lora_base_dtype == "bf16":
+            if self.lora is None:
+                raise ValueError("precision.lora_base_dtype: bf16 needs lora: a full fine-tune trains the weights")
+            if self.precision.autocast != "bf16":
+                raise ValueError(
+                    "precision.lora_base_dtype: bf16 needs precision.autocast: bf16 (fp32 activations cannot meet "
+                    "bf16 weights)"
+                )
+            if self.precision.merged_lora:
+                raise ValueError(
+                    "precision.lora_base_dtype: bf16 cannot be combined with precision.merged_lora (merging into and "
+                    "out of bf16 weights does not restore them)"
+                )
         return self
 
 

@@ -155,6 +155,7 @@ def test_the_flux2_recipe_loads_as_a_stage(monkeypatch: pytest.MonkeyPatch) -> N
     stage = {"name": "flux2-pickscore", "prompts": "prompts/flow_grpo/pickscore/train.txt", "iterations": 1}
     stage["rewards"] = [{"name": "pickscore", "options": {"path": "/models/PickScore_v1"}}]
     config = load_config([root / "base.yaml", root / "models/flux2.yaml"], stage, schema=StageConfig)
+    assert config.precision.lora_base_dtype == "bf16"  # fp32 would not fit (benchmarks.memory_families)
     assert str(config.pipeline) == "/models/FLUX.2-dev"
     rollout, lora = config.rollout, config.lora
     assert (rollout.resolution, rollout.num_steps, rollout.shift, rollout.dynamic_shift) == (512, 8, None, True)

@@ -261,6 +261,60 @@ def test_stage_trains_with_bf16_autocast_and_gradient_checkpointing(world: Path)
     assert (world / "bf16-lora" / "pytorch_lora_weights.safetensors").is_file()
 
 
+def test_a_bf16_lora_base_holds_the_transformer_in_bf16_and_trains_the_adapter_in_float32(world: Path) -> None:
+    from vgrpo.parallel.distributed import Distributed
+    from vgrpo.training.phases import setup_policy
+
+    velocities, gradients = {}, {}
+    for base in ("fp32", "bf16"):
+        config = _config(iterations=1, eval_prompts=None, precision={"autocast": "bf16", "lora_base_dtype": base})
+        stage = setup_policy(config, world / "base", None, Distributed())
+        dtypes = {(p.requires_grad, p.dtype) for p in stage.pipe.transformer.parameters()}
+        base_dtype = torch.bfloat16 if base == "bf16" else torch.float32
+        assert dtypes == {(False, base_dtype), (True, torch.float32)}
+        assert stage.pipe.text_encoder.dtype == torch.float32  # the frozen encoders keep precision.frozen_dtype
+        cond = stage.adapter.encode_prompts(["a photo of a red square", "a photo of two circles"])
+        latents = torch.randn(2, *stage.adapter.latent_shape, generator=torch.Generator().manual_seed(0))
+        lora = [p for p in stage.policy.parameters() if p.requires_grad]
+        with torch.no_grad():  # a LoRA B away from zero, the same in both runs
+            for p in lora:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+        v = stage.policy(latents, torch.tensor([0.7, 0.3]), cond)
+        velocities[base], gradients[base] = v.detach(), torch.autograd.grad(v.square().mean(), lora)
+    # Under autocast the linear layers run the same bf16 matmuls whatever the base's dtype; the bf16-rounded
+    # norm and embedding weights are the rest of the difference.
+    assert velocities["bf16"].dtype == torch.float32
+    torch.testing.assert_close(velocities["bf16"], velocities["fp32"], rtol=0.03, atol=0.03)
+    flat = {base: torch.cat([g.flatten() for g in grads]) for base, grads in gradients.items()}
+    assert torch.nn.functional.cosine_similarity(flat["bf16"], flat["fp32"], dim=0) > 0.99
+    result = run_stage(
+        _config(iterations=1, eval_prompts=None, precision={"autocast": "bf16", "lora_base_dtype": "bf16"}),
+        pipeline_dir=Path("base"),
+        work_dir=world / "bf16-base",
+        out_dir=world / "bf16-base-lora",
+        root=world,
+    )
+    assert all(np.isfinite(v) for v in result.history[0].values())
+    assert result.history[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # one precision for both passes
+    assert "lora_base_dtype" not in _config().precision.model_dump()  # the default leaves fingerprints unchanged
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"precision": {"lora_base_dtype": "bf16"}}, "needs precision.autocast: bf16"),
+        ({"precision": {"autocast": "bf16", "lora_base_dtype": "bf16"}, "lora": None}, "needs lora"),
+        (
+            {"precision": {"autocast": "bf16", "lora_base_dtype": "bf16", "merged_lora": True}},
+            "cannot be combined with precision.merged_lora",
+        ),
+    ],
+)
+def test_a_bf16_lora_base_is_refused_where_it_cannot_work(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _config(**overrides)
+
+
 def test_stage_evaluation_uses_hybrid_sampling_when_configured(world: Path) -> None:
     evaluation = {
         "group_size": 1,

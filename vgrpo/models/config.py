@@ -51,6 +51,12 @@ class PrecisionConfig(FrozenConfig):
         description="Weights dtype of the frozen text encoders and VAE; auto = bf16 on a CUDA device, fp32 on CPU. "
         "The transformer keeps float32 weights (the trained ones, and LoRA's base).",
     )
+    lora_base_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Weights dtype of the transformer's frozen base in a LoRA stage (the adapter stays fp32): bf16 "
+        "halves the base's memory (Qwen-Image's 20 B, FLUX.2-dev's 32 B parameters) and, under autocast bf16, "
+        "computes the same bf16 matmuls as an fp32 base (autocast casts the weights); needs autocast: bf16.",
+    )
     text_encoders: Literal["device", "cpu", "drop_after_encoding"] = Field(
         "device",
         description="Where the text encoders live: on the training device, on the CPU (encoding runs there), or "
@@ -66,12 +72,12 @@ class PrecisionConfig(FrozenConfig):
 
     @model_serializer(mode="wrap")
     def _without_default_speed_settings(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Without ``compile`` and ``merged_lora`` when off: a config that does not set them dumps (and so
-        fingerprints, and is recorded in benchmark cells) as it did before the settings existed."""
+        """Without ``compile``, ``merged_lora`` and ``lora_base_dtype`` at their defaults: a config that does not
+        set them dumps (and so fingerprints, and is recorded in benchmark cells) as it did before they existed."""
         data = handler(self)
         if isinstance(data, dict):
-            for key in ("compile", "merged_lora"):
-                if data.get(key) is False:
+            for key, default in (("compile", False), ("merged_lora", False), ("lora_base_dtype", "fp32")):
+                if key in data and data[key] == default:
                     del data[key]
         return data
 

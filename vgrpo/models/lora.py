@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from peft import LoraConfig as PeftLoraConfig
 from torch import nn
 
@@ -24,7 +25,8 @@ def add_lora(
 ) -> nn.Module:
     """Freeze ``transformer`` and add a trainable LoRA adapter (diffusers ``add_adapter``) in place.
 
-    LoRA ``B`` starts at zero, so the adapted model equals the base model until the first update.
+    LoRA ``B`` starts at zero, so the adapted model equals the base model until the first update. The adapter's
+    weights are float32 whatever the base's dtype.
     """
 
     missing = [m for m in target_modules if not any(n.endswith(m) for n, _ in transformer.named_modules())]
@@ -39,4 +41,7 @@ def add_lora(
         target_modules=list(target_modules),
     )
     transformer.add_adapter(config, adapter_name=adapter_name)  # type: ignore[operator]
+    for parameter in transformer.parameters():  # over a bf16 base, the adapter still trains and steps in float32
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
     return transformer

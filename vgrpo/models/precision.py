@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from vgrpo.models.merged_lora import MergedLoRAVelocity
 from vgrpo.policy import Conditioning
 
-__all__ = ["AutocastVelocity", "apply_precision", "frozen_dtype"]
+__all__ = ["WEIGHT_DTYPES", "AutocastVelocity", "apply_precision", "frozen_dtype"]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -35,7 +35,7 @@ from vgrpo.config import StageConfig
 from vgrpo.evaluation.evaluator import Evaluator
 from vgrpo.models import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
-from vgrpo.models.precision import apply_precision, frozen_dtype
+from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision, frozen_dtype
 from vgrpo.models.saving import save_pipeline
 from vgrpo.parallel.distributed import Distributed, is_sharded
 from vgrpo.parallel.fsdp import export_pipeline, shard_transformer
@@ -112,7 +112,11 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
     # A full fine-tune's previous stage exported a whole pipeline: the stage continues from it, as a LoRA stage
     # continues the previous adapter.
     start = init_lora if config.lora is None and init_lora is not None else pipeline_dir
-    pipe = load_pipeline(start, frozen_dtype=frozen_dtype(config.precision.frozen_dtype, dist.device))
+    pipe = load_pipeline(
+        start,
+        dtype=WEIGHT_DTYPES[config.precision.lora_base_dtype],
+        frozen_dtype=frozen_dtype(config.precision.frozen_dtype, dist.device),
+    )
     if config.lora is None:
         pipe.transformer.requires_grad_(True)
         if config.distributed.strategy == "fsdp" and dist.world_size > 1:  # before moving: one block at a time moves
