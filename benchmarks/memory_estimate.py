@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +87,23 @@ VAE_16 = {
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 
 
+def elements(module: torch.nn.Module) -> int:
+    """Parameters and buffers of ``module``."""
+    return sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in module.buffers())
+
+
+def lora_elements(module: torch.nn.Module, rank: int, targets: Sequence[str]) -> int:
+    """Parameters of a rank-``rank`` LoRA on every linear layer of ``module`` whose name ends with a target."""
+    return sum(
+        rank * (m.in_features + m.out_features)
+        for name, m in module.named_modules()
+        if isinstance(m, torch.nn.Linear) and any(name.endswith(t) for t in targets)
+    )
+
+
 def count_parameters() -> dict[str, Any]:
     """Element counts (parameters and persistent buffers) of every component, built on the meta device, and the
     LoRA r 32 parameters of SD3.5-M's attention projections (``lora.target_modules``'s default)."""
-
-    def elements(module: torch.nn.Module) -> int:
-        return sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in module.buffers())
-
     with torch.device("meta"):
         sd35 = SD3Transformer2DModel(**SD35M)
         flux = FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER)
@@ -106,11 +117,7 @@ def count_parameters() -> dict[str, Any]:
             "clip_g": elements(CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_G))),
             "vae": elements(AutoencoderKL(**VAE_16)),
         }
-    counts["sd35m_lora_r32"] = sum(
-        32 * (m.in_features + m.out_features)
-        for name, m in sd35.named_modules()
-        if isinstance(m, torch.nn.Linear) and any(name.endswith(t) for t in LORA_TARGETS)
-    )
+    counts["sd35m_lora_r32"] = lora_elements(sd35, 32, LORA_TARGETS)
     return counts
 
 

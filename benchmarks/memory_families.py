@@ -45,7 +45,7 @@ from transformers import (
     UMT5EncoderModel,
 )
 
-from benchmarks.memory_estimate import GB, VAE_16, activations, table
+from benchmarks.memory_estimate import GB, VAE_16, activations, elements, lora_elements, table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,18 +164,6 @@ FAMILIES = (
 )
 
 
-def _elements(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in module.buffers())
-
-
-def _lora(transformer: torch.nn.Module, rank: int, targets: list[str]) -> int:
-    return sum(
-        rank * (m.in_features + m.out_features)
-        for name, m in transformer.named_modules()
-        if isinstance(m, torch.nn.Linear) and any(name.endswith(t) for t in targets)
-    )
-
-
 def count_parameters(root: Path = REPO) -> dict[str, dict[str, int]]:
     """Per family: the transformer's, its LoRA's (its params file's rank and targets), the text encoder's and the
     VAE's element counts."""
@@ -207,10 +195,10 @@ def count_parameters(root: Path = REPO) -> dict[str, dict[str, int]]:
         transformer, encoder, vae = built[family.name]
         lora = yaml.safe_load((root / family.params).read_text())["lora"]
         counts[family.name] = {
-            "transformer": _elements(transformer),
-            "lora": _lora(transformer, lora["rank"], lora["target_modules"]),
-            "text_encoder": _elements(encoder),
-            "vae": _elements(vae),
+            "transformer": elements(transformer),
+            "lora": lora_elements(transformer, lora["rank"], lora["target_modules"]),
+            "text_encoder": elements(encoder),
+            "vae": elements(vae),
         }
     return counts
 
