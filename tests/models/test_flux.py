@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
+from tests.models.family_training import train_two_iterations
 from vgrpo.models.flux import FluxAdapter, FluxVelocity, latent_image_ids, pack_latents, unpack_latents
 from vgrpo.models.pipeline import PipelineError, build_adapter, load_pipeline
 
 ROOT = Path(__file__).parents[2]
 PROMPTS = ["a photo of a red circle", "two blue squares"]
-LORA = {"rank": 4, "alpha": 8}
 
 
 def test_pack_latents_round_trips_and_matches_diffusers() -> None:
@@ -89,72 +89,13 @@ def test_euler_with_flux_velocity_reproduces_flux_pipeline(flux: Any, steps: int
     assert (other - reference).abs().max() > 1e-2
 
 
-def _train_tiny_flux(pipe: Any, *, lora: bool) -> tuple[Any, dict[str, torch.Tensor], list[Any]]:
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.models import add_lora
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
-    config = load_config(
-        overrides={
-            "rollout": {
-                "prompts_per_iteration": 2,
-                "group_size": 3,
-                "num_steps": 3,
-                "shift": None,
-                "dynamic_shift": True,
-                "resolution": 16,
-                "micro_batch_size": 6,
-            },
-            "optim": {"lr": 1e-2, "micro_batch_size": 6},
-            "algorithm": {"name": "vgrpo", "n_mc": 2},
-            "lora": LORA if lora else None,
-        }
-    )
-    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
-    if config.lora is not None:
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            add_lora(
-                pipe.transformer,
-                rank=config.lora.rank,
-                alpha=config.lora.alpha,
-                target_modules=config.lora.target_modules,
-            )
-    else:
-        pipe.transformer.requires_grad_(True)
-    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    shift = adapter.sigma_shift(config.rollout.shift, dynamic=config.rollout.dynamic_shift)
-    rollout = config.rollout.model_copy(update={"shift": shift, "dynamic_shift": False})
-    config = config.model_copy(update={"rollout": rollout})
-    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
-    optimizer = build_optimizer(policy, config.optim)
-    cond, records = adapter.encode_prompts(PROMPTS), []
-    for it in range(2):
-        records.append(
-            train_iteration(
-                policy=policy,
-                algorithm=algorithm,
-                optimizer=optimizer,
-                prompts=PROMPTS,
-                cond=cond,
-                config=config,
-                reward_fn=lambda s, p: {"bright": s.mean(dim=(1, 2, 3))},
-                latent_shape=adapter.latent_shape,
-                generator=torch.Generator().manual_seed(it),
-                iteration=it,
-            )
-        )
-    return policy, before, records
-
-
 def test_vgrpo_step_on_flux_moves_lora_and_diffusers_loads_it(saved_flux: Path, tmp_path: Path) -> None:
     from diffusers import FluxPipeline
 
     from vgrpo.checkpoints.state import LORA_FILE, save_lora
 
     pipe = load_pipeline(saved_flux)
-    policy, before, records = _train_tiny_flux(pipe, lora=True)
+    _, policy, before, records = train_two_iterations(pipe, "flux", "vgrpo", PROMPTS)
     after = policy.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("lora" in k for k in changed) and any("lora_B" in k for k in changed)
@@ -186,7 +127,7 @@ def test_vgrpo_step_on_flux_moves_lora_and_diffusers_loads_it(saved_flux: Path, 
 
 
 def test_full_fine_tuning_moves_every_transformer_weight_group(saved_flux: Path) -> None:
-    policy, before, records = _train_tiny_flux(load_pipeline(saved_flux), lora=False)
+    _, policy, before, records = train_two_iterations(load_pipeline(saved_flux), "flux", "vgrpo", PROMPTS, lora=False)
     after = policy.state_dict()
     changed = {k.split(".")[1] for k in before if not torch.equal(before[k], after[k])}
     assert {"transformer_blocks", "single_transformer_blocks", "time_text_embed", "proj_out"} <= changed

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.models.family_training import train_two_iterations
 from vgrpo.models.flux import pack_latents, unpack_latents
 from vgrpo.models.flux_kontext import (
     KONTEXT_GUIDANCE,
@@ -138,33 +139,7 @@ def test_the_condition_image_changes_the_velocity(kontext_dir: Path) -> None:
 def _train(
     pipe: Any, root: Path, algorithm_name: str
 ) -> tuple[Any, Any, dict[str, torch.Tensor], list[Any], list[bool]]:
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.models import add_lora
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
-    algorithm_options: dict[str, Any] = {"name": algorithm_name}
-    if algorithm_name == "vgrpo":
-        algorithm_options["n_mc"] = 2
-    config = load_config(
-        overrides={
-            "rollout": {
-                "prompts_per_iteration": 2,
-                "group_size": 3,
-                "num_steps": 3,
-                "resolution": 16,
-                "micro_batch_size": 6,
-            },
-            "optim": {"lr": 1e-2, "micro_batch_size": 6},
-            "algorithm": algorithm_options,
-            "lora": {"rank": 4, "alpha": 8, "target_modules": list(FAMILIES["flux-kontext"].lora_targets)},
-        }
-    )
-    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        add_lora(pipe.transformer, rank=4, alpha=8, target_modules=FAMILIES["flux-kontext"].lora_targets)
-    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    adapter, policy = build_adapter(pipe, resolution=16)
     seen: list[bool] = []  # whether each forward of the policy (rollout, prepare, update) saw the condition image
 
     def spy(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -172,31 +147,17 @@ def _train(
         seen.append(cond.image_latents is not None and cond.image_latents.shape[0] == args[0].shape[0])
 
     handle = policy.register_forward_pre_hook(spy, with_kwargs=True)
-    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
-    optimizer = build_optimizer(policy, config.optim)
-
-    def brightness(samples: torch.Tensor, prompts: Any) -> dict[str, torch.Tensor]:  # scored on decoded images
-        with torch.no_grad():
-            return {"bright": adapter.decode(samples).mean(dim=(1, 2, 3))}
-
-    cond, records = adapter.encode_rows(_rows(root)), []
-    for it in range(2):
-        records.append(
-            train_iteration(
-                policy=policy,
-                algorithm=algorithm,
-                optimizer=optimizer,
-                prompts=PROMPTS,
-                cond=cond,
-                config=config,
-                reward_fn=brightness,
-                latent_shape=adapter.latent_shape,
-                generator=torch.Generator().manual_seed(it),
-                iteration=it,
-            )
-        )
+    trained = train_two_iterations(
+        pipe,
+        "flux-kontext",
+        algorithm_name,
+        PROMPTS,
+        shift=3.0,
+        built=(adapter, policy),
+        encode=lambda a: a.encode_rows(_rows(root)),
+    )
     handle.remove()
-    return adapter, policy, before, records, seen
+    return (*trained, seen)
 
 
 @pytest.mark.parametrize("algorithm_name", ["vgrpo", "flow_grpo"])

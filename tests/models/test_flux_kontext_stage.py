@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.tiny_world import KillAt, Killed
-from vgrpo.models.registry import FAMILIES
+from tests.models.family_stage import assert_killed_stage_resumes, stage_config
 from vgrpo.models.tiny_flux_kontext import tiny_flux_kontext_pipeline, write_condition_image
 
 PROMPTS = ("a photo of a red circle", "two blue squares", "a green triangle left of a yellow star")
@@ -36,30 +35,9 @@ def edit_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _stage_config(**overrides: Any) -> Any:
-    from vgrpo.config import StageConfig
-
-    data: dict[str, Any] = {
-        "name": "kontext-tiny",
-        "prompts": "train.jsonl",
-        "iterations": 2,
-        "checkpoint_every": 1,
-        "rollout": {
-            "prompts_per_iteration": 2,
-            "group_size": 3,
-            "num_steps": 3,
-            "shift": None,
-            "dynamic_shift": True,
-            "resolution": 16,
-            "micro_batch_size": 6,
-        },
-        "optim": {"lr": 1e-2, "micro_batch_size": 6},
-        "algorithm": {"name": "vgrpo", "n_mc": 2},
-        "lora": {"rank": 4, "alpha": 8, "target_modules": list(FAMILIES["flux-kontext"].lora_targets)},
-        "rewards": [{"name": "source_similarity"}],
-        "eval_prompts": "test.jsonl",
-        "evaluation": {"group_size": 1, "num_steps": 2, "shift": "dynamic", "rewards": [{"name": "source_similarity"}]},
-    }
-    return StageConfig.model_validate(data | overrides)
+    similarity = [{"name": "source_similarity"}]
+    evaluation = {"group_size": 1, "num_steps": 2, "shift": "dynamic", "rewards": similarity}
+    return stage_config("flux-kontext", **({"rewards": similarity, "evaluation": evaluation} | overrides))
 
 
 def test_a_kontext_stage_feeds_the_rows_source_images_to_every_forward_and_scores_against_them(
@@ -95,28 +73,4 @@ def test_a_kontext_stage_feeds_the_rows_source_images_to_every_forward_and_score
 
 
 def test_a_killed_kontext_stage_resumes_to_the_same_weights(edit_world: Path) -> None:
-    from safetensors.torch import load_file
-
-    from vgrpo.training.stage import run_stage
-
-    config = _stage_config(eval_prompts=None)
-    run_stage(
-        config, pipeline_dir=Path("base"), work_dir=edit_world / "whole", out_dir=edit_world / "a", root=edit_world
-    )
-    with pytest.raises(Killed):
-        run_stage(
-            config,
-            pipeline_dir=Path("base"),
-            work_dir=edit_world / "cut",
-            out_dir=edit_world / "b",
-            root=edit_world,
-            callbacks=KillAt(1),
-        )
-    resumed = run_stage(
-        config, pipeline_dir=Path("base"), work_dir=edit_world / "cut", out_dir=edit_world / "b", root=edit_world
-    )
-    assert resumed.resumed_from == 1
-    a = load_file(edit_world / "a" / "pytorch_lora_weights.safetensors")
-    b = load_file(edit_world / "b" / "pytorch_lora_weights.safetensors")
-    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    assert any(bool(a[k].abs().max() > 0) for k in a if "lora_B" in k)
+    assert_killed_stage_resumes(edit_world, _stage_config(eval_prompts=None))

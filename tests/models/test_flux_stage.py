@@ -4,6 +4,7 @@ hybrid sampling, and evaluation at its own resolution with the dynamic shift rec
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.models.family_stage import (
+    assert_export_loads,
+    full_fine_tuning,
+    run_two_iterations,
+    stage_config,
+    world_with_pipeline,
+)
 from vgrpo.flow import timestep_grid
 from vgrpo.models.flux import FluxAdapter, FluxVelocity
 from vgrpo.models.pipeline import build_adapter, load_pipeline
@@ -18,7 +26,6 @@ from vgrpo.models.tiny import tiny_flux_pipeline
 
 ROOT = Path(__file__).parents[2]
 PROMPTS = ["a photo of a red circle", "two blue squares"]
-LORA = {"rank": 4, "alpha": 8}
 
 
 def test_flux_params_validate() -> None:
@@ -42,68 +49,18 @@ def test_flux_params_validate() -> None:
 @pytest.fixture(scope="module")
 def flux_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """World prompt files and a tiny FLUX pipeline whose tokenizers were built from them."""
-    from vgrpo.world import make_splits, write_jsonl
-
-    root = tmp_path_factory.mktemp("flux-world")
-    train, test = make_splits(0, 12, 2)
-    write_jsonl(root / "train.jsonl", [md for md, _ in train])
-    write_jsonl(root / "test.jsonl", [md for md, _ in test])
-    tiny_flux_pipeline(seed=0, corpus=[md["prompt"] for md, _ in train + test]).save_pretrained(root / "base")
-    return root
-
-
-def _stage_config(**overrides: Any) -> Any:
-    from tests.tiny_world import WORLD_PICK
-    from vgrpo.config import StageConfig
-
-    data: dict[str, Any] = {
-        "name": "flux-tiny",
-        "prompts": "train.jsonl",
-        "iterations": 2,
-        "checkpoint_every": 1,
-        "rollout": {
-            "prompts_per_iteration": 2,
-            "group_size": 3,
-            "num_steps": 3,
-            "shift": None,
-            "dynamic_shift": True,
-            "resolution": 16,
-            "micro_batch_size": 6,
-        },
-        "optim": {"lr": 1e-2, "micro_batch_size": 6},
-        "algorithm": {"name": "vgrpo", "n_mc": 2},
-        "lora": LORA,
-        "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
-        "eval_prompts": "test.jsonl",
-        "evaluation": {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}]},
-    }
-    return StageConfig.model_validate(data | overrides)
+    build = partial(tiny_flux_pipeline, seed=0)
+    return world_with_pipeline(tmp_path_factory.mktemp("flux-world"), lambda prompts: build(corpus=prompts))
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_run_stage_trains_a_saved_flux_pipeline(flux_world: Path, lora: bool) -> None:
     from diffusers import FluxPipeline
 
-    from vgrpo.checkpoints.state import LORA_FILE
-    from vgrpo.training.stage import run_stage
-
-    out = flux_world / f"out-{lora}"
-    config = _stage_config(**({} if lora else {"lora": None, "optim": {"lr": 1e-3, "micro_batch_size": 6}}))
-    result = run_stage(
-        config, pipeline_dir=Path("base"), work_dir=flux_world / f"run-{lora}", out_dir=out, root=flux_world
-    )
-    assert len(result.history) == 2 and all(math.isfinite(h["train/loss"]) for h in result.history)
-    final = result.evaluations[-1]
-    assert final["iteration"] == 2 and final["sampling"]["shift"] == pytest.approx(math.exp(0.459375))
-    base = FluxPipeline.from_pretrained(flux_world / "base", local_files_only=True)
-    if lora:
-        assert (out / LORA_FILE).is_file()
-        base.load_lora_weights(out)  # the export loads in a plain diffusers script
-        return
-    trained = load_pipeline(out)  # full fine-tuning exports a whole pipeline the loader reads
-    assert isinstance(trained, FluxPipeline)
-    a, b = base.transformer.state_dict(), trained.transformer.state_dict()
-    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    config = stage_config("flux")
+    result = run_two_iterations(flux_world, config if lora else full_fine_tuning(config), f"{lora}")
+    assert result.evaluations[-1]["sampling"]["shift"] == pytest.approx(math.exp(0.459375))
+    assert_export_loads(flux_world, f"{lora}", FluxPipeline, lora=lora)
 
 
 def test_hybrid_sampling_runs_through_the_flux_adapter(flux: Any) -> None:
@@ -214,9 +171,9 @@ def test_stage_evaluation_samples_at_the_evaluation_resolution_and_its_shift(flu
     from vgrpo.training.phases import evaluate_adapter
 
     evaluation = {"group_size": 1, "num_steps": 2, "max_prompts": 2, "rewards": [{"name": "geneval"}]}
-    at_rollout = evaluate_adapter(_stage_config(evaluation=evaluation), flux_world / "base", None, flux_world, 0)
+    at_rollout = evaluate_adapter(stage_config("flux", evaluation=evaluation), flux_world / "base", None, flux_world, 0)
     at_32 = evaluate_adapter(
-        _stage_config(evaluation=evaluation | {"resolution": 32}), flux_world / "base", None, flux_world, 0
+        stage_config("flux", evaluation=evaluation | {"resolution": 32}), flux_world / "base", None, flux_world, 0
     )
     assert at_rollout is not None and at_32 is not None
     (table_16, images_16), (table_32, images_32) = at_rollout, at_32

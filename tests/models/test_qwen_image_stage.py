@@ -6,106 +6,36 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 
-from tests.tiny_world import KillAt, Killed
-from vgrpo.models.registry import FAMILIES
+from tests.models.family_stage import (
+    assert_export_loads,
+    assert_killed_stage_resumes,
+    full_fine_tuning,
+    run_two_iterations,
+    stage_config,
+    world_with_pipeline,
+)
 from vgrpo.models.tiny import tiny_qwen_image_pipeline
 
 
 @pytest.fixture(scope="module")
 def q_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """World prompt files and a tiny Qwen-Image pipeline (its byte-level tokenizer reads any prompt)."""
-    from vgrpo.world import make_splits, write_jsonl
-
-    root = tmp_path_factory.mktemp("qwen-world")
-    train, test = make_splits(0, 12, 2)
-    write_jsonl(root / "train.jsonl", [md for md, _ in train])
-    write_jsonl(root / "test.jsonl", [md for md, _ in test])
-    tiny_qwen_image_pipeline(seed=0).save_pretrained(root / "base")
-    return root
-
-
-def _stage_config(**overrides: Any) -> Any:
-    from tests.tiny_world import WORLD_PICK
-    from vgrpo.config import StageConfig
-
-    data: dict[str, Any] = {
-        "name": "qwen-image-tiny",
-        "prompts": "train.jsonl",
-        "iterations": 2,
-        "checkpoint_every": 1,
-        "rollout": {
-            "prompts_per_iteration": 2,
-            "group_size": 3,
-            "num_steps": 3,
-            "shift": None,
-            "dynamic_shift": True,
-            "resolution": 16,
-            "micro_batch_size": 6,
-        },
-        "optim": {"lr": 1e-2, "micro_batch_size": 6},
-        "algorithm": {"name": "vgrpo", "n_mc": 2},
-        "lora": {"rank": 4, "alpha": 8, "target_modules": list(FAMILIES["qwen-image"].lora_targets)},
-        "rewards": [{"name": "pickscore", "options": {"path": str(WORLD_PICK)}}],
-        "eval_prompts": "test.jsonl",
-        "evaluation": {"group_size": 1, "num_steps": 2, "shift": "dynamic", "rewards": [{"name": "geneval"}]},
-    }
-    return StageConfig.model_validate(data | overrides)
+    return world_with_pipeline(tmp_path_factory.mktemp("qwen-world"), lambda prompts: tiny_qwen_image_pipeline(seed=0))
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_run_stage_trains_a_saved_qwen_image_pipeline(q_world: Path, lora: bool) -> None:
     from diffusers import QwenImagePipeline
 
-    from vgrpo.checkpoints.state import LORA_FILE
-    from vgrpo.models.pipeline import load_pipeline
-    from vgrpo.training.stage import run_stage
-
-    out = q_world / f"out-{lora}"
-    config = _stage_config(**({} if lora else {"lora": None, "optim": {"lr": 1e-3, "micro_batch_size": 6}}))
-    result = run_stage(config, pipeline_dir=Path("base"), work_dir=q_world / f"run-{lora}", out_dir=out, root=q_world)
-    assert len(result.history) == 2 and all(math.isfinite(h["train/loss"]) for h in result.history)
+    config = stage_config("qwen-image")
+    result = run_two_iterations(q_world, config if lora else full_fine_tuning(config), f"{lora}")
     final = result.evaluations[-1]  # calculate_shift(16 tokens; 256 / 8192, 0.5 / 0.9) as a static shift e^mu
-    assert final["iteration"] == 2 and final["sampling"]["shift"] == pytest.approx(math.exp(0.5 - 240 * 0.4 / 7936))
-    base = QwenImagePipeline.from_pretrained(q_world / "base", local_files_only=True)
-    if lora:
-        assert (out / LORA_FILE).is_file()
-        base.load_lora_weights(out)  # the export loads in a plain diffusers script
-        assert any("lora" in name for name, _ in base.transformer.named_parameters())
-        return
-    trained = load_pipeline(out)  # full fine-tuning exports a whole pipeline the loader reads
-    assert isinstance(trained, QwenImagePipeline)
-    a, b = base.transformer.state_dict(), trained.transformer.state_dict()
-    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    assert final["sampling"]["shift"] == pytest.approx(math.exp(0.5 - 240 * 0.4 / 7936))
+    assert_export_loads(q_world, f"{lora}", QwenImagePipeline, lora=lora)
 
 
 def test_a_killed_qwen_image_stage_resumes_to_the_same_weights(q_world: Path) -> None:
-    from safetensors.torch import load_file
-
-    from vgrpo.training.stage import run_stage
-
-    config = _stage_config(eval_prompts=None)
-    run_stage(
-        config, pipeline_dir=Path("base"), work_dir=q_world / "whole", out_dir=q_world / "whole_lora", root=q_world
-    )
-    with pytest.raises(Killed):
-        run_stage(
-            config,
-            pipeline_dir=Path("base"),
-            work_dir=q_world / "cut",
-            out_dir=q_world / "cut_lora",
-            root=q_world,
-            callbacks=KillAt(1),
-        )
-    resumed = run_stage(
-        config, pipeline_dir=Path("base"), work_dir=q_world / "cut", out_dir=q_world / "cut_lora", root=q_world
-    )
-    assert resumed.resumed_from == 1
-    a = load_file(q_world / "whole_lora" / "pytorch_lora_weights.safetensors")
-    b = load_file(q_world / "cut_lora" / "pytorch_lora_weights.safetensors")
-    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    assert any(bool(a[k].abs().max() > 0) for k in a if "lora_B" in k)  # trained: B left its zero init
+    assert_killed_stage_resumes(q_world, stage_config("qwen-image", eval_prompts=None))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.models.family_training import train_two_iterations
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.models.registry import FAMILIES
 from vgrpo.models.tiny_wan import TINY_WAN_FRAMES, TINY_WAN_RESOLUTION, TINY_WAN_TOKENS, tiny_wan_pipeline
@@ -147,66 +148,33 @@ def test_a_unipc_schedulers_flow_shift_is_the_grids_shift(wan_dir: Path) -> None
 
 
 def _train(pipe: Any, algorithm_name: str) -> tuple[WanAdapter, Any, dict[str, torch.Tensor], list[Any], list[int]]:
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.models import add_lora
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
-    algorithm_options: dict[str, Any] = {"name": algorithm_name}
-    if algorithm_name == "vgrpo":
-        algorithm_options["n_mc"] = 2
-    targets = list(FAMILIES["wan"].lora_targets)
-    config = load_config(
-        overrides={
-            "rollout": {
-                "prompts_per_iteration": 2,
-                "group_size": 3,
-                "num_steps": 3,
-                "resolution": TINY_WAN_RESOLUTION,
-                "micro_batch_size": 6,
-            },
-            "optim": {"lr": 1e-2, "micro_batch_size": 6},
-            "algorithm": algorithm_options,
-            "lora": {"rank": 4, "alpha": 8, "target_modules": targets},
-        }
-    )
-    adapter, policy = _adapter(pipe)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        add_lora(pipe.transformer, rank=4, alpha=8, target_modules=targets)
-    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
-    optimizer = build_optimizer(policy, config.optim)
     frame_counts: list[int] = []
 
     def brightness(images: np.ndarray, prompts: Any, metadata: Any) -> RewardOutput:
         frame_counts.append(images.shape[0])
         return RewardOutput(scores=images.reshape(images.shape[0], -1).mean(axis=1) / 255.0)
 
-    reward = PerFrameMean(brightness)
+    per_frame = PerFrameMean(brightness)
 
-    def score(samples: torch.Tensor, prompts: Any) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            videos = video_frames(adapter.decode(samples))
-        return {"bright": torch.from_numpy(reward(videos, list(prompts)).scores)}
+    def frames_reward(adapter: Any) -> Any:  # each video's frames scored as images, averaged
+        def score(samples: torch.Tensor, prompts: Any) -> dict[str, torch.Tensor]:
+            with torch.no_grad():
+                videos = video_frames(adapter.decode(samples))
+            return {"bright": torch.from_numpy(per_frame(videos, list(prompts)).scores)}
 
-    cond, records = adapter.encode_prompts(PROMPTS), []
-    for it in range(2):
-        records.append(
-            train_iteration(
-                policy=policy,
-                algorithm=algorithm,
-                optimizer=optimizer,
-                prompts=PROMPTS,
-                cond=cond,
-                config=config,
-                reward_fn=score,
-                latent_shape=adapter.latent_shape,
-                generator=torch.Generator().manual_seed(it),
-                iteration=it,
-            )
-        )
-    return adapter, policy, before, records, frame_counts
+        return score
+
+    trained = train_two_iterations(
+        pipe,
+        "wan",
+        algorithm_name,
+        PROMPTS,
+        shift=3.0,
+        resolution=TINY_WAN_RESOLUTION,
+        built=_adapter(pipe),
+        reward=frames_reward,
+    )
+    return (*trained, frame_counts)
 
 
 @pytest.mark.parametrize("algorithm_name", ["vgrpo", "flow_grpo"])

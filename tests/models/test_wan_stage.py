@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.tiny_world import KillAt, Killed
-from vgrpo.models.registry import FAMILIES
+from tests.models.family_stage import assert_killed_stage_resumes, stage_config
 from vgrpo.models.tiny_wan import TINY_WAN_FRAMES, TINY_WAN_RESOLUTION, tiny_wan_pipeline
 
 PROMPTS = ("a cat walking on grass", "a red car driving at night", "waves on a beach")
@@ -29,30 +28,15 @@ def video_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _stage_config(**overrides: Any) -> Any:
-    from vgrpo.config import StageConfig
-
     brightness = [{"name": "tests.rewards.custom:Brightness", "key": "brightness"}]
     data: dict[str, Any] = {
-        "name": "wan-tiny",
+        "rollout": {"resolution": TINY_WAN_RESOLUTION, "num_frames": TINY_WAN_FRAMES},
         "prompts": "train.txt",
-        "iterations": 2,
-        "checkpoint_every": 1,
-        "rollout": {
-            "prompts_per_iteration": 2,
-            "group_size": 3,
-            "num_steps": 3,
-            "resolution": TINY_WAN_RESOLUTION,
-            "num_frames": TINY_WAN_FRAMES,
-            "micro_batch_size": 6,
-        },
-        "optim": {"lr": 1e-2, "micro_batch_size": 6},
-        "algorithm": {"name": "vgrpo", "n_mc": 2},
-        "lora": {"rank": 4, "alpha": 8, "target_modules": list(FAMILIES["wan"].lora_targets)},
         "rewards": brightness,
         "eval_prompts": "test.txt",
         "evaluation": {"group_size": 2, "num_steps": 2, "num_frames": 9, "rewards": brightness},
     }
-    return StageConfig.model_validate(data | overrides)
+    return stage_config("wan", shift=3.0, **(data | overrides))
 
 
 def test_a_wan_stage_trains_on_videos_scored_per_frame_and_exports_its_lora(
@@ -89,23 +73,7 @@ def test_a_wan_stage_trains_on_videos_scored_per_frame_and_exports_its_lora(
 
 
 def test_a_killed_wan_stage_resumes_to_the_same_weights(video_world: Path) -> None:
-    from safetensors.torch import load_file
-
-    from vgrpo.training.stage import run_stage
-
-    config = _stage_config(eval_prompts=None)
-    root = video_world
-    run_stage(config, pipeline_dir=Path("base"), work_dir=root / "whole", out_dir=root / "a", root=root)
-    with pytest.raises(Killed):
-        run_stage(
-            config, pipeline_dir=Path("base"), work_dir=root / "cut", out_dir=root / "b", root=root, callbacks=KillAt(1)
-        )
-    resumed = run_stage(config, pipeline_dir=Path("base"), work_dir=root / "cut", out_dir=root / "b", root=root)
-    assert resumed.resumed_from == 1
-    a = load_file(root / "a" / "pytorch_lora_weights.safetensors")
-    b = load_file(root / "b" / "pytorch_lora_weights.safetensors")
-    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    assert any(bool(a[k].abs().max() > 0) for k in a if "lora_B" in k)
+    assert_killed_stage_resumes(video_world, _stage_config(eval_prompts=None))
 
 
 def test_an_image_family_refuses_num_frames() -> None:

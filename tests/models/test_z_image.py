@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.models.family_training import train_two_iterations
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.models.registry import FAMILIES
 from vgrpo.models.tiny import tiny_z_image_pipeline
@@ -89,59 +90,7 @@ def test_euler_with_z_image_velocity_reproduces_z_image_pipeline(saved_z_image: 
 
 
 def _train(pipe: Any, algorithm_name: str) -> tuple[Any, Any, dict[str, torch.Tensor], list[Any]]:
-    from vgrpo.algorithms import build_algorithm
-    from vgrpo.config import load_config
-    from vgrpo.models import add_lora
-    from vgrpo.training.iteration import build_optimizer, train_iteration
-
-    algorithm_options: dict[str, Any] = {"name": algorithm_name}
-    if algorithm_name == "vgrpo":
-        algorithm_options["n_mc"] = 2
-    config = load_config(
-        overrides={
-            "rollout": {
-                "prompts_per_iteration": 2,
-                "group_size": 3,
-                "num_steps": 3,
-                "shift": 3.0,
-                "resolution": 16,
-                "micro_batch_size": 6,
-            },
-            "optim": {"lr": 1e-2, "micro_batch_size": 6},
-            "algorithm": algorithm_options,
-            "lora": {"rank": 4, "alpha": 8, "target_modules": list(FAMILIES["z-image"].lora_targets)},
-        }
-    )
-    adapter, policy = build_adapter(pipe, resolution=config.rollout.resolution)
-    assert config.lora is not None
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        add_lora(pipe.transformer, rank=4, alpha=8, target_modules=config.lora.target_modules)
-    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    algorithm = build_algorithm(config, policy=policy, latent_shape=adapter.latent_shape)
-    optimizer = build_optimizer(policy, config.optim)
-
-    def brightness(samples: torch.Tensor, prompts: Any) -> dict[str, torch.Tensor]:  # scored on decoded images
-        with torch.no_grad():
-            return {"bright": adapter.decode(samples).mean(dim=(1, 2, 3))}
-
-    cond, records = adapter.encode_prompts(PROMPTS), []
-    for it in range(2):
-        records.append(
-            train_iteration(
-                policy=policy,
-                algorithm=algorithm,
-                optimizer=optimizer,
-                prompts=PROMPTS,
-                cond=cond,
-                config=config,
-                reward_fn=brightness,
-                latent_shape=adapter.latent_shape,
-                generator=torch.Generator().manual_seed(it),
-                iteration=it,
-            )
-        )
-    return adapter, policy, before, records
+    return train_two_iterations(pipe, "z-image", algorithm_name, PROMPTS, shift=3.0)
 
 
 @pytest.mark.parametrize("algorithm_name", ["vgrpo", "flow_grpo"])
