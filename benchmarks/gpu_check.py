@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                     "gpu_tests",
                     [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *gpu_test_files()],
                 )
-                tests.details["counts"] = pytest_counts(run_step(tests, budget, log, env, cap=150))
+                tests.details["counts"] = pytest_counts(run_step(tests, budget, log, env, cap=240))
                 if mode == "gpu" and tests.details["counts"].get("skipped"):
                     tests.status = "failed"  # on a GPU no gpu-marked test may skip
                 steps.append(tests)

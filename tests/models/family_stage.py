@@ -117,3 +117,33 @@ def assert_killed_stage_resumes(world: Path, config: Any) -> None:
     a, b = load_file(world / "whole-lora" / LORA_FILE), load_file(world / "cut-lora" / LORA_FILE)
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert any(bool(a[k].abs().max() > 0) for k in a if "lora_B" in k)  # trained: B left its zero init
+
+
+# The newer families' recipe precision (params/models/flux2.yaml, qwen-image.yaml): bf16 autocast over a bf16 LoRA
+# base, gradient checkpointing, the text encoders dropped once the stage's prompts are encoded.
+RECIPE_PRECISION = {
+    "autocast": "bf16",
+    "lora_base_dtype": "bf16",
+    "gradient_checkpointing": True,
+    "text_encoders": "drop_after_encoding",
+}
+
+
+def assert_trains_at_recipe_precision(world: Path, config: Any, pipeline_class: Any) -> None:
+    """``config``'s LoRA stage at :data:`RECIPE_PRECISION` on the device the stage picks (CUDA where there is one,
+    as in the GPU check): two finite iterations, LoRA weights that left their zero init, an export the family's
+    plain diffusers pipeline loads, and on CUDA, memory the CUDA allocator handed out."""
+    from safetensors.torch import load_file
+
+    from vgrpo.checkpoints.state import LORA_FILE
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    data = config.model_dump(mode="json") | {"precision": RECIPE_PRECISION}
+    run_two_iterations(world, type(config).model_validate(data), "recipe-precision")
+    if torch.cuda.is_available():
+        assert torch.cuda.max_memory_allocated() > 0
+    weights = load_file(world / "out-recipe-precision" / LORA_FILE)
+    assert all(v.dtype == torch.float32 for v in weights.values())  # trained in fp32 over the bf16 base
+    assert any(bool(weights[k].abs().max() > 0) for k in weights if "lora_B" in k)
+    assert_export_loads(world, "recipe-precision", pipeline_class, lora=True)

@@ -12,6 +12,7 @@ import pytest
 from tests.models.family_stage import (
     assert_export_loads,
     assert_killed_stage_resumes,
+    assert_trains_at_recipe_precision,
     full_fine_tuning,
     run_two_iterations,
     stage_config,
@@ -44,3 +45,10 @@ def test_run_stage_trains_a_saved_flux2_pipeline(f2_world: Path, lora: bool) -> 
 
 def test_a_killed_flux2_stage_resumes_to_the_same_weights(f2_world: Path) -> None:
     assert_killed_stage_resumes(f2_world, stage_config("flux2", eval_prompts=None))
+
+
+@pytest.mark.gpu
+def test_a_flux2_stage_trains_on_cuda_at_its_recipes_precision(f2_world: Path) -> None:
+    from diffusers import Flux2Pipeline
+
+    assert_trains_at_recipe_precision(f2_world, stage_config("flux2"), Flux2Pipeline)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.models.family_stage import assert_killed_stage_resumes, stage_config
+from tests.models.family_stage import assert_killed_stage_resumes, assert_trains_at_recipe_precision, stage_config
 from vgrpo.models.tiny_flux_kontext import tiny_flux_kontext_pipeline, write_condition_image
 
 PROMPTS = ("a photo of a red circle", "two blue squares", "a green triangle left of a yellow star")
@@ -74,3 +74,10 @@ def test_a_kontext_stage_feeds_the_rows_source_images_to_every_forward_and_score
 
 def test_a_killed_kontext_stage_resumes_to_the_same_weights(edit_world: Path) -> None:
     assert_killed_stage_resumes(edit_world, _stage_config(eval_prompts=None))
+
+
+@pytest.mark.gpu
+def test_a_kontext_stage_trains_on_cuda_at_the_newer_families_precision(edit_world: Path) -> None:
+    from diffusers import FluxKontextPipeline
+
+    assert_trains_at_recipe_precision(edit_world, _stage_config(), FluxKontextPipeline)

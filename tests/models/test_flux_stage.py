@@ -14,6 +14,7 @@ import torch
 
 from tests.models.family_stage import (
     assert_export_loads,
+    assert_trains_at_recipe_precision,
     full_fine_tuning,
     run_two_iterations,
     stage_config,
@@ -192,3 +193,10 @@ def test_stage_evaluation_samples_at_the_evaluation_resolution_and_its_shift(flu
         sampling=Sampling(2, 0, adapter.scheduler_shift),
     )
     assert np.array_equal(direct, images_32)
+
+
+@pytest.mark.gpu
+def test_a_flux_stage_trains_on_cuda_at_the_newer_families_precision(flux_world: Path) -> None:
+    from diffusers import FluxPipeline
+
+    assert_trains_at_recipe_precision(flux_world, stage_config("flux"), FluxPipeline)

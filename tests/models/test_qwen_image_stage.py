@@ -12,6 +12,7 @@ import pytest
 from tests.models.family_stage import (
     assert_export_loads,
     assert_killed_stage_resumes,
+    assert_trains_at_recipe_precision,
     full_fine_tuning,
     run_two_iterations,
     stage_config,
@@ -39,3 +40,10 @@ def test_run_stage_trains_a_saved_qwen_image_pipeline(q_world: Path, lora: bool)
 
 def test_a_killed_qwen_image_stage_resumes_to_the_same_weights(q_world: Path) -> None:
     assert_killed_stage_resumes(q_world, stage_config("qwen-image", eval_prompts=None))
+
+
+@pytest.mark.gpu
+def test_a_qwen_image_stage_trains_on_cuda_at_its_recipes_precision(q_world: Path) -> None:
+    from diffusers import QwenImagePipeline
+
+    assert_trains_at_recipe_precision(q_world, stage_config("qwen-image"), QwenImagePipeline)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.models.family_stage import assert_killed_stage_resumes, stage_config
+from tests.models.family_stage import assert_killed_stage_resumes, assert_trains_at_recipe_precision, stage_config
 from vgrpo.models.tiny_wan import TINY_WAN_FRAMES, TINY_WAN_RESOLUTION, tiny_wan_pipeline
 
 PROMPTS = ("a cat walking on grass", "a red car driving at night", "waves on a beach")
@@ -119,3 +119,10 @@ def test_preflight_refuses_frames_the_vae_cannot_take_before_loading_a_weight(vi
     assert image.frames_problem(5, "rollout.num_frames") == (
         f"rollout.num_frames: {video_world / 'flux'} samples images; num_frames is for video families (remove it)"
     )
+
+
+@pytest.mark.gpu
+def test_a_wan_stage_trains_on_cuda_at_the_newer_families_precision(video_world: Path) -> None:
+    from diffusers import WanPipeline
+
+    assert_trains_at_recipe_precision(video_world, _stage_config(), WanPipeline)

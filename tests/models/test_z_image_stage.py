@@ -11,6 +11,7 @@ import pytest
 from tests.models.family_stage import (
     assert_export_loads,
     assert_killed_stage_resumes,
+    assert_trains_at_recipe_precision,
     full_fine_tuning,
     run_two_iterations,
     stage_config,
@@ -51,3 +52,10 @@ def test_the_sd3_lora_targets_on_a_z_image_pipeline_are_refused_naming_the_famil
     (problem,) = lora_target_problems(LoraConfig().target_modules, shapes, pipeline)
     assert problem.startswith("lora.target_modules: ['add_q_proj', 'add_k_proj', 'add_v_proj', 'to_add_out'] name no")
     assert problem.endswith("the z-image family's: ['to_q', 'to_k', 'to_v', 'to_out.0'])")
+
+
+@pytest.mark.gpu
+def test_a_z_image_stage_trains_on_cuda_at_the_newer_families_precision(z_world: Path) -> None:
+    from diffusers import ZImagePipeline
+
+    assert_trains_at_recipe_precision(z_world, stage_config("z-image", shift=3.0), ZImagePipeline)
