@@ -19,7 +19,9 @@ Each finished run adds its record to ``--out`` (``metrics/curriculum_runs.json``
 stage. Resumable by run: a run whose record is in ``--out`` is skipped (``--redo`` runs it again), and a killed run
 restarts where it stopped (finished stages are kept with their evaluations, a stage in progress resumes from its
 last checkpoint, the base's evaluation is kept). ``--set KEY=VALUE`` overrides every stage (``--set iterations=2``
-for a quick look; such records say so in ``overrides``).
+for a quick look; such records say so in ``overrides``). ``--reuse OTHER_RUN_ROOT`` copies each stage another grid
+trained with the same params from the same start (same seed and threads) instead of training it again, so a variant
+of a late stage trains that stage alone; its records name the stages copied (``reused``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -45,7 +48,7 @@ from benchmarks.curriculum_runs import (
 )
 from vgrpo.atomic import write_json_atomic
 
-__all__ = ["main", "run_one"]
+__all__ = ["main", "reusable_stage", "run_one"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,9 +75,12 @@ def run_one(
     test_prompts: Path,
     validation_prompts: Path,
     overrides: Mapping[str, Any],
+    reuse: Path | None = None,
 ) -> dict[str, Any]:
     """One run (this process, ``threads`` torch threads): the curriculum's stages (kept when finished, resumed when
-    not), the headline evaluation paired with the base's on the test split, clutter on validation; its record."""
+    not, or copied from ``reuse``'s run of the same seed and threads when that one trained the same stage from the
+    same start: :func:`reusable_stage`), the headline evaluation paired with the base's on the test split, clutter on
+    validation; its record."""
     from benchmarks.clutter import measure
     from benchmarks.provenance import cpu_model
     from tasks.stage import dir_hash, output_is_intact, run_tracked_stage, stage_dirs
@@ -91,13 +97,20 @@ def run_one(
     run_dir = run_root / f"seed{seed}-threads{threads}"
     init: str | None = None
     numbers: list[dict[str, Any]] = []
+    reused: list[str] = []
     for cfg in stages:
         out_dir, _ = stage_dirs(str(run_dir), cfg.name)
         init_hash = dir_hash(root / init) if init else None
         kept = run_dir / "stages" / f"{cfg.name}.eval.json"
         done = json.loads(kept.read_text()) if kept.is_file() else None
         intact = output_is_intact(cfg, str(run_dir), init_hash)
-        if not (done and intact and done["adapter_hash"] == dir_hash(out_dir)):
+        source = reuse / run_dir.name if reuse is not None and reuse.resolve() != run_root.resolve() else None
+        if source is not None and not intact and (copied := reusable_stage(cfg, init_hash, source)) is not None:
+            shutil.copytree(copied, out_dir, dirs_exist_ok=True)
+            done = json.loads((source / "stages" / f"{cfg.name}.eval.json").read_text()) | {"reused_from": str(source)}
+            write_json_atomic(kept, done)
+            reused.append(cfg.name)
+        elif not (done and intact and done["adapter_hash"] == dir_hash(out_dir)):
             outcome = run_tracked_stage(cfg, init, str(run_dir), str(root))
             start = next((e for e in outcome.evaluations if e.get("iteration") == 0), None)
             done = {
@@ -136,12 +149,34 @@ def run_one(
         "rewards": headline_gains(final, json.loads(base_eval.read_text())),
         "stages": numbers,
         "give_backs": give_backs(numbers),
+        "reused": {"from": str(reuse / run_dir.name), "stages": reused} if reused and reuse is not None else None,
         "clutter": {
             "base": clutter[0]["clutter"],
             "final": clutter[-1]["clutter"],
             "stages": [{k: r[k] for k in ("stage", "clutter", "ci", "images")} for r in clutter],
         },
     }
+
+
+def reusable_stage(cfg: Any, init_hash: str | None, source: Path) -> Path | None:
+    """The adapter of stage ``cfg`` in another run's folder ``source`` when that run trained it with the same
+    training fingerprint from the same starting adapter (``init_hash``), its bytes are the ones its manifest and its
+    kept evaluation name, and the evaluation is kept; else None. The code may differ: a record that reuses stages
+    says which, and from where (its ``reused``)."""
+    from tasks.stage import MANIFEST, dir_hash, stage_dirs
+    from vgrpo.checkpoints.resume import training_hash
+
+    out_dir, work_dir = stage_dirs(str(source), cfg.name)
+    try:
+        manifest = json.loads((work_dir / MANIFEST).read_text())
+        kept = json.loads((source / "stages" / f"{cfg.name}.eval.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("fingerprint") != training_hash(cfg) or manifest.get("init_hash") != init_hash:
+        return None
+    if not out_dir.is_dir() or not dir_hash(out_dir) == manifest.get("hash") == kept.get("adapter_hash"):
+        return None
+    return out_dir
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -153,6 +188,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation-prompts", type=Path, default=Path("data/world/validation.jsonl"))
     parser.add_argument("--out", type=Path, default=Path("metrics/curriculum_runs.json"))
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of every stage")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        help="another grid's run root: a stage it trained with the same params from the same start is copied, "
+        "not trained again (its code may differ; the record says which stages)",
+    )
 
 
 def _forward(args: argparse.Namespace) -> list[str]:
@@ -160,6 +201,7 @@ def _forward(args: argparse.Namespace) -> list[str]:
     out = ["--curriculum", str(args.curriculum), "--run-root", str(args.run_root), "--root", str(args.root)]
     out += ["--evaluate-params", str(args.evaluate_params), "--test-prompts", str(args.test_prompts)]
     out += ["--validation-prompts", str(args.validation_prompts), "--out", str(args.out)]
+    out += ["--reuse", str(args.reuse)] if args.reuse else []
     return out + (["--set", *args.set] if args.set else [])
 
 
@@ -197,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             test_prompts=args.test_prompts,
             validation_prompts=args.validation_prompts,
             overrides=overrides_from_pairs(args.set),
+            reuse=args.reuse,
         )
         merge_record(args.out, record)
         print(f"seed {args.seed}, {args.threads} threads: {json.dumps(record['rewards'])} -> {args.out}")

@@ -138,6 +138,25 @@ def test_the_grid_on_a_tiny_curriculum_records_each_run_and_resumes(tmp_path: Pa
     assert {k: v for k, v in again_record.items() if k != "wall_s"} == {
         k: v for k, v in record.items() if k != "wall_s"
     }
+    assert record["reused"] is None
+
+    # Another recipe with the same first stage, reusing this grid: s1 is copied (not trained), s2 is trained.
+    s2 = yaml.safe_load((root / "s2.yaml").read_text())
+    (root / "s2-other.yaml").write_text(yaml.safe_dump(s2 | {"name": "s2-other", "iterations": 1, "eval_every": 1}))
+    spec["stages"] = ["s1.yaml", "s2-other.yaml"]
+    (root / "other.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
+    other_out = tmp_path / "other.json"
+    paths = {"--curriculum": "other.yaml", "--run-root": str(tmp_path / "other"), "--out": str(other_out)}
+    cmd = [sys.executable, "-m", "benchmarks.robustness", "grid", "--seeds", "0", "--threads", "1", *args]
+    cmd += [*(a for k, v in paths.items() for a in (k, v)), "--reuse", str(runs)]  # the last value given wins
+    reusing = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert reusing.returncode == 0, reusing.stderr[-3000:]
+    (other,) = read_records(other_out)
+    assert other["reused"] == {"from": str(runs / "seed0-threads1"), "stages": ["s1"]}
+    copied = tmp_path / "other" / "seed0-threads1" / "stages" / "s1" / "pytorch_lora_weights.safetensors"
+    assert copied.read_bytes() == (runs / "seed0-threads1" / "stages" / "s1" / adapter.name).read_bytes()
+    assert other["stages"][:2] == record["stages"][:2] and other["stages"][2]["stage"] == "s2-other"
+    assert not (tmp_path / "other" / "seed0-threads1" / "work" / "s1").exists()  # copied, not trained
 
 
 def test_give_backs_are_drops_below_an_earlier_stages_best_beyond_the_tolerance() -> None:
