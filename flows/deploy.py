@@ -3,9 +3,10 @@
 
 * ``embedded-curriculum`` -- the five-stage curriculum on the embedded default (runs on a CPU);
 * ``sd35-curriculum`` -- the paper's SD3.5-Medium curriculum (weights under ``$VGRPO_MODELS``, docs/real-models.md);
-* ``qwen-image-clip-pickscore``, ``flux2-clip-pickscore``, ``z-image-pickscore`` -- Qwen-Image, FLUX.2-dev and
-  Z-Image-Turbo with LoRA on Flow-Factory's recipes (``params/curricula/qwen-image.yaml``, ``flux2.yaml``,
-  ``z-image.yaml``; weights under ``$VGRPO_MODELS``);
+* ``qwen-image-clip-pickscore``, ``flux2-clip-pickscore``, ``z-image-pickscore``, ``wan-clip-pickscore`` --
+  Qwen-Image, FLUX.2-dev, Z-Image-Turbo and Wan2.1-T2V-14B (text-to-video) with LoRA on Flow-Factory's recipes
+  (``params/curricula/qwen-image.yaml``, ``flux2.yaml``, ``z-image.yaml``, ``wan.yaml``; weights under
+  ``$VGRPO_MODELS``);
 * ``flux-multireward`` -- the paper's FLUX.1-dev multi-reward run (``params/curricula/flux.yaml``);
 * ``ablation-sweep`` -- the sweep flow (:mod:`flows.sweep`): the embedded GenEval stage once per file of
   ``params/ablations/`` (the paper's ablation grid), each cell a flow run of ``ablation-cell``, at most
@@ -61,6 +62,7 @@ DEPLOYMENTS: dict[str, tuple[Flow[..., Any], dict[str, Any]]] = {
     "qwen-image-clip-pickscore": (curriculum_flow, {"curriculum": "params/curricula/qwen-image.yaml"}),
     "flux2-clip-pickscore": (curriculum_flow, {"curriculum": "params/curricula/flux2.yaml"}),
     "z-image-pickscore": (curriculum_flow, {"curriculum": "params/curricula/z-image.yaml"}),
+    "wan-clip-pickscore": (curriculum_flow, {"curriculum": "params/curricula/wan.yaml"}),
     CELL_DEPLOYMENT.partition("/")[2]: (curriculum_flow, {"curriculum": ABLATION_CURRICULUM}),
     "ablation-sweep": (ablation_sweep, {"curriculum": ABLATION_CURRICULUM, "ablations": ABLATIONS}),
     MACHINE_DEPLOYMENT.partition("/")[2]: (stage_machine_flow, {}),

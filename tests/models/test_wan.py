@@ -216,9 +216,10 @@ def test_the_wan_recipe_loads_as_a_stage_config(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setenv("VGRPO_MODELS", "/models")
     root = Path(__file__).parents[2] / "params"
-    stage = {"name": "wan-t2v", "prompts": "prompts/flow_grpo/pickscore/train.txt", "iterations": 1}
-    stage["rewards"] = [{"name": "pickscore", "options": {"path": "/models/PickScore_v1"}}]  # Flow-Factory's, per frame
-    config = load_config([root / "base.yaml", root / "models/wan.yaml"], stage, schema=StageConfig)
+    files = [root / "base.yaml", root / "models/wan.yaml", root / "stages/wan/clip-pickscore.yaml"]
+    config = load_config(files, schema=StageConfig)
+    assert [(r.name, r.weight) for r in config.rewards] == [("clipscore", 1.0), ("pickscore", 0.5)]  # per frame
+    assert config.advantage.aggregation == "normalize_then_sum" and config.ema.enabled and config.ema.every == 4
     assert str(config.pipeline) == "/models/Wan2.1-T2V-14B-Diffusers"
     rollout, lora = config.rollout, config.lora
     assert (rollout.resolution, rollout.num_steps, rollout.shift, rollout.dynamic_shift) == (256, 10, 3.0, False)

@@ -19,6 +19,7 @@ CURRICULA = {
     "stage-qwen-image": "qwen-image",
     "stage-flux2": "flux2",
     "stage-z-image": "z-image",
+    "stage-wan": "wan",
 }
 
 
@@ -77,7 +78,13 @@ def test_dvc_stage_of_the_sd35_curriculum_stops_at_preflight(
 
 @pytest.mark.parametrize(
     ("model", "pipeline"),
-    [("qwen-image", "Qwen-Image"), ("flux2", "FLUX.2-dev"), ("z-image", "Z-Image-Turbo"), ("flux", "FLUX.1-dev")],
+    [
+        ("qwen-image", "Qwen-Image"),
+        ("flux2", "FLUX.2-dev"),
+        ("z-image", "Z-Image-Turbo"),
+        ("flux", "FLUX.1-dev"),
+        ("wan", "Wan2.1-T2V-14B-Diffusers"),
+    ],
 )
 def test_dvc_stage_of_each_real_family_stops_at_preflight(
     model: str, pipeline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
