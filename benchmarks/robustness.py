@@ -98,16 +98,16 @@ def run_one(
     init: str | None = None
     numbers: list[dict[str, Any]] = []
     reused: list[str] = []
+    source = reuse / run_dir.name if reuse is not None and reuse.resolve() != run_root.resolve() else None
     for cfg in stages:
         out_dir, _ = stage_dirs(str(run_dir), cfg.name)
         init_hash = dir_hash(root / init) if init else None
         kept = run_dir / "stages" / f"{cfg.name}.eval.json"
         done = json.loads(kept.read_text()) if kept.is_file() else None
         intact = output_is_intact(cfg, str(run_dir), init_hash)
-        source = reuse / run_dir.name if reuse is not None and reuse.resolve() != run_root.resolve() else None
         if source is not None and not intact and (copied := reusable_stage(cfg, init_hash, source)) is not None:
-            shutil.copytree(copied, out_dir, dirs_exist_ok=True)
-            done = json.loads((source / "stages" / f"{cfg.name}.eval.json").read_text()) | {"reused_from": str(source)}
+            shutil.copytree(copied[0], out_dir, dirs_exist_ok=True)
+            done = copied[1] | {"reused_from": str(source)}
             write_json_atomic(kept, done)
             reused.append(cfg.name)
         elif not (done and intact and done["adapter_hash"] == dir_hash(out_dir)):
@@ -149,7 +149,7 @@ def run_one(
         "rewards": headline_gains(final, json.loads(base_eval.read_text())),
         "stages": numbers,
         "give_backs": give_backs(numbers),
-        "reused": {"from": str(reuse / run_dir.name), "stages": reused} if reused and reuse is not None else None,
+        "reused": {"from": str(source), "stages": reused} if reused else None,
         "clutter": {
             "base": clutter[0]["clutter"],
             "final": clutter[-1]["clutter"],
@@ -158,10 +158,10 @@ def run_one(
     }
 
 
-def reusable_stage(cfg: Any, init_hash: str | None, source: Path) -> Path | None:
-    """The adapter of stage ``cfg`` in another run's folder ``source`` when that run trained it with the same
-    training fingerprint from the same starting adapter (``init_hash``), its bytes are the ones its manifest and its
-    kept evaluation name, and the evaluation is kept; else None. The code may differ: a record that reuses stages
+def reusable_stage(cfg: Any, init_hash: str | None, source: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The adapter folder of stage ``cfg`` in another run's folder ``source`` and its kept evaluation, when that run
+    trained it with the same training fingerprint from the same starting adapter (``init_hash``) and its bytes are
+    the ones its manifest and its kept evaluation name; else None. The code may differ: a record that reuses stages
     says which, and from where (its ``reused``)."""
     from tasks.stage import MANIFEST, dir_hash, stage_dirs
     from vgrpo.checkpoints.resume import training_hash
@@ -176,7 +176,7 @@ def reusable_stage(cfg: Any, init_hash: str | None, source: Path) -> Path | None
         return None
     if not out_dir.is_dir() or not dir_hash(out_dir) == manifest.get("hash") == kept.get("adapter_hash"):
         return None
-    return out_dir
+    return out_dir, kept
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
