@@ -63,6 +63,8 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
             str(out),
             "--grid",
             grid,
+            "--images",
+            str(tmp_path / "samples"),
             "--params",
             str(EVAL_PARAMS),
             "--set",
@@ -72,6 +74,8 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
         ]
     )
     assert code == 0
+    assert sorted(p.name for p in (tmp_path / "samples").iterdir())[:3] == ["00000-0.png", "00000-1.png", "00001-0.png"]
+    assert len(list((tmp_path / "samples").iterdir())) == 28
     result = json.loads(out.read_text())
     geneval, ocr = result["rewards"]["geneval"], result["rewards"]["ocr"]
     assert set(geneval["per_tag"]) == set(GENEVAL_TAGS)
@@ -80,6 +84,16 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
     assert result["rewards"]["clipscore"]["images"] == 28
     assert (tmp_path / "grid.png").stat().st_size > 0
     assert "overall" in capsys.readouterr().out
+    assert result["images_dir"] == str(tmp_path / "samples")
+    # an edit set from the samples: a counting row whose first sample GenEval credits gives an edit, the rest drop
+    credited = json.loads(out.with_suffix(".scores.json").read_text())["credited"]
+    rows = read_jsonl(prompts_file)
+    sources = sum(r["tag"] == "counting" and marks[0] is True for r, marks in zip(rows, credited, strict=True))
+    assert main(["edit-set", "--sources", str(out), "--out", str(tmp_path / "edits")]) == 0
+    counts = capsys.readouterr().out
+    assert f"{14 - sources} dropped" in counts
+    written = sum(len(read_jsonl(tmp_path / "edits" / f"{s}.jsonl")) for s in ("train", "validation", "test"))
+    assert written == sources
 
     import torch
 
@@ -227,7 +241,7 @@ def test_help_shows_each_commands_defaults_and_the_examples(capsys: pytest.Captu
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
     top = capsys.readouterr().out
-    assert exit_.value.code == 0 and top.startswith("usage: vgrpo [-h] [-v | -q] {train,evaluate,export}")
+    assert exit_.value.code == 0 and top.startswith("usage: vgrpo [-h] [-v | -q] {train,evaluate,export,edit-set}")
     assert "examples:\n  vgrpo train --params params/base.yaml" in top and "-v, --verbose" in top
     with pytest.raises(SystemExit):
         main(["train", "--help"])

@@ -36,6 +36,8 @@ EXAMPLES = """examples:
   vgrpo evaluate models/embedded-base --prompts data/world/test.jsonl --out runs/base_eval.json \\
       --set num_steps=20 --grid runs/base_grid.png
   vgrpo export models/embedded-base --lora runs/s1/lora --out runs/s1/merged
+  vgrpo evaluate PIPELINE --prompts counting.jsonl --out sources.json --images sources --set group_size=1
+  vgrpo edit-set --sources sources.json --out data/counting_edit
   accelerate launch --config_file configs/accelerate/ddp_8gpu.yaml -m vgrpo.cli train --params ... --out DIR
 
 Bad input exits with status 2 and one message naming the file and the key; a diverged stage with 3.
@@ -73,15 +75,32 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     cfg = load_params(args.params, overrides_from_pairs(args.set), section="evaluation", schema=EvaluationConfig)
     outputs = [Output("--out", Path(args.out), is_file=True)]
     outputs += [Output("--grid", Path(args.grid), is_file=True)] if args.grid else []
+    outputs += [Output("--images", Path(args.images), replaced=False)] if args.images else []
     read = {f"--params {file}": file for file in args.params} | ({"--baseline": args.baseline} if args.baseline else {})
     problems = preflight_evaluation(cfg, args.pipeline, args.prompts, lora=args.lora, outputs=outputs, inputs=read)
     if problems:
         raise PreflightError(problems)
     use_threads(args.threads, flush_denormal=True)
     table = evaluate_to_files(
-        cfg, args.pipeline, args.prompts, args.out, lora=args.lora, grid=args.grid, baseline=args.baseline
+        cfg,
+        args.pipeline,
+        args.prompts,
+        args.out,
+        lora=args.lora,
+        grid=args.grid,
+        baseline=args.baseline,
+        images_dir=args.images,
     )
     print(format_table(table, reward_classes(cfg.rewards)))
+
+
+def cmd_edit_set(args: argparse.Namespace) -> None:
+    from vgrpo.counting_edit import write_edit_set
+    from vgrpo.outputs import Output, check_outputs
+
+    check_outputs([Output("--out", Path(args.out), replaced=False)], {"--sources": args.sources})
+    written = write_edit_set(args.sources, args.out, seed=args.seed)
+    print(f"{args.out}: " + ", ".join(f"{n} {name}" for name, n in written.items()) + " counting edits")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -193,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vgrpo", description=__doc__.splitlines()[0], epilog=EXAMPLES, formatter_class=_HelpFormatter
     )
     add_verbosity_arguments(parser)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,export}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,export,edit-set}")
 
     def command(name: str, summary: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=summary, description=summary, epilog=EXAMPLES, formatter_class=_HelpFormatter)
@@ -220,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="JSON result file")
     p.add_argument("--grid", help="PNG grid of the first `grid_prompts` prompts' samples, captioned and marked")
     p.add_argument("--baseline", help="an earlier --out of the same prompts and settings: add paired gains with CIs")
+    p.add_argument("--images", help="folder for every sample as NNNNN-K.png (prompt row, sample), e.g. edit sources")
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.set_defaults(func=cmd_evaluate)
 
@@ -229,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the merged pipeline directory (written atomically)")
     p.add_argument("--scale", type=float, default=1.0, help="LoRA scale at merge (1 = as trained)")
     p.set_defaults(func=cmd_export)
+
+    summary = "a counting-edit set (an editing family's prompts) from a model's samples of GenEval counting prompts"
+    p = command("edit-set", summary)
+    p.add_argument("--sources", required=True, help="an `evaluate --images` result of GenEval counting prompts")
+    p.add_argument("--out", required=True, help="folder of train/validation/test.jsonl and images/")
+    p.add_argument("--seed", type=int, default=0, help="seed of the target counts and the split")
+    p.set_defaults(func=cmd_edit_set)
     return parser
 
 

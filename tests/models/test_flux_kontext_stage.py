@@ -1,6 +1,7 @@
-"""FLUX.1-Kontext in the pipeline, on a tiny FluxKontextPipeline built offline: a stage whose prompt rows name source
-images (relative to the prompt file) feeds them to every forward of the policy (rollout, update, evaluation), scores
-the samples against them (source_similarity), exports a LoRA a plain FluxKontextPipeline loads, and a killed stage
+"""FLUX.1-Kontext in the pipeline, on a tiny FluxKontextPipeline built offline: a stage on the world's counting-edit
+set (prompt rows name source images relative to the prompt file) feeds them to every forward of the policy (rollout,
+update, evaluation), scores the samples by the edit's GenEval verdict and against their sources (source_similarity),
+exports a LoRA a plain FluxKontextPipeline loads, and a killed stage
 resumes to bit-identical LoRA weights."""
 
 from __future__ import annotations
@@ -13,31 +14,33 @@ import pytest
 import torch
 
 from tests.models.family_stage import assert_killed_stage_resumes, assert_trains_at_recipe_precision, stage_config
-from vgrpo.models.tiny_flux_kontext import tiny_flux_kontext_pipeline, write_condition_image
-
-PROMPTS = ("a photo of a red circle", "two blue squares", "a green triangle left of a yellow star")
+from vgrpo.models.tiny_flux_kontext import tiny_flux_kontext_pipeline
 
 
 @pytest.fixture(scope="module")
 def edit_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Prompt files whose rows name source images under ``images/``, and a tiny Kontext pipeline."""
-    import json
+    """The world's counting-edit set (rows naming their source images under ``images/``) and a tiny Kontext
+    pipeline."""
+    from vgrpo.world.edits import write_counting_edits
+    from vgrpo.world.prompts import make_splits
 
     root = tmp_path_factory.mktemp("kontext-world")
-    rows = []
-    for i in range(4):
-        write_condition_image(root / "images" / f"{i}.png", seed=i)
-        rows.append({"prompt": PROMPTS[i % len(PROMPTS)], "image": f"images/{i}.png"})
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    train, test = make_splits(seed=0, n_train=30, n_test=15)
+    write_counting_edits({"train": train, "test": test}, root, size=16)
+    test_rows = (root / "test.jsonl").read_text().splitlines(keepends=True)
+    (root / "test.jsonl").write_text("".join(test_rows[:2]))
     tiny_flux_kontext_pipeline(seed=0).save_pretrained(root / "base")
     return root
 
 
 def _stage_config(**overrides: Any) -> Any:
-    similarity = [{"name": "source_similarity"}]
-    evaluation = {"group_size": 1, "num_steps": 2, "shift": "dynamic", "rewards": similarity}
-    return stage_config("flux-kontext", **({"rewards": similarity, "evaluation": evaluation} | overrides))
+    """The counting-edit stage's rewards (params/stages/flux-kontext/counting-edit.yaml) on a tiny stage."""
+    rewards = [
+        {"name": "geneval", "weight": 0.5, "options": {"reward": "strict"}},
+        {"name": "source_similarity", "weight": 0.5},
+    ]
+    evaluation = {"group_size": 1, "num_steps": 2, "shift": "dynamic", "rewards": rewards}
+    return stage_config("flux-kontext", **({"rewards": rewards, "evaluation": evaluation} | overrides))
 
 
 def test_a_kontext_stage_feeds_the_rows_source_images_to_every_forward_and_scores_against_them(
@@ -63,8 +66,10 @@ def test_a_kontext_stage_feeds_the_rows_source_images_to_every_forward_and_score
     )
     assert len(result.history) == 2 and all(math.isfinite(h["train/loss"]) for h in result.history)
     assert all(-1.0 <= h["reward/source_similarity_raw_mean"] < 0.0 for h in result.history)
+    assert all(0.0 <= h["reward/geneval_raw_mean"] <= 1.0 for h in result.history)
     final = result.evaluations[-1]
     assert final["iteration"] == 2 and -1.0 <= final["rewards"]["source_similarity"]["mean"] < 0.0
+    assert 0.0 <= final["rewards"]["geneval"]["mean"] <= 1.0
     assert len(seen) > 10 and all(seen)  # rollouts, V-GRPO's prepare and update, and the evaluation
     base = FluxKontextPipeline.from_pretrained(edit_world / "base", local_files_only=True)
     assert (out / LORA_FILE).is_file()

@@ -19,7 +19,7 @@ from vgrpo.checkpoints.state import LORA_FILE
 from vgrpo.errors import ConfigError, UserError
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.evaluation.evaluator import Sampling, evaluate, sampling_shift
-from vgrpo.evaluation.grids import grid_of, write_grid
+from vgrpo.evaluation.grids import grid_of, write_grid, write_png
 from vgrpo.evaluation.tables import compare
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.prompts import load_prompts
@@ -58,19 +58,23 @@ def evaluate_to_files(
     lora: str | Path | None = None,
     grid: str | Path | None = None,
     baseline: str | Path | None = None,
+    images_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``pipeline`` (plus the LoRA directory ``lora``, read by diffusers' ``load_lora_weights`` as a
     plain diffusers script would) on the first ``config.max_prompts`` rows of ``prompts``.
 
     Writes the table to ``out`` and its per-prompt scores beside it (:func:`scores_path`: DVC and readers of the
     metrics file see the summary only), and the image grid of the first ``config.grid_prompts`` prompts to
-    ``grid``. With ``baseline`` (an earlier ``out`` of the same prompts and settings) the table adds paired gains
-    with their intervals. Returns the table as written.
+    ``grid``, and every sample to ``images_dir`` (``NNNNN-K.png``: prompt row ``NNNNN``, sample ``K``; the table
+    names the folder as ``images_dir``). With ``baseline`` (an earlier ``out`` of the same prompts and settings)
+    the table adds paired gains with their intervals. Returns the table as written.
 
     Raises:
         UserError: a missing or unreadable baseline, prompt file, pipeline or adapter directory, or a baseline
             of other prompts or settings.
     """
+    if images_dir is not None and config.num_frames:
+        raise UserError(f"--images {images_dir}: an evaluation of videos (num_frames) writes no image files")
     reference = read_evaluation(baseline) if baseline is not None else None
     metadata = load_prompts(prompts)[: config.max_prompts]
     if lora is not None and not (Path(lora) / LORA_FILE).is_file():
@@ -118,6 +122,10 @@ def evaluate_to_files(
         table["baseline"] = str(baseline)
     if grid and config.grid_prompts:
         write_grid(grid, **grid_of(table, images, config.grid_prompts))
+    if images_dir is not None:
+        for k, image in enumerate(images):
+            write_png(Path(images_dir) / f"{k // config.group_size:05d}-{k % config.group_size}.png", image)
+        table["images_dir"] = str(images_dir)
     write_json_atomic(scores_path(out), table.pop("per_prompt"))
     write_json_atomic(out, table)
     return table

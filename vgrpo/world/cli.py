@@ -7,6 +7,7 @@
     python -m vgrpo.world.cli train-world-preference --params params/embedded/rewards.yaml --clip DIR --out DIR2
     python -m vgrpo.world.cli detector-check --prompts data/world/test.jsonl --pipeline models/embedded-base \
         --out metrics/world_detector.json
+    python -m vgrpo.world.cli counting-edits --splits data/world --out data/world/edits
 
 ``--set key.sub=value`` overrides an entry of the params section, as in :mod:`vgrpo.cli`. Each command parses
 its arguments and calls one library function (:mod:`vgrpo.world.prompts`, :mod:`vgrpo.world.pretrain`,
@@ -52,6 +53,21 @@ def cmd_world_splits(args: argparse.Namespace) -> None:
         n_validation=args.validation,
     )
     print(f"wrote {n_train} train, {n_test} test, {n_probe} probe and {n_validation} validation prompts to {out}")
+
+
+def cmd_counting_edits(args: argparse.Namespace) -> None:
+    from vgrpo.errors import UserError
+    from vgrpo.world.edits import write_counting_edits
+    from vgrpo.world.records import read_split
+
+    splits = {name: Path(args.splits) / f"{name}.jsonl" for name in args.names}
+    missing = [str(path) for path in splits.values() if not path.is_file()]
+    if missing:
+        raise UserError(f"--splits: no world split file {', '.join(missing)}")
+    written = write_counting_edits(
+        {name: read_split(path) for name, path in splits.items()}, args.out, seed=args.seed, size=args.size
+    )
+    print(f"wrote {', '.join(f'{n} {name}' for name, n in written.items())} counting edits to {args.out}")
 
 
 def _report(args: argparse.Namespace, metrics: dict[str, Any], line: str) -> None:
@@ -139,6 +155,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rows of validation.jsonl, the split recipe selection reads (0: none); texts outside the test split",
     )
     p.set_defaults(func=cmd_world_splits)
+
+    p = sub.add_parser("counting-edits", help="write the counting-edit set (an editing family's prompts and sources)")
+    p.add_argument("--splits", required=True, help="folder of the world's split files")
+    p.add_argument("--out", required=True, help="folder of <split>.jsonl and images/")
+    p.add_argument("--names", nargs="+", default=["train", "validation", "test"], help="the splits to edit")
+    p.add_argument("--seed", type=int, default=0, help="seed of the target counts")
+    p.add_argument("--size", type=int, default=32, help="the sources' side in pixels")
+    p.set_defaults(func=cmd_counting_edits)
 
     p = _training_command(
         sub,
