@@ -7,6 +7,9 @@
   Qwen-Image, FLUX.2-dev, Z-Image-Turbo and Wan2.1-T2V-14B (text-to-video) with LoRA on Flow-Factory's recipes
   (``params/curricula/qwen-image.yaml``, ``flux2.yaml``, ``z-image.yaml``, ``wan.yaml``; weights under
   ``$VGRPO_MODELS``);
+* ``flux-kontext-counting-edit`` -- FLUX.1-Kontext-dev (editing) on Flow-GRPO's counting-edit recipe
+  (``params/curricula/flux-kontext.yaml``; its edit set from the DVC stages ``counting_edit_sources`` and
+  ``counting_edit_set``, weights under ``$VGRPO_MODELS``);
 * ``flux-multireward`` -- the paper's FLUX.1-dev multi-reward run (``params/curricula/flux.yaml``);
 * ``ablation-sweep`` -- the sweep flow (:mod:`flows.sweep`): the embedded GenEval stage once per file of
   ``params/ablations/`` (the paper's ablation grid), each cell a flow run of ``ablation-cell``, at most
@@ -63,6 +66,7 @@ DEPLOYMENTS: dict[str, tuple[Flow[..., Any], dict[str, Any]]] = {
     "flux2-clip-pickscore": (curriculum_flow, {"curriculum": "params/curricula/flux2.yaml"}),
     "z-image-pickscore": (curriculum_flow, {"curriculum": "params/curricula/z-image.yaml"}),
     "wan-clip-pickscore": (curriculum_flow, {"curriculum": "params/curricula/wan.yaml"}),
+    "flux-kontext-counting-edit": (curriculum_flow, {"curriculum": "params/curricula/flux-kontext.yaml"}),
     CELL_DEPLOYMENT.partition("/")[2]: (curriculum_flow, {"curriculum": ABLATION_CURRICULUM}),
     "ablation-sweep": (ablation_sweep, {"curriculum": ABLATION_CURRICULUM, "ablations": ABLATIONS}),
     MACHINE_DEPLOYMENT.partition("/")[2]: (stage_machine_flow, {}),

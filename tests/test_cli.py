@@ -85,13 +85,14 @@ def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.Captu
     assert (tmp_path / "grid.png").stat().st_size > 0
     assert "overall" in capsys.readouterr().out
     assert result["images_dir"] == str(tmp_path / "samples")
-    # an edit set from the samples: a counting row whose first sample GenEval credits gives an edit, the rest drop
+    # an edit set from the samples: a counting row's sample GenEval credits gives an edit, the rest drop
     credited = json.loads(out.with_suffix(".scores.json").read_text())["credited"]
     rows = read_jsonl(prompts_file)
-    sources = sum(r["tag"] == "counting" and marks[0] is True for r, marks in zip(rows, credited, strict=True))
+    sources = sum(
+        r["tag"] == "counting" and mark is True for r, marks in zip(rows, credited, strict=True) for mark in marks
+    )
     assert main(["edit-set", "--sources", str(out), "--out", str(tmp_path / "edits")]) == 0
-    counts = capsys.readouterr().out
-    assert f"{14 - sources} dropped" in counts
+    assert f"{28 - sources} dropped" in capsys.readouterr().out
     written = sum(len(read_jsonl(tmp_path / "edits" / f"{s}.jsonl")) for s in ("train", "validation", "test"))
     assert written == sources
 

@@ -1,6 +1,7 @@
-"""A real model's counting-edit set from its samples (vgrpo/counting_edit.py): only the counting rows whose source
-GenEval credits become edits, each asking for another count of the source's class with GenEval's clauses for it,
-the sources copied byte for byte, split 80/10/10 by the seed."""
+"""A real model's counting-edit set from its samples (vgrpo/counting_edit.py): only the samples of counting rows
+that GenEval credits become edits, each asking for another count of the source's class with GenEval's clauses for
+it, the sources copied byte for byte, the source prompts split 80/10/10 by the seed with each prompt's samples in
+one split; the source prompts are worded as GenEval's own counting prompts."""
 
 from __future__ import annotations
 
@@ -9,35 +10,30 @@ from pathlib import Path
 
 import pytest
 
-from vgrpo.counting_edit import SPLITS, counting_edit_row, write_edit_set
+from vgrpo.counting_edit import SPLITS, counting_edit_row, counting_prompts, geneval_plural, write_edit_set
 from vgrpo.errors import UserError
 from vgrpo.prompts import CONDITION_IMAGE_KEY, load_prompts
 
 NUMBERS = {2: "two", 3: "three", 4: "four"}
 
 
-def _sources(root: Path, n: int = 40) -> Path:
+def _sources(root: Path, n: int = 40, group: int = 2) -> Path:
     """An evaluation as ``vgrpo evaluate --images`` writes it: GenEval counting rows (every fifth a single-object
-    row), one sample each, every third credited."""
+    row), ``group`` samples each, sample k of row i credited when (i + k) % 3 == 0."""
     rows, credited = [], []
+    (root / "samples").mkdir()
     for i in range(n):
         count = 2 + i % 3
         if i % 5 == 4:
             dog = {"class": "dog", "count": 1}
             rows.append({"tag": "single_object", "include": [dog], "prompt": "a photo of a dog"})
         else:
-            include, exclude = [{"class": "clock", "count": count}], [{"class": "clock", "count": count + 1}]
-            rows.append(
-                {
-                    "tag": "counting",
-                    "include": include,
-                    "exclude": exclude,
-                    "prompt": f"a photo of {NUMBERS[count]} clocks",
-                }
-            )
-        credited.append([i % 3 == 0])
-        (root / "samples").mkdir(exist_ok=True)
-        (root / "samples" / f"{i:05d}-0.png").write_bytes(f"png {i}".encode())
+            include, exclude = [{"class": "wine glass", "count": count}], [{"class": "wine glass", "count": count + 1}]
+            prompt = f"a photo of {NUMBERS[count]} wine glasses"
+            rows.append({"tag": "counting", "include": include, "exclude": exclude, "prompt": prompt})
+        credited.append([(i + k) % 3 == 0 for k in range(group)])
+        for k in range(group):
+            (root / "samples" / f"{i:05d}-{k}.png").write_bytes(f"png {i} {k}".encode())
     (root / "counting.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = {"prompt_file": str(root / "counting.jsonl"), "images_dir": str(root / "samples"), "rewards": {}}
     (root / "sources.json").write_text(json.dumps(table))
@@ -45,22 +41,26 @@ def _sources(root: Path, n: int = 40) -> Path:
     return root / "sources.json"
 
 
-def test_credited_counting_sources_become_edits_split_by_the_seed(tmp_path: Path) -> None:
+def test_credited_counting_samples_become_edits_split_by_prompt(tmp_path: Path) -> None:
     sources = _sources(tmp_path)
     written = write_edit_set(sources, tmp_path / "set", seed=1)
-    kept = [i for i in range(40) if i % 3 == 0 and i % 5 != 4]
-    assert len(kept) == 11 and written == {"train": 9, "validation": 1, "test": 1, "dropped": 40 - len(kept)}
-    assert round(SPLITS["train"] * len(kept)) == 9
-    rows = [row for split in SPLITS for row in load_prompts(tmp_path / "set" / f"{split}.jsonl")]
-    assert sorted(Path(r[CONDITION_IMAGE_KEY]).read_bytes() for r in rows) == sorted(f"png {i}".encode() for i in kept)
-    for row in rows:
-        source = int(Path(row[CONDITION_IMAGE_KEY]).read_bytes().split()[1])
-        assert row["source_count"] == 2 + source % 3 and row["t2i_prompt"].endswith("clocks")
-        target = row["include"][0]["count"]
-        assert target != row["source_count"] and row["exclude"] == [{"class": "clock", "count": target + 1}]
-        assert row["prompt"].startswith("Change the number of clocks in the image to ")
-    again = write_edit_set(sources, tmp_path / "again", seed=1)
-    assert again == written
+    kept = [(i, k) for i in range(40) for k in range(2) if (i + k) % 3 == 0 and i % 5 != 4]
+    assert sum(written[s] for s in SPLITS) == len(kept) == 22 and written["dropped"] == 80 - 22
+    splits = {s: load_prompts(tmp_path / "set" / f"{s}.jsonl") for s in SPLITS}
+    sources_of = {
+        s: [tuple(map(int, Path(r[CONDITION_IMAGE_KEY]).read_bytes().split()[1:])) for r in rows]
+        for s, rows in splits.items()
+    }
+    assert sorted(ik for ids in sources_of.values() for ik in ids) == kept  # each credited sample, byte for byte
+    prompts_of = {s: {i for i, _ in ids} for s, ids in sources_of.items()}
+    assert not (prompts_of["train"] & prompts_of["test"]) and not (prompts_of["train"] & prompts_of["validation"])
+    for rows, ids in zip(splits.values(), sources_of.values(), strict=True):
+        for row, (i, _) in zip(rows, ids, strict=True):
+            assert row["source_count"] == 2 + i % 3 and row["t2i_prompt"].endswith("wine glasses")
+            target = row["include"][0]["count"]
+            assert target != row["source_count"] and row["exclude"] == [{"class": "wine glass", "count": target + 1}]
+            assert row["prompt"].startswith("Change the number of wine glasses in the image to ")
+    assert write_edit_set(sources, tmp_path / "again", seed=1) == written
     assert (tmp_path / "again" / "train.jsonl").read_text() == (tmp_path / "set" / "train.jsonl").read_text()
 
 
@@ -81,3 +81,14 @@ def test_an_edit_must_change_the_count() -> None:
         counting_edit_row(row, 2, "images/0.png", "clocks")
     with pytest.raises(ValueError, match="not a GenEval counting row"):
         counting_edit_row(row | {"tag": "colors"}, 3, "images/0.png", "clocks")
+
+
+def test_the_source_prompts_are_worded_as_genevals_counting_prompts() -> None:
+    """Every counting prompt of GenEval's and Flow-GRPO's metadata is one :func:`counting_prompts` writes."""
+    names, published = set(), []
+    for path in ("prompts/geneval/evaluation_metadata.jsonl", "prompts/flow_grpo/geneval/test_metadata.jsonl"):
+        published += [r for r in load_prompts(path) if r["tag"] == "counting"]
+    names = sorted({r["include"][0]["class"] for r in published})
+    ours = {json.dumps(r, sort_keys=True) for r in counting_prompts(names)}
+    assert len(published) == 400 and all(json.dumps(r, sort_keys=True) in ours for r in published)
+    assert [geneval_plural(n) for n in ("bus", "bench", "wine glass")] == ["buses", "benchs", "wine glasses"]

@@ -445,6 +445,10 @@ def test_the_bounds_leave_every_shipped_recipe_loading(curriculum: str) -> None:
 
 
 OTHER_GRIDS = {
+    "flux-kontext.yaml": (
+        "schedule: diffusers is the SD3 pipeline's static-shift schedule",
+        "algorithm.n_mc=8 stratified timesteps need rollout.num_steps >= n_mc (got 6)",
+    ),
     "qwen-image.yaml": ("schedule: diffusers is the SD3 pipeline's static-shift schedule",),
     "flux2.yaml": ("schedule: diffusers is the SD3 pipeline's static-shift schedule",),
     "z-image.yaml": ("algorithm.n_mc=8 stratified timesteps need rollout.num_steps >= n_mc (got 6)",),

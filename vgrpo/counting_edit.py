@@ -9,14 +9,15 @@ keys, Flow-GRPO's ``t2i_prompt`` (the source's own prompt) and ``source_count``.
 
 Two sets are built from it: the world's (:mod:`vgrpo.world.edits`: the sources are ground-truth renders), and a real
 model's (:func:`write_edit_set`: the sources are a text-to-image model's samples of GenEval counting prompts,
-``vgrpo evaluate ... --images DIR``, kept where GenEval credits the source with its own count).
+``vgrpo evaluate ... --images DIR`` of :func:`counting_prompts`, kept where GenEval credits the source with its own
+count).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,10 @@ __all__ = [
     "EDIT_COUNTS",
     "SPLITS",
     "counting_edit_row",
+    "counting_prompts",
     "draw_target",
     "edit_instruction",
+    "geneval_plural",
     "source_clause",
     "write_edit_set",
 ]
@@ -41,7 +44,7 @@ EDIT_COUNTS: tuple[int, ...] = (1, 2, 3, 4)
 """Counts an edit asks for: GenEval's counting prompts' 2-4 and one (a removal down to a single object)."""
 COUNT_WORDS: dict[int, str] = {1: "one", 2: "two", 3: "three", 4: "four"}
 SPLITS: dict[str, float] = {"train": 0.8, "validation": 0.1, "test": 0.1}
-"""The share of a real model's edit set each split gets (:func:`write_edit_set`)."""
+"""The share of a real model's source prompts each split of its edit set gets (:func:`write_edit_set`)."""
 
 
 def edit_instruction(name: str, count: int) -> str:
@@ -80,14 +83,34 @@ def counting_edit_row(metadata: Mapping[str, Any], target: int, image: str, name
     }
 
 
+def geneval_plural(name: str) -> str:
+    """GenEval's plural of a class name, as its counting prompts spell it ("clocks", "buses", "benchs")."""
+    return name + ("es" if name.endswith("s") else "s")
+
+
+def counting_prompts(names: Sequence[str], counts: Sequence[int] = (2, 3, 4)) -> list[dict[str, Any]]:
+    """GenEval ``counting`` rows, one per class and count, worded as GenEval's: "a photo of three clocks" with
+    ``include`` the count and ``exclude`` one more (the source prompts of a real model's edit set)."""
+    return [
+        {
+            "tag": "counting",
+            "include": [{"class": name, "count": count}],
+            "exclude": [{"class": name, "count": count + 1}],
+            "prompt": f"a photo of {COUNT_WORDS[count]} {geneval_plural(name)}",
+        }
+        for name in names
+        for count in counts
+    ]
+
+
 def write_edit_set(sources: str | Path, out: str | Path, *, seed: int = 0) -> dict[str, int]:
     """A real model's counting-edit set from its samples of GenEval counting prompts.
 
     ``sources`` is an evaluation written by ``vgrpo evaluate PIPELINE --prompts COUNTING.jsonl --out SOURCES
-    --images DIR`` with GenEval among its rewards: each counting prompt whose first sample GenEval credits (it shows
-    its own count) gives one edit row, its image copied to ``out/images/NNNNN.png``; the rows are shuffled by
-    ``seed`` and split by :data:`SPLITS` into ``out/<split>.jsonl``. Returns the rows per split (and ``dropped``:
-    sources GenEval does not credit, or rows that are not counting rows).
+    --images DIR`` with GenEval among its rewards: each sample GenEval credits (it shows its prompt's count) gives
+    one edit row, its image copied to ``out/images/NNNNN-K.png``. The source prompts are shuffled by ``seed`` and
+    split by :data:`SPLITS` (the samples of one prompt stay in one split) into ``out/<split>.jsonl``. Returns the
+    rows per split, and ``dropped``: the samples GenEval does not credit or that are not of a counting row.
 
     Raises:
         UserError: ``sources`` missing, written without ``--images`` or without per-image credit marks.
@@ -106,23 +129,25 @@ def write_edit_set(sources: str | Path, out: str | Path, *, seed: int = 0) -> di
     metadata = load_prompts(str(prompt_file))[: len(credited)]
     rng = np.random.default_rng(seed)
     out = Path(out)
-    rows: list[dict[str, Any]] = []
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    edits: list[list[dict[str, Any]]] = []
     dropped = 0
     for i, (row, marks) in enumerate(zip(metadata, credited, strict=True)):
-        if row.get("tag") != "counting" or not marks or marks[0] is not True:
-            dropped += 1
-            continue
-        image = f"images/{len(rows):05d}.png"
-        (out / "images").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(Path(images_dir) / f"{i:05d}-0.png", out / image)
-        name = row["prompt"].split(" ")[-1]  # GenEval's counting prompts end with the plural: "a photo of two clocks"
-        rows.append(counting_edit_row(row, draw_target(source_clause(row)[1], rng), image, name))
-    order = rng.permutation(len(rows))
+        edits.append([])
+        for k, mark in enumerate(marks):
+            if row.get("tag") != "counting" or mark is not True:
+                dropped += 1
+                continue
+            image = f"images/{i:05d}-{k}.png"
+            shutil.copyfile(Path(images_dir) / f"{i:05d}-{k}.png", out / image)
+            name = row["prompt"].split(" ", 4)[-1]  # after "a photo of <count>": the plural, "wine glasses"
+            edits[i].append(counting_edit_row(row, draw_target(source_clause(row)[1], rng), image, name))
+    order = rng.permutation(len(edits))
     written: dict[str, int] = {}
     start = 0
-    for k, (split, share) in enumerate(SPLITS.items()):
-        end = len(rows) if k == len(SPLITS) - 1 else start + round(share * len(rows))
-        lines = "".join(json.dumps(rows[int(j)]) + "\n" for j in order[start:end])
-        write_text_atomic(out / f"{split}.jsonl", lines)
-        written[split], start = end - start, end
+    for n, (split, share) in enumerate(SPLITS.items()):
+        end = len(edits) if n == len(SPLITS) - 1 else start + round(share * len(edits))
+        rows = [row for i in sorted(int(j) for j in order[start:end]) for row in edits[i]]
+        write_text_atomic(out / f"{split}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+        written[split], start = len(rows), end
     return written | {"dropped": dropped}
