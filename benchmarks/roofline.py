@@ -85,6 +85,46 @@ def phase_table(result: Mapping[str, Any], ceiling_gflops: float) -> dict[str, d
     return roofline(seconds, flops, ceiling_gflops, None if total is None else float(total))
 
 
+def relative_costs(result: Mapping[str, Any], reference: Mapping[str, Any]) -> tuple[float, float]:
+    """A method's iteration against the reference method's: the ratio of their seconds, and the ratio of each
+    iteration in units of its own process's rollout (the rollout is the same work in every method, so a machine
+    whose speed drifts between the processes cancels out of the second)."""
+    raw = result["time/total_s"] / reference["time/total_s"]
+    per_rollout = (result["time/total_s"] / result["time/rollout_s"]) / (
+        reference["time/total_s"] / reference["time/rollout_s"]
+    )
+    return raw, per_rollout
+
+
+def relative_cost_table(report: Mapping[str, Any], methods: list[str]) -> list[str]:
+    """Markdown lines: each method's iteration against V-GRPO's per configuration (:func:`relative_costs`), or
+    none when V-GRPO or another method was not run."""
+    others = [m for m in methods if m != "vgrpo"]
+    if "vgrpo" not in methods or not others:
+        return []
+    lines = [
+        "Each method's iteration against V-GRPO's: the ratio of the seconds above, and in brackets the ratio of each "
+        "iteration in units of its own rollout (the same work in every method, so drift of the machine between "
+        "processes cancels out).",
+        "",
+        "| configuration | " + " | ".join(f"{LABELS[m]} / V-GRPO" for m in others) + " |",
+        "|---|" + "---:|" * len(others),
+    ]
+    for name, config in report["configs"].items():
+        results = config["results"]
+        reference = results.get("vgrpo", {"error": "not run"})
+        cells = []
+        for method in others:
+            result = results.get(method, {"error": "not run"})
+            if "error" in result or "error" in reference:
+                cells.append("failed")
+                continue
+            raw, per_rollout = relative_costs(result, reference)
+            cells.append(f"{raw:.2f}x ({per_rollout:.2f}x)")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The roofline tables: one per configuration, a row per method and phase."""
     c = report["ceilings"]
@@ -120,6 +160,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             cells.append(f"{whole['seconds']:.2f}{spread} ({whole['fraction']:.0%}{speedup})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
+    lines += relative_cost_table(report, methods)
     for name, config in report["configs"].items():
         lines += [
             f"### {name}: {config['description']}",
