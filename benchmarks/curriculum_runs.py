@@ -158,3 +158,53 @@ def stages_table(records: Sequence[Mapping[str, Any]]) -> str:
     ]
     lines.append("| clutter, base -> each stage | " + " | ".join(clutter) + " |")
     return "\n".join(lines)
+
+
+def paired_stage_table(
+    changed: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, Any]], stage: str, threads: int
+) -> str:
+    """Markdown: a setting's effect on one stage's validation numbers, paired by seed. ``changed`` and
+    ``reference`` are records of the same curriculum (up to ``stage``) with and without the setting; each seed's
+    difference is ``changed - reference`` at ``threads``, summarised by its mean with a t-based 95% interval over
+    seeds, beside the float-order spread (the reference's runs at another thread count minus those at ``threads``,
+    same seeds): a setting that only rounds differently should move the numbers no more than that does."""
+    from scipy import stats
+
+    def at(records: Sequence[Mapping[str, Any]], seed: int, n_threads: int) -> Mapping[str, Any] | None:
+        for record in records:
+            if record["seed"] == seed and record["threads"] == n_threads:
+                return next((s for s in record["stages"] if s["stage"] == stage), None)
+        return None
+
+    seeds = sorted({r["seed"] for r in changed if r["threads"] == threads and at(changed, r["seed"], threads)})
+    pairs: list[tuple[int, Mapping[str, Any], Mapping[str, Any]]] = []
+    for seed in seeds:
+        with_setting, without = at(changed, seed, threads), at(reference, seed, threads)
+        if with_setting is not None and without is not None:
+            pairs.append((seed, with_setting, without))
+    if not pairs:
+        raise ValueError(f"no seed has stage {stage!r} at {threads} threads in both record sets")
+    others = sorted({r["threads"] for r in reference} - {threads})
+    lines = [
+        f"{stage} on validation, paired by seed ({', '.join(str(s) for s, _, _ in pairs)}; {threads} thread(s)): "
+        "the setting minus the reference, each seed, and their mean with a t-based 95% interval over seeds"
+        + (f"; beside it the reference at {others[0]} threads minus at {threads} (float order alone)" if others else "")
+        + ".",
+        "",
+        "| reward | per seed | mean [95% CI] | float order alone |",
+        "|---|---|---|---|",
+    ]
+    for key in HEADLINE:
+        diffs = np.array([c[key] - r[key] for _, c, r in pairs])
+        mean = float(diffs.mean())
+        if len(diffs) > 1:
+            half = float(stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs)))
+            interval = f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+        else:
+            interval = f"{mean:+.3f} (one seed)"
+        float_order = ""
+        if others:
+            moved = [(at(reference, s, others[0]), r) for s, _, r in pairs]
+            float_order = " ".join(f"{m[key] - r[key]:+.3f}" for m, r in moved if m is not None)
+        lines.append(f"| {key} | {' '.join(f'{d:+.3f}' for d in diffs)} | {interval} | {float_order} |")
+    return "\n".join(lines)

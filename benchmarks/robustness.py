@@ -3,6 +3,7 @@
     python -m benchmarks.robustness grid --seeds 0 1 2 --threads 1 2        # about 35-40 min a run on 2 cores
     python -m benchmarks.robustness table metrics/curriculum_runs.json      # median, min, max gain over runs
     python -m benchmarks.robustness table --stages A.json B.json            # each run's stages on validation
+    python -m benchmarks.robustness compare --setting A.json --reference B.json --stage NAME  # a setting, paired
 
 A run trains every stage of the curriculum (default ``params/curricula/embedded-validation.yaml``: the shipped
 stages, each evaluated on the validation split) with training ``seed`` S on T torch threads (1 and 2 threads sum
@@ -43,6 +44,7 @@ from benchmarks.curriculum_runs import (
     give_backs,
     headline_gains,
     merge_record,
+    paired_stage_table,
     read_records,
     stages_table,
 )
@@ -222,7 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = sub.add_parser("table", help="the gains over runs of a records file, as Markdown")
     table.add_argument("records", type=Path, nargs="+")
     table.add_argument("--stages", action="store_true", help="each run's validation numbers after each stage")
+    compare = sub.add_parser("compare", help="a setting's effect on a stage's validation numbers, paired by seed")
+    compare.add_argument("--setting", type=Path, nargs="+", required=True, help="records of runs with the setting")
+    compare.add_argument("--reference", type=Path, nargs="+", required=True, help="records of the runs without it")
+    compare.add_argument("--stage", required=True, help="the stage compared")
+    compare.add_argument("--threads", type=int, default=1, help="the thread count paired")
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        changed = [record for path in args.setting for record in read_records(path)]
+        reference = [record for path in args.reference for record in read_records(path)]
+        print(paired_stage_table(changed, reference, args.stage, args.threads))
+        return 0
 
     if args.command == "table":
         records = [r for path in args.records for r in read_records(path)]
