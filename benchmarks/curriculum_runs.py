@@ -176,9 +176,8 @@ def paired_stage_table(
                 return next((s for s in record["stages"] if s["stage"] == stage), None)
         return None
 
-    seeds = sorted({r["seed"] for r in changed if r["threads"] == threads and at(changed, r["seed"], threads)})
     pairs: list[tuple[int, Mapping[str, Any], Mapping[str, Any]]] = []
-    for seed in seeds:
+    for seed in sorted({r["seed"] for r in changed if r["threads"] == threads}):
         with_setting, without = at(changed, seed, threads), at(reference, seed, threads)
         if with_setting is not None and without is not None:
             pairs.append((seed, with_setting, without))
@@ -194,6 +193,7 @@ def paired_stage_table(
         "| reward | per seed | mean [95% CI] | float order alone |",
         "|---|---|---|---|",
     ]
+    moved = [(at(reference, s, others[0]), r) for s, _, r in pairs] if others else []
     for key in HEADLINE:
         diffs = np.array([c[key] - r[key] for _, c, r in pairs])
         mean = float(diffs.mean())
@@ -202,9 +202,6 @@ def paired_stage_table(
             interval = f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
         else:
             interval = f"{mean:+.3f} (one seed)"
-        float_order = ""
-        if others:
-            moved = [(at(reference, s, others[0]), r) for s, _, r in pairs]
-            float_order = " ".join(f"{m[key] - r[key]:+.3f}" for m, r in moved if m is not None)
+        float_order = " ".join(f"{m[key] - r[key]:+.3f}" for m, r in moved if m is not None)
         lines.append(f"| {key} | {' '.join(f'{d:+.3f}' for d in diffs)} | {interval} | {float_order} |")
     return "\n".join(lines)

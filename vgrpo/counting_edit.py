@@ -115,7 +115,7 @@ def write_edit_set(sources: str | Path, out: str | Path, *, seed: int = 0) -> di
     Raises:
         UserError: ``sources`` missing, written without ``--images`` or without per-image credit marks.
     """
-    from vgrpo.evaluation.report import read_evaluation, scores_path
+    from vgrpo.evaluation.report import read_evaluation, sample_png_name, scores_path
     from vgrpo.prompts import load_prompts
 
     for path in (Path(sources), scores_path(sources)):
@@ -134,14 +134,18 @@ def write_edit_set(sources: str | Path, out: str | Path, *, seed: int = 0) -> di
     dropped = 0
     for i, (row, marks) in enumerate(zip(metadata, credited, strict=True)):
         edits.append([])
+        if row.get("tag") != "counting":
+            dropped += len(marks)
+            continue
+        source_count = source_clause(row)[1]
+        name = row["prompt"].split(" ", 4)[-1]  # after "a photo of <count>": the plural, "wine glasses"
         for k, mark in enumerate(marks):
-            if row.get("tag") != "counting" or mark is not True:
+            if mark is not True:
                 dropped += 1
                 continue
-            image = f"images/{i:05d}-{k}.png"
-            shutil.copyfile(Path(images_dir) / f"{i:05d}-{k}.png", out / image)
-            name = row["prompt"].split(" ", 4)[-1]  # after "a photo of <count>": the plural, "wine glasses"
-            edits[i].append(counting_edit_row(row, draw_target(source_clause(row)[1], rng), image, name))
+            image = f"images/{sample_png_name(i, k)}"
+            shutil.copyfile(Path(images_dir) / sample_png_name(i, k), out / image)
+            edits[i].append(counting_edit_row(row, draw_target(source_count, rng), image, name))
     order = rng.permutation(len(edits))
     written: dict[str, int] = {}
     start = 0

@@ -30,6 +30,11 @@ from vgrpo.rewards.multi import MultiReward
 __all__ = ["evaluate_to_files", "format_table", "read_evaluation", "scores_path"]
 
 
+def sample_png_name(row: int, sample: int) -> str:
+    """The file ``evaluate_to_files`` writes sample ``sample`` of prompt row ``row`` to under ``images_dir``."""
+    return f"{row:05d}-{sample}.png"
+
+
 def scores_path(out: str | Path) -> Path:
     """Where an evaluation written to ``out`` keeps its per-prompt scores: ``out`` with ``.scores.json``."""
     return Path(out).with_suffix(".scores.json")
@@ -124,7 +129,7 @@ def evaluate_to_files(
         write_grid(grid, **grid_of(table, images, config.grid_prompts))
     if images_dir is not None:
         for k, image in enumerate(images):
-            write_png(Path(images_dir) / f"{k // config.group_size:05d}-{k % config.group_size}.png", image)
+            write_png(Path(images_dir) / sample_png_name(*divmod(k, config.group_size)), image)
         table["images_dir"] = str(images_dir)
     write_json_atomic(scores_path(out), table.pop("per_prompt"))
     write_json_atomic(out, table)
