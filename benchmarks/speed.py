@@ -24,7 +24,7 @@ from typing import Any
 
 from benchmarks.common import LABELS, ROOT, TIMED_METHODS, flags
 from benchmarks.provenance import LOADED_CORES, MachineClock, cpu_model, wait_until_idle
-from vgrpo.atomic import write_json_atomic
+from vgrpo.atomic import write_json_atomic, write_text_atomic
 
 METHODS = TIMED_METHODS
 SD35_SCALE = flags(device="cpu", layers=2, resolution=128, group=2, text_tokens=77, precision="fp32")
@@ -91,6 +91,20 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+EMBEDDED_HEADING = "## Embedded base (8 prompts x 8 samples)"
+
+
+def written_sections(page: Path) -> list[str]:
+    """The sections of ``page`` written by hand between its introduction and its first table (the roofline and
+    the levers' outcomes), kept when the tables are regenerated."""
+    if not page.exists():
+        return []
+    lines = page.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    end = lines.index(EMBEDDED_HEADING) if EMBEDDED_HEADING in lines else len(lines)
+    return lines[start:end]
+
+
 def table(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.Namespace) -> list[str]:
     lines = [
         "# Speed and memory against the number of sampling steps",
@@ -102,7 +116,7 @@ def table(results: dict[int, dict[str, list[dict[str, Any]]]], args: argparse.Na
         "(`benchmarks/compare/plan.py`: its recipe, two half-batch gradient steps per iteration, LoRA r 32, the world "
         "GenEval reward), at T sampling steps.",
         "",
-        "## Embedded base (8 prompts x 8 samples)",
+        EMBEDDED_HEADING,
         "",
         "| T | method | s/iteration | rollout | reward | prepare | update | peak RSS MB |",
         "|---|---|---|---|---|---|---|---|",
@@ -187,7 +201,11 @@ def main() -> None:
     raw = args.out / "speed"
     raw.mkdir(parents=True, exist_ok=True)
     results = {t: measure(t, raw, args) for t in args.steps}
-    (args.out / "speed.md").write_text("\n".join(table(results, args)))
+    page = args.out / "speed.md"
+    lines = table(results, args)
+    kept = written_sections(page)
+    at = lines.index(EMBEDDED_HEADING)
+    write_text_atomic(page, "\n".join([*lines[:at], *kept, *lines[at:]]))
     print(f"report: {args.out / 'speed.md'}")
 
 

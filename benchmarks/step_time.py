@@ -39,7 +39,10 @@ from vgrpo.rewards import build_reward
 from vgrpo.training.iteration import build_optimizer, train_iteration
 from vgrpo.world import GENEVAL_TAGS, read_jsonl
 
-METHODS = (COMPARED[0], "vgrpo_full_graph", *COMPARED[1:])  # V-GRPO's update also without its two passes
+# V-GRPO's update also without its two passes, and with the choice made from the memory it measures (half of what
+# the machine has available).
+METHODS = (COMPARED[0], "vgrpo_full_graph", "vgrpo_auto", *COMPARED[1:])
+UPDATE_PATHS = {"vgrpo_full_graph": False, "vgrpo_auto": "auto"}
 
 
 def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
@@ -47,10 +50,10 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     torch.set_flush_denormal(True)
     if args.pipeline:
         return run_pipeline(method, args)
-    preset = "vgrpo" if method == "vgrpo_full_graph" else method
+    preset = "vgrpo" if method in UPDATE_PATHS else method
     algorithm_overrides: dict[str, object] = {"name": preset}
-    if method == "vgrpo_full_graph":  # the same objective with every pair's graph alive at once
-        algorithm_overrides["memory_bounded"] = False
+    if method in UPDATE_PATHS:  # the same objective with every pair's graph alive at once, or as measured
+        algorithm_overrides["memory_bounded"] = UPDATE_PATHS[method]
     if method == "mixgrpo":
         algorithm_overrides["window_size"] = min(4, args.steps)
     config = load_config(
@@ -92,6 +95,7 @@ def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
     rows = [train_iteration(**iteration, iteration=it).metrics for it in range(1, iterations + 1)]
     out = summarize(rows, flops)
     out["gradient_steps"] = rows[0]["gradient_steps"]
+    out.update({k: v for k, v in rows[0].items() if k.startswith("update/")})  # memory_bounded: auto's choice
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
@@ -99,10 +103,10 @@ def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
 def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     """``method`` on ``args.pipeline`` as the embedded stages train it: params/models/embedded.yaml (LoRA r 32),
     the world's GenEval train prompts, and the world GenEval reward on decoded samples."""
-    preset = "vgrpo" if method == "vgrpo_full_graph" else method
+    preset = "vgrpo" if method in UPDATE_PATHS else method
     algorithm: dict[str, object] = {"name": preset}
-    if method == "vgrpo_full_graph":
-        algorithm["memory_bounded"] = False
+    if method in UPDATE_PATHS:
+        algorithm["memory_bounded"] = UPDATE_PATHS[method]
     rollout = {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps}
     precision = json.loads(args.precision) if args.precision else {}
     if args.grid:  # the comparison grid's stage config for the method (benchmarks.compare.plan), at this T and batch
@@ -210,7 +214,14 @@ def main() -> None:
             subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
         )
         times = " ".join(f"{result[f'time/{k}_s']:8.3f}" for k in ("total", "rollout", "reward", "prepare", "update"))
-        print(f"{method:>16} {times} {int(result['gradient_steps']):5d} {result['peak_rss_mb']:7.0f}")
+        choice = ""
+        if "update/full_graph" in result:
+            path = "full graph" if result["update/full_graph"] else "two passes"
+            choice = (
+                f"  {path}: one graph {result['update/graph_mb']:.0f} MB, all {result['update/full_graph_mb']:.0f} "
+                f"MB, budget {result['update/budget_mb']:.0f} MB"
+            )
+        print(f"{method:>16} {times} {int(result['gradient_steps']):5d} {result['peak_rss_mb']:7.0f}{choice}")
         results[method] = result
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")

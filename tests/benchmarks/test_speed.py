@@ -50,3 +50,15 @@ def test_a_speed_measurement_records_the_machine_load_and_is_not_run_again(
     note = speed.load_note({10: first})  # all four recorded: no line about measurements that predate recording
     assert len(note) == 3 and f"of 4 ran above {provenance.LOADED_CORES} cores" in note[2]
     assert speed.load_note({10: {"embedded": [{"results": {}}]}})[2].startswith("- 1 of 1 measurements predate")
+
+
+def test_regenerating_the_tables_keeps_the_sections_written_by_hand(tmp_path: Path) -> None:
+    """The roofline and levers sections between the introduction and the first table survive a regeneration."""
+    from benchmarks import speed
+
+    committed = (ROOT / "docs" / "benchmarks" / "speed.md").read_text().splitlines()
+    kept = speed.written_sections(ROOT / "docs" / "benchmarks" / "speed.md")
+    assert kept[0] == "## Against the machine's limit: the roofline command"
+    assert "## The merged LoRA and the learning outcome" in kept and speed.EMBEDDED_HEADING not in kept
+    assert committed[committed.index(kept[0]) : committed.index(speed.EMBEDDED_HEADING)] == kept
+    assert speed.written_sections(tmp_path / "absent.md") == []

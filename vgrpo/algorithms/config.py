@@ -150,9 +150,28 @@ class VGRPOConfig(AlgorithmOptions):
         description="The frozen reference of ref_kl_coef: `start` = the stage's starting weights; `base` = the "
         "pretrained model (a LoRA's deltas zeroed, as FlowGRPOConfig.reference), so every stage is held to the base.",
     )
-    memory_bounded: bool = Field(True, description="Two-pass update (one graph at a time) vs one full graph.")
+    memory_bounded: bool | Literal["auto"] = Field(
+        True,
+        description="Two-pass update (one graph at a time) vs one full graph (faster, every graph alive at once); "
+        "`auto` = the full graph when its measured size fits update_memory_mb.",
+    )
+    update_memory_mb: float | None = Field(
+        None,
+        gt=0,
+        description="With memory_bounded=auto: the MB the update's graphs may hold; None = half the memory the "
+        "device has available at the first update (so the choice depends on the machine).",
+    )
     logit_normal_mean: float = 0.0
     logit_normal_std: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _budget_needs_auto(self) -> VGRPOConfig:
+        if self.update_memory_mb is not None and self.memory_bounded != "auto":
+            raise ValueError(
+                f"algorithm.update_memory_mb={self.update_memory_mb} is read only with algorithm.memory_bounded=auto "
+                f"(got memory_bounded={self.memory_bounded})"
+            )
+        return self
 
     def check_rollout(self, rollout: RolloutConfig) -> None:
         _check_stratified(self.n_mc, self.timestep_sampling, rollout)
@@ -162,11 +181,13 @@ class VGRPOConfig(AlgorithmOptions):
 
     @model_serializer(mode="wrap")
     def _without_default_reference(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Without ``ref_kl_reference`` at its default: a config that does not set it dumps (and fingerprints) as
-        it did before the option existed."""
+        """Without ``ref_kl_reference`` and ``update_memory_mb`` at their defaults: a config that does not set them
+        dumps (and fingerprints) as it did before the options existed."""
         data = handler(self)
         if isinstance(data, dict) and data.get("ref_kl_reference") == "start":
             del data["ref_kl_reference"]
+        if isinstance(data, dict) and data.get("update_memory_mb") is None:
+            data.pop("update_memory_mb", None)
         return data
 
 

@@ -18,11 +18,13 @@ means ``mean_j s_ij`` only, so its gradient is ``sum_ij c_i grad s_ij`` with
 ``sum_i c_i s_ij (+ beta KL_ij)`` one pair and one micro-batch at a time, so at most one
 micro-batch graph is alive. At step 0 the weights equal theta_old, so pass 1 is skipped and the
 old surrogates are used (``rho = 1`` exactly). ``tests/algorithms/test_vgrpo.py`` pins that this
-equals the full-graph gradient.
+equals the full-graph gradient. ``memory_bounded: auto`` takes the full graph where its measured size fits a memory
+budget (:mod:`vgrpo.algorithms.update_memory`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,13 @@ from vgrpo.algorithms.base import (
     zero_lora_deltas,
 )
 from vgrpo.algorithms.config import NaiveELBOConfig, VGRPOConfig
+from vgrpo.algorithms.update_memory import (
+    MB,
+    UpdateMemoryChoice,
+    available_memory_bytes,
+    choose_update,
+    saved_tensor_bytes,
+)
 from vgrpo.losses import clipped_policy_loss, vgrpo_loss, vgrpo_ratio, vgrpo_surrogate_coefficients
 from vgrpo.pairs import SharedPairs, draw_pairs
 from vgrpo.policy import Conditioning
@@ -97,6 +106,8 @@ class VGRPO(Algorithm[VGRPOPayload]):
         self.reference = self.keep_snapshot("reference", policy) if config.ref_kl_coef > 0 else None
         if self.reference is not None and config.ref_kl_reference == "base":
             zero_lora_deltas(self.reference, policy)
+        # memory_bounded: auto measures the update's graph at the first gradient step and keeps the choice.
+        self.update_choice: UpdateMemoryChoice | None = None
 
     # 1. rollout ------------------------------------------------------------------------------
     def rollout(
@@ -177,9 +188,39 @@ class VGRPO(Algorithm[VGRPOPayload]):
 
     # 3. gradient steps -----------------------------------------------------------------------
     def accumulate_gradients(self, policy: nn.Module, batch: VGRPOBatch, idx: Tensor, step: int) -> dict[str, float]:
-        if self.config.memory_bounded:
-            return self._two_pass(policy, batch, idx, step)
-        return self._full_graph(policy, batch, idx)
+        if self.config.memory_bounded != "auto":
+            if self.config.memory_bounded:
+                return self._two_pass(policy, batch, idx, step)
+            return self._full_graph(policy, batch, idx)
+        if self.update_choice is None:
+            self.update_choice = self._measure_update(policy, batch, idx)
+        if self.update_choice.full_graph:
+            metrics = self._full_graph(policy, batch, idx)
+        else:
+            metrics = self._two_pass(policy, batch, idx, step)
+        return {**metrics, **self.update_choice.metrics()}
+
+    def _measure_update(self, policy: nn.Module, batch: VGRPOBatch, idx: Tensor) -> UpdateMemoryChoice:
+        """``memory_bounded: auto``: one (pair, micro-batch) graph's saved tensors, measured once (the shapes are
+        the run's), against ``update_memory_mb``; the full graph only where it fits on every rank."""
+        mb = idx[: self.train_micro_batch]
+        pairs = batch.payload.pairs
+        _, graph_bytes = saved_tensor_bytes(
+            lambda: self.pair_terms(policy, batch.samples, batch.cond, pairs, 0, mb).surrogate,
+            exclude=policy.parameters(),
+        )
+        budget_mb = self.config.update_memory_mb
+        if budget_mb is None:
+            budget_mb = available_memory_bytes(batch.samples.device) / 2 / MB
+        choice = choose_update(
+            graph_bytes=graph_bytes,
+            n_mc=pairs.n_mc,
+            num_samples=idx.shape[0],
+            micro_batch=self.train_micro_batch,
+            budget_mb=budget_mb,
+        )
+        full_graph = not self.dist.any(not choice.full_graph)
+        return dataclasses.replace(choice, full_graph=full_graph)
 
     @staticmethod
     def _kl(terms: SurrogateTerms, other_x0_hat: Tensor | None, pos: slice, j: int) -> Tensor | None:
