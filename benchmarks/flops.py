@@ -131,6 +131,7 @@ def counted_iteration(
             latent_shape=latent_shape,
             generator=generator,
             iteration=iteration,
+            group_noise=config.rollout.group_noise,
         )
     )
     t0 = time.perf_counter()

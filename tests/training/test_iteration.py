@@ -211,3 +211,59 @@ def test_reward_with_wrong_shape_is_reported_by_name():
             generator=torch.Generator(),
             iteration=0,
         )
+
+
+def test_flow_grpo_first_order_trains_every_step_but_the_last_for_every_sample():
+    """``timestep_order: first`` at fraction 0.99 of T = 6 SDE steps: steps 0..4, in order, for each sample (the
+    later Flow-GRPO release's train_timesteps); ``shuffled`` draws a subset per sample."""
+    steps = {}
+    for order in ("first", "shuffled"):
+        config = make_config({"name": "flow_grpo", "timestep_order": order, "kl_coef": 0.0})
+        policy = make_policy(config)
+        algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
+        cond = tiny_conditioning(PROMPTS).repeat_interleave(GROUP)
+        g = torch.Generator().manual_seed(0)
+        noise = torch.randn(PROMPTS * GROUP, *TINY_LATENT_SHAPE, generator=g)
+        rollout = algorithm.rollout(policy, cond, noise, g, 0)
+        steps[order] = algorithm.prepare(policy, rollout, cond, torch.zeros(PROMPTS * GROUP), g).payload.train_steps
+    assert steps["first"].tolist() == [[0, 1, 2, 3, 4]] * (PROMPTS * GROUP)
+    assert steps["shuffled"].shape == (PROMPTS * GROUP, 5)
+    assert len({tuple(row) for row in steps["shuffled"].tolist()}) > 1
+    assert "timestep_order" not in make_config({"name": "flow_grpo"}).algorithm.model_dump()
+
+
+def test_shared_group_noise_starts_a_group_from_one_noise_and_the_sde_separates_it():
+    from vgrpo.training.iteration import rollout_batch
+
+    config = make_config(_algorithm_overrides("mixgrpo"), rollout={"group_noise": "shared"})
+    policy = make_policy(config)
+    algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
+    batches = {}
+    for noise in ("shared", "independent"):
+        batches[noise] = rollout_batch(
+            policy=policy,
+            algorithm=algorithm,
+            prompts=PROMPT_TEXTS,
+            cond=tiny_conditioning(PROMPTS),
+            minibatches=1,
+            latent_shape=TINY_LATENT_SHAPE,
+            generator=torch.Generator().manual_seed(0),
+            iteration=0,
+            group_noise=noise,
+        )
+    shared = batches["shared"].rollout.trajectory.latents[:, 0].reshape(PROMPTS, GROUP, -1)
+    independent = batches["independent"].rollout.trajectory.latents[:, 0].reshape(PROMPTS, GROUP, -1)
+    assert torch.equal(shared[:, :1].expand_as(shared), shared)  # one initial noise per prompt
+    assert not torch.equal(shared[0], shared[1]) and not torch.equal(
+        independent[:, :1].expand_as(independent), independent
+    )
+    finals = batches["shared"].rollout.samples.reshape(PROMPTS, GROUP, -1)
+    assert not torch.equal(finals[:, 0], finals[:, 1])  # the window's SDE noise makes the group differ
+    assert config.model_dump()["rollout"]["group_noise"] == "shared"
+    assert "group_noise" not in make_config({"name": "mixgrpo"}).model_dump()["rollout"]
+
+
+@pytest.mark.parametrize("name", ["vgrpo", "naive_elbo", "diffusion_nft"])
+def test_an_ode_rollout_refuses_shared_group_noise(name):
+    with pytest.raises(ValueError, match=rf"rollout.group_noise=shared: algorithm.name={name} samples by ODE"):
+        make_config({"name": name}, rollout={"group_noise": "shared"})

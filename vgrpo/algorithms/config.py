@@ -71,6 +71,20 @@ class RolloutConfig(FrozenConfig):
     micro_batch_size: int = Field(
         32, ge=1, le=MAX_MICRO_BATCH, description="Samples per model call in rollouts (memory only)."
     )
+    group_noise: Literal["independent", "shared"] = Field(
+        "independent",
+        description="Initial noise of a prompt's G samples: `shared` = one draw for the whole group, MixGRPO's "
+        "init_same_noise (the group then differs only by its SDE noise, so an ODE rollout refuses it).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_default_group_noise(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Without ``group_noise`` at its default: a config that does not set it dumps (and fingerprints) as it
+        did before the option existed."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("group_noise") == "independent":
+            del data["group_noise"]
+        return data
 
     @model_validator(mode="after")
     def _check_shift(self) -> RolloutConfig:
@@ -111,6 +125,15 @@ class AlgorithmOptions(FrozenConfig):
     def weight_copies(self) -> int:
         """Copies of the policy's trainable weights the algorithm keeps (a frozen reference, an old policy)."""
         return 0
+
+
+def _check_ode_rollout(name: str, rollout: RolloutConfig) -> None:
+    """An ODE rollout is a function of its initial noise: shared group noise would make a group one image."""
+    if rollout.group_noise == "shared":
+        raise ValueError(
+            f"rollout.group_noise=shared: {name} samples by ODE, so every sample of a group would be the same image "
+            "(shared noise is for SDE rollouts: flow_grpo, mixgrpo)"
+        )
 
 
 def _check_stratified(n_mc: int, timestep_sampling: str, rollout: RolloutConfig) -> None:
@@ -175,6 +198,7 @@ class VGRPOConfig(AlgorithmOptions):
 
     def check_rollout(self, rollout: RolloutConfig) -> None:
         _check_stratified(self.n_mc, self.timestep_sampling, rollout)
+        _check_ode_rollout(f"algorithm.name={self.name}", rollout)
 
     def weight_copies(self) -> int:
         return int(self.ref_kl_coef > 0)  # the frozen reference of ref_kl_coef
@@ -209,6 +233,12 @@ class FlowGRPOConfig(AlgorithmOptions):
     clip_range: float = Field(1e-4, gt=0)
     kl_coef: float = Field(0.04, ge=0, description="KL to the frozen reference (GenEval/OCR 0.04, PickScore 0.01).")
     timestep_fraction: float = Field(0.99, gt=0, le=1, description="Fraction of SDE steps trained per sample.")
+    timestep_order: Literal["shuffled", "first"] = Field(
+        "shuffled",
+        description="Which of the SDE steps each sample trains on: `shuffled` = a random subset per sample (the "
+        "first Flow-GRPO release's per-sample time shuffle); `first` = the first timestep_fraction of them in order, "
+        "the same for every sample (the later release's train_timesteps: at 0.99 every step but the last).",
+    )
     reference: Literal["base", "start"] = Field(
         "base",
         description="The KL's frozen reference: `base` = the pretrained model (a LoRA's weights zeroed, so a stage "
@@ -219,6 +249,15 @@ class FlowGRPOConfig(AlgorithmOptions):
 
     def weight_copies(self) -> int:
         return int(self.kl_coef > 0)  # the KL's frozen reference
+
+    @model_serializer(mode="wrap")
+    def _without_default_order(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Without ``timestep_order`` at its default: a config that does not set it dumps (and fingerprints) as it
+        did before the option existed."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("timestep_order") == "shuffled":
+            del data["timestep_order"]
+        return data
 
 
 class MixGRPOConfig(FlowGRPOConfig):
@@ -248,6 +287,7 @@ class DiffusionNFTConfig(AlgorithmOptions):
 
     def check_rollout(self, rollout: RolloutConfig) -> None:
         _check_stratified(self.n_mc, self.timestep_sampling, rollout)
+        _check_ode_rollout(f"algorithm.name={self.name}", rollout)
 
     def weight_copies(self) -> int:
         return 1  # the old policy, an EMA of the policy

@@ -102,11 +102,13 @@ class FlowGRPO(Algorithm[FlowGRPOPayload]):
         assert trajectory is not None
         trainable = torch.nonzero(trajectory.sde_steps).flatten()
         per_sample = max(1, int(self.config.timestep_fraction * trainable.shape[0]))
-        # Each sample trains on its own random subset of the stochastic steps (Flow-GRPO's shuffle).
         n = scored.rollout.samples.shape[0]
-        local = self.dist.local_generator(generator)  # per rank when sharded, like the SDE noise
-        order = torch.stack([torch.randperm(trainable.shape[0], generator=local) for _ in range(n)])
-        train_steps = trainable[order[:, :per_sample]]
+        if self.config.timestep_order == "first":  # the same first steps, in order, for every sample
+            train_steps = trainable[:per_sample].expand(n, per_sample)
+        else:  # each sample trains on its own random subset of the stochastic steps (Flow-GRPO's shuffle)
+            local = self.dist.local_generator(generator)  # per rank when sharded, like the SDE noise
+            order = torch.stack([torch.randperm(trainable.shape[0], generator=local) for _ in range(n)])
+            train_steps = trainable[order[:, :per_sample]]
         return FlowGRPOPayload(trajectory=trajectory, train_steps=train_steps), {}
 
     def accumulate_gradients(self, policy: nn.Module, batch: FlowGRPOBatch, idx: Tensor, step: int) -> dict[str, float]:

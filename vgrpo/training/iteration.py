@@ -150,10 +150,12 @@ def rollout_batch(
     latent_shape: tuple[int, ...],
     generator: torch.Generator,
     iteration: int,
+    group_noise: str = "independent",
 ) -> RolloutBatch:
     """Phase 1 of an iteration: ``G`` samples for each of ``B`` prompts (``cond`` has ``B`` rows) under the
     behaviour policy. Sharded, every rank passes the same global ``prompts``, ``cond`` and ``generator`` state and
-    samples its block of whole prompt groups from its block of the global initial noise."""
+    samples its block of whole prompt groups from its block of the global initial noise (``group_noise``:
+    ``rollout.group_noise``)."""
     dist = algorithm.dist
     group_size = algorithm.group_size
     if len(prompts) != len(cond):
@@ -165,7 +167,11 @@ def rollout_batch(
     sample_cond = cond.index(torch.arange(shard.start, shard.stop)).repeat_interleave(group_size).to(device)
     samples = slice(shard.start * group_size, shard.stop * group_size)  # this rank's block of the global batch
     t0 = _clock(device)
-    noise = torch.randn(len(prompts) * group_size, *latent_shape, generator=generator)[samples].to(device)
+    if group_noise == "shared":  # one initial noise per prompt (MixGRPO's init_same_noise)
+        noise = torch.randn(len(prompts), *latent_shape, generator=generator).repeat_interleave(group_size, dim=0)
+    else:
+        noise = torch.randn(len(prompts) * group_size, *latent_shape, generator=generator)
+    noise = noise[samples].to(device)
     rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
     return RolloutBatch(
         rollout=rollout,
@@ -305,6 +311,7 @@ def train_iteration(
         latent_shape=latent_shape,
         generator=generator,
         iteration=iteration,
+        group_noise=config.rollout.group_noise,
     )
     t1 = time.perf_counter()
     rewards = gather_rewards(batch, reward_fn(batch.rollout.samples, batch.sample_prompts), algorithm.dist)

@@ -208,6 +208,7 @@ def rollout(stage: StagePolicy, config: StageConfig, rows: Sequence[Metadata], i
         latent_shape=stage.adapter.latent_shape,
         generator=iteration_generator(config.seed, iteration),
         iteration=iteration,
+        group_noise=config.rollout.group_noise,
     )
     return StageRollout(batch=batch, sample_rows=[r for r in drawn[shard] for _ in range(config.rollout.group_size)])
 
