@@ -95,7 +95,8 @@ def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
     rows = [train_iteration(**iteration, iteration=it).metrics for it in range(1, iterations + 1)]
     out = summarize(rows, flops)
     out["gradient_steps"] = rows[0]["gradient_steps"]
-    out.update({k: v for k, v in rows[0].items() if k.startswith("update/")})  # memory_bounded: auto's choice
+    # memory_bounded: auto's choice, as the update logged it
+    out.update({k.removeprefix("train/"): v for k, v in rows[0].items() if k.startswith("train/update/")})
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
