@@ -1,0 +1,91 @@
+"""benchmarks.compare.tuning: every candidate recipe is a valid stage config, and the stability criterion, the
+choice and the extensions do what the module states, on synthetic records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.compare import tuning
+from benchmarks.compare.plan import Sizes, stage_config
+
+
+def _record(spec, curve: list[float], diverged: bool = False) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "name": spec.name,
+        "spec": asdict(spec),
+        "curve": [{"iteration": 10.0 * (i + 1), "score": s} for i, s in enumerate(curve)],
+        "diverged": "nan" if diverged else None,
+    }
+
+
+def _records(curves: dict[tuple[str, str, float], list[list[float]]], base: float = 0.40) -> dict[str, Any]:
+    records = {tuning.BASE.name: _record(tuning.BASE, [base])}
+    for (method, recipe, lr), per_seed in curves.items():
+        for s, curve in enumerate(per_seed):
+            spec = tuning.tuning_spec(method, recipe, lr, s)
+            records[spec.name] = _record(spec, curve)
+    return records
+
+
+def test_every_candidate_recipe_builds_a_stage_config(tmp_path: Path) -> None:
+    prompts = tmp_path / "val.jsonl"
+    prompts.write_text("")
+    for spec in tuning.plan({})[1:]:
+        config = stage_config(spec, Sizes(), prompts)
+        assert config.iterations == tuning.ITERATIONS and config.algorithm.name == spec.method
+        assert spec.split == "val" and spec.seed in (tuning.TUNING_SEED0, tuning.TUNING_SEED0 + 1)
+    official = stage_config(tuning.tuning_spec("mixgrpo", "official", 8e-4, 0), Sizes(), prompts)
+    assert (official.algorithm.window_size, official.algorithm.shift_interval) == (2, 16)
+    assert official.rollout.group_noise == "shared"
+    assert {(m, r) for m, r in tuning.ORDER} == {(m, r) for m in tuning.RECIPES for r in tuning.RECIPES[m]}
+
+
+def test_a_late_collapse_is_not_chosen_and_the_stable_best_is() -> None:
+    flat = [0.50, 0.52, 0.53, 0.53]
+    records = _records(
+        {
+            ("vgrpo", "v2", 4e-4): [flat, flat],
+            ("vgrpo", "v2", 8e-4): [[0.55, 0.58, 0.60, 0.58], [0.54, 0.57, 0.59, 0.58]],
+            ("vgrpo", "v2", 1.6e-3): [[0.60, 0.66, 0.62, 0.55], [0.60, 0.65, 0.66, 0.66]],  # seed 0 drops 0.11
+        }
+    )
+    rungs = {r.lr: r for r in tuning.rungs(records)}
+    assert not tuning.stable(rungs[1.6e-3]) and rungs[1.6e-3].worst_drop == pytest.approx(0.11)
+    assert rungs[1.6e-3].mean > rungs[8e-4].mean  # the highest mean, yet unstable
+    chosen = tuning.choose(records)["vgrpo"]
+    assert chosen is not None and chosen.lr == 8e-4
+    assert tuning.extensions(tuning.rungs(records)) == []  # the best stable rung is interior
+
+
+def test_below_the_base_or_diverged_is_unstable_and_an_edge_extends() -> None:
+    records = _records(
+        {
+            ("mixgrpo", "official", 4e-4): [[0.45, 0.46], [0.44, 0.47]],
+            ("mixgrpo", "official", 8e-4): [[0.46, 0.48], [0.45, 0.49]],
+            ("mixgrpo", "official", 1.6e-3): [[0.25, 0.50], [0.48, 0.50]],  # 0.15 below the base at a point
+        }
+    )
+    done = tuning.rungs(records)
+    assert [tuning.stable(r) for r in done] == [True, True, False]
+    assert not tuning.extensions(done)  # 8e-4 is the best stable rung and interior
+    records = _records({("mixgrpo", "official", lr): [[0.45, 0.50], [0.45, 0.50]] for lr in (4e-4, 8e-4, 1.6e-3)})
+    assert tuning.choose(records)["mixgrpo"].lr == 4e-4  # ties: the smaller rate ...
+    extra = tuning.extensions(tuning.rungs(records))
+    assert {(s.lr, s.seed) for s in extra} == {(2e-4, 1500), (2e-4, 1501)}  # ... at the edge: one rate further out
+    diverged = _records({("vgrpo", "v2", 4e-4): [[0.5, 0.5], [0.5, 0.5]]})
+    name = tuning.tuning_spec("vgrpo", "v2", 4e-4, 1).name
+    diverged[name]["diverged"] = "non-finite loss"
+    (rung,) = tuning.rungs(diverged)
+    assert rung.diverged == 1 and not tuning.stable(rung)
+
+
+def test_the_report_marks_the_choice() -> None:
+    records = _records({("vgrpo", "v2", lr): [[0.5, 0.5 + lr], [0.5, 0.5 + lr]] for lr in (4e-4, 8e-4, 1.6e-3)})
+    text = tuning.report(records, tuning.plan(records), "python -m benchmarks.compare.tuning")
+    assert "| V-GRPO | v2 | **0.0016** |" in text and "- V-GRPO: v2 at lr 0.0016" in text
+    assert "- MixGRPO: not chosen yet" in text
