@@ -32,7 +32,7 @@ from typing import Any
 
 from benchmarks.common import LABELS, METHODS, ROOT
 from benchmarks.compare.analysis import load_records
-from benchmarks.compare.plan import RunSpec, Sizes
+from benchmarks.compare.plan import RunSpec, Sizes, eval_prompt_file
 from vgrpo.atomic import write_text_atomic
 
 # A method's candidate recipes: name -> overrides on the grid's own (benchmarks.compare.plan.METHOD_OVERRIDES).
@@ -307,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args.started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     sizes = Sizes()
+    eval_prompt_file(out, "geneval", "val", sizes)  # written once here, not by two cells at once
     while not args.report_only:
         todo = [s for s in plan(load_records(out)) if not (out / f"{s.name}.json").is_file()]
         if not todo:
