@@ -170,7 +170,10 @@ def test_median_repeat_keeps_the_median_run_and_the_range() -> None:
     assert median_repeat([{"error": "boom"}]) == {"error": "boom"}
 
 
-@pytest.mark.parametrize("record", ["roofline.json", "roofline-embedded-t10.json", "roofline-embedded-t40.json"])
+@pytest.mark.parametrize(
+    "record",
+    ["roofline.json", "roofline-embedded-t10.json", "roofline-embedded-t40.json", "roofline-embedded-levers.json"],
+)
 def test_the_committed_roofline_report_rebuilds_from_its_records(record: str) -> None:
     """docs/benchmarks/roofline.md's tables are markdown() of each committed record, digit for digit."""
     report = json.loads((ROOT / "docs" / "benchmarks" / record).read_text())
