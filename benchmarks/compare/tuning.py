@@ -263,7 +263,14 @@ def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: 
     lines += ["", "## Choice", ""]
     for m in METHODS:
         c = chosen[m]
-        lines.append(f"- {LABELS[m]}: " + (f"{c.recipe} at lr {c.lr:g} (mean {c.mean:.3f})" if c else "not chosen yet"))
+        rungs_planned = {(s.variant, s.lr) for s in planned if s.method == m and s.phase == "tune"}
+        rungs_done = {(r.recipe, r.lr) for r in done if r.method == m}
+        pending = len(rungs_planned - rungs_done)
+        status = f" (provisional: {pending} of its {len(rungs_planned)} rungs not finished)" if pending else ""
+        lines.append(
+            f"- {LABELS[m]}: "
+            + (f"{c.recipe} at lr {c.lr:g} (mean {c.mean:.3f}){status}" if c else f"not chosen yet{status}")
+        )
     return "\n".join(lines) + "\n"
 
 

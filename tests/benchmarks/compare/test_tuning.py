@@ -87,5 +87,6 @@ def test_below_the_base_or_diverged_is_unstable_and_an_edge_extends() -> None:
 def test_the_report_marks_the_choice() -> None:
     records = _records({("vgrpo", "v2", lr): [[0.5, 0.5 + lr], [0.5, 0.5 + lr]] for lr in (4e-4, 8e-4, 1.6e-3)})
     text = tuning.report(records, tuning.plan(records), "python -m benchmarks.compare.tuning")
-    assert "| V-GRPO | v2 | **0.0016** |" in text and "- V-GRPO: v2 at lr 0.0016" in text
-    assert "- MixGRPO: not chosen yet" in text
+    assert "| V-GRPO | v2 | **0.0016** |" in text
+    assert "- V-GRPO: v2 at lr 0.0016 (mean 0.502) (provisional: 1 of its 4 rungs not finished)" in text  # 3.2e-3
+    assert "- MixGRPO: not chosen yet (provisional: 9 of its 9 rungs not finished)" in text
