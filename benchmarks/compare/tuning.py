@@ -112,6 +112,7 @@ class Rung:
     worst_drop: float  # the largest fall of a final below its seed's best point
     worst_below_base: float  # the lowest point minus the base, over seeds
     diverged: int
+    last_quarter: float  # seed mean of the final minus the point at 3/4 of the horizon: near 0 on a plateau
 
     @property
     def mean(self) -> float:
@@ -119,7 +120,7 @@ class Rung:
 
 
 def rung_of(method: str, recipe: str, lr: float, cells: list[dict[str, Any]], base: float) -> Rung:
-    finals, drops, lows, diverged = [], [], [], 0
+    finals, drops, lows, quarters, diverged = [], [], [], [], 0
     for cell in cells:
         scores = [p["score"] for p in cell["curve"]]
         if cell.get("diverged") or not scores:
@@ -129,6 +130,9 @@ def rung_of(method: str, recipe: str, lr: float, cells: list[dict[str, Any]], ba
         finals.append(scores[-1])
         drops.append(max(scores) - scores[-1])
         lows.append(min(scores) - base)
+        at = {int(p["iteration"]): p["score"] for p in cell["curve"]}
+        if ITERATIONS * 3 // 4 in at:
+            quarters.append(scores[-1] - at[ITERATIONS * 3 // 4])
     return Rung(
         method,
         recipe,
@@ -137,6 +141,7 @@ def rung_of(method: str, recipe: str, lr: float, cells: list[dict[str, Any]], ba
         max(drops, default=float("inf")),
         min(lows, default=float("-inf")),
         diverged,
+        sum(quarters) / len(quarters) if quarters else float("nan"),
     )
 
 
@@ -241,22 +246,26 @@ def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: 
         f" {ITERATIONS} iterations (the grid's horizon), validation GenEval strict every {EVAL_EVERY} iterations."
         f" *Stable*: on every seed the final is at most {DROP_MARGIN} below the seed's best point, no point is more"
         f" than {COLLAPSE_MARGIN} below the base, no divergence. The chosen rung (bold) is each method's stable rung"
-        " with the highest seed mean.",
+        " with the highest seed mean. *Last quarter*: the final minus the point at 3/4 of the horizon, seed mean"
+        " (near 0 on a plateau).",
         "",
         f"Base: {base['curve'][0]['score']:.3f} on the validation prompts." if base else "Base: not run yet.",
         "",
         f"Cells done: {sum(1 for s in planned if s.name in records)} of {len(planned)} planned"
         + (f"; not run yet: {len(missing)}." if missing else "."),
         "",
-        "| method | recipe | lr | final per seed | mean | worst drop from own best | lowest point - base | stable |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | recipe | lr | final per seed | mean | last quarter | worst drop from own best "
+        "| lowest point - base | stable |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in done:
-        mark = "**" if chosen.get(r.method) == r else ""
+        c = chosen.get(r.method)
+        mark = "**" if c is not None and (c.recipe, c.lr) == (r.recipe, r.lr) else ""  # (NaN fields: not ==)
         finals = ", ".join("diverged" if f == float("-inf") else f"{f:.3f}" for f in r.finals)
         lines.append(
             f"| {LABELS[r.method]} | {r.recipe} | {mark}{r.lr:g}{mark} | {finals} | {mark}{r.mean:.3f}{mark} | "
-            f"{r.worst_drop:+.3f} | {r.worst_below_base:+.3f} | {'yes' if stable(r) else 'no'} |"
+            f"{r.last_quarter:+.3f} | {r.worst_drop:+.3f} | {r.worst_below_base:+.3f} | "
+            f"{'yes' if stable(r) else 'no'} |"
         )
     lines += ["", "## Curves (seed mean of validation strict at each evaluation point)", ""]
     lines += curve_lines(records)

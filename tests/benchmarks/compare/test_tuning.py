@@ -3,6 +3,7 @@ choice and the extensions do what the module states, on synthetic records."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ def test_a_late_collapse_is_not_chosen_and_the_stable_best_is() -> None:
         }
     )
     rungs = {r.lr: r for r in tuning.rungs(records)}
+    assert math.isnan(rungs[4e-4].last_quarter)  # four points: none at iteration 60
     assert not tuning.stable(rungs[1.6e-3]) and rungs[1.6e-3].worst_drop == pytest.approx(0.11)
     assert rungs[1.6e-3].mean > rungs[8e-4].mean  # the highest mean, yet unstable
     chosen = tuning.choose(records)["vgrpo"]
@@ -82,6 +84,13 @@ def test_below_the_base_or_diverged_is_unstable_and_an_edge_extends() -> None:
     diverged[name]["diverged"] = "non-finite loss"
     (rung,) = tuning.rungs(diverged)
     assert rung.diverged == 1 and not tuning.stable(rung)
+
+
+def test_the_last_quarter_reads_a_plateau() -> None:
+    rising, flat = [0.40 + 0.01 * i for i in range(8)], [0.5, 0.55, 0.6, 0.6, 0.6, 0.61, 0.6, 0.6]
+    records = _records({("vgrpo", "v2", 4e-4): [rising, flat]})
+    (rung,) = tuning.rungs(records)
+    assert rung.last_quarter == pytest.approx(((0.47 - 0.45) + (0.6 - 0.61)) / 2)
 
 
 def test_the_report_marks_the_choice() -> None:
