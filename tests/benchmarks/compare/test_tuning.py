@@ -99,3 +99,15 @@ def test_the_report_marks_the_choice() -> None:
     assert "| V-GRPO | v2 | **0.0016** |" in text
     assert "- V-GRPO: v2 at lr 0.0016 (mean 0.502) (provisional: 1 of its 4 rungs not finished)" in text  # 3.2e-3
     assert "- MixGRPO: not chosen yet (provisional: 9 of its 9 rungs not finished)" in text
+
+
+def test_the_committed_tuning_report_rebuilds_from_its_records() -> None:
+    from benchmarks.common import ROOT
+    from benchmarks.compare.analysis import load_records
+
+    folder = ROOT / "docs" / "benchmarks-v3"
+    if not (folder / "tuning" / "cells.jsonl").is_file():
+        pytest.skip("no tuning records committed")
+    records = load_records(folder / "tuning" / "cells.jsonl")
+    rebuilt = tuning.report(records, tuning.plan(records), "python -m benchmarks.compare.tuning")
+    assert rebuilt == (folder / "tuning.md").read_text()
