@@ -45,15 +45,20 @@ METHODS = (COMPARED[0], "vgrpo_full_graph", "vgrpo_auto", *COMPARED[1:])
 UPDATE_PATHS = {"vgrpo_full_graph": False, "vgrpo_auto": "auto"}
 
 
+def algorithm_of(method: str) -> tuple[str, dict[str, object]]:
+    """The params preset a timed method loads and its algorithm section: a V-GRPO update path is V-GRPO's preset
+    with the same objective's graphs all alive at once, or kept as measured (``memory_bounded``)."""
+    if method in UPDATE_PATHS:
+        return "vgrpo", {"name": "vgrpo", "memory_bounded": UPDATE_PATHS[method]}
+    return method, {"name": method}
+
+
 def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     torch.set_num_threads(2)
     torch.set_flush_denormal(True)
     if args.pipeline:
         return run_pipeline(method, args)
-    preset = "vgrpo" if method in UPDATE_PATHS else method
-    algorithm_overrides: dict[str, object] = {"name": preset}
-    if method in UPDATE_PATHS:  # the same objective with every pair's graph alive at once, or as measured
-        algorithm_overrides["memory_bounded"] = UPDATE_PATHS[method]
+    preset, algorithm_overrides = algorithm_of(method)
     if method == "mixgrpo":
         algorithm_overrides["window_size"] = min(4, args.steps)
     config = load_config(
@@ -104,10 +109,7 @@ def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
 def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     """``method`` on ``args.pipeline`` as the embedded stages train it: params/models/embedded.yaml (LoRA r 32),
     the world's GenEval train prompts, and the world GenEval reward on decoded samples."""
-    preset = "vgrpo" if method in UPDATE_PATHS else method
-    algorithm: dict[str, object] = {"name": preset}
-    if method in UPDATE_PATHS:
-        algorithm["memory_bounded"] = UPDATE_PATHS[method]
+    preset, algorithm = algorithm_of(method)
     rollout = {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps}
     precision = json.loads(args.precision) if args.precision else {}
     if args.grid:  # the comparison grid's stage config for the method (benchmarks.compare.plan), at this T and batch
