@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 
 from flows.services import local_services
 from tasks.process_group import stop_group
-from tests.tiny_world import run_sweep_deployment, write_sweep_project, write_tiny_world
+from tests.tiny_world import SWEEP_ABLATIONS, run_sweep_deployment, write_sweep_project, write_tiny_world
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +29,16 @@ SERVE = (  # the sweep's own run and its two cells at once, from the project's s
 
 
 def _project(root: Path) -> Path:
+    """The sweep project, its stage also scored by :func:`tests.flows.rendezvous.rendezvous`: each cell waits in its
+    first reward call until the other cell is training too, so the overlap asserted below does not depend on how
+    fast each cell's process starts."""
     write_tiny_world(root, n_test=4)
-    return write_sweep_project(root)
+    write_sweep_project(root)
+    stage = yaml.safe_load((root / "a.yaml").read_text())
+    barrier = {"folder": str(root / "rendezvous"), "parties": len(SWEEP_ABLATIONS)}
+    stage["rewards"].append({"name": "tests.flows.rendezvous:rendezvous", "options": barrier})
+    (root / "a.yaml").write_text(yaml.safe_dump(stage))
+    return root
 
 
 def test_two_ablation_cells_train_at_once_under_a_device_limit_of_two(tmp_path: Path) -> None:
@@ -71,6 +80,7 @@ def test_two_ablation_cells_train_at_once_under_a_device_limit_of_two(tmp_path: 
     assert len(cells) == 2 and all(c.state is not None and c.state.is_completed() for c in cells)
     assert all(c.parent_task_run_id is not None for c in cells)  # linked under the sweep's flow run
     assert max(c.start_time for c in cells) < min(c.end_time for c in cells)  # the two trained at the same time
+    assert len(list((project / "rendezvous").glob("*.arrived"))) == 2  # both reached the barrier
     assert limit.limit == 2 and limit.active_slots == 0
     for variant in ("no_shared_pairs", "v_prediction"):
         assert (project / f"runs/one/ablations/{variant}/stages/s1-pick/pytorch_lora_weights.safetensors").is_file()
