@@ -1,6 +1,6 @@
-"""The claims read off the cell records: each declaration of :data:`~benchmarks.compare.claims.CLAIMS` becomes a
-row with its statistic's estimate, bootstrap replicates and t-based test (:func:`read`), and the rows get their
-verdicts together (:func:`claim_rows`)."""
+"""The claims read off the cell records: each claim of a grid's claim set (:data:`~benchmarks.compare.claims.V2`,
+:data:`~benchmarks.compare.claims.V3`) becomes a row with its statistic's estimate, bootstrap replicates and
+t-based test (:func:`read`), and the rows get their verdicts together (:func:`claim_rows`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.compare.analysis import Analysis, Group, cells, cv_ratio, drop_of
-from benchmarks.compare.claims import CLAIMS
-from benchmarks.compare.rules import Claim, CvRatio, Groups, PaperFactor, RaisedRates, WorstDrops
+from benchmarks.compare.claims import V2
+from benchmarks.compare.rules import Claim, ClaimSet, CvRatio, Groups, PaperFactor, RaisedRates, WorstDrops
 from benchmarks.compare.studentized import ratio_t_test, t_test
 from benchmarks.compare.verdicts import Row, decide, fill, power, refine
 
@@ -41,10 +41,10 @@ def groups_of(claim: Claim, an: Analysis) -> tuple[Groups, dict[str, str]]:
     return groups or [("none", None)], words
 
 
-def read(claim: Claim, an: Analysis, rows: dict[str, Row]) -> Row | None:
+def read(claim: Claim, an: Analysis, rows: dict[str, Row], family_size: int) -> Row | None:
     """One claim's row from the records: its statistic's estimate, replicates and t-based test and the seeds for
-    80% power (no verdict yet: :func:`~benchmarks.compare.verdicts.decide`). None for a :class:`PaperFactor` whose
-    row has no ratio."""
+    80% power (at Bonferroni's level over ``family_size`` confirmatory rows too; no verdict yet:
+    :func:`~benchmarks.compare.verdicts.decide`). None for a :class:`PaperFactor` whose row has no ratio."""
     groups, words = groups_of(claim, an)
     note = claim.note if isinstance(claim.note, str) else claim.note(groups)
     r = Row(
@@ -57,6 +57,7 @@ def read(claim: Claim, an: Analysis, rows: dict[str, Row]) -> Row | None:
         note=note,
         digits=claim.digits,
         signed=claim.signed,
+        confirmatory=claim.confirmatory,
     )
     stat = claim.statistic
     if isinstance(stat, PaperFactor):
@@ -70,15 +71,15 @@ def read(claim: Claim, an: Analysis, rows: dict[str, Row]) -> Row | None:
     elif isinstance(stat, CvRatio):
         assert not isinstance(claim.cells, RaisedRates)
         naive, ours = (cells(an.records, c.phase, c.method, reward=c.reward, variant=c.variant) for c in claim.cells)
-        read_cv_ratio(r, an, naive, ours, stat.key)
+        read_cv_ratio(r, an, naive, ours, stat.key, family_size)
     elif all(g is not None for _, g in groups):
-        read_statistic(r, an, [(k, g) for k, g in groups if g is not None], claim)
+        read_statistic(r, an, [(k, g) for k, g in groups if g is not None], claim, family_size)
     if claim.remark is not None:
         r.note = claim.remark(an, groups, r.note)
     return r
 
 
-def read_statistic(r: Row, an: Analysis, present: list[tuple[str, Group]], claim: Claim) -> None:
+def read_statistic(r: Row, an: Analysis, present: list[tuple[str, Group]], claim: Claim, family_size: int) -> None:
     """The estimate, the shared bootstrap's replicates and the t-based test of a statistic of the groups' curves;
     the draw is kept (``extra["redraw"]``) so that :func:`benchmarks.compare.verdicts.refine` can redraw it."""
     reward, stat = claim.reward, claim.statistic
@@ -107,10 +108,12 @@ def read_statistic(r: Row, an: Analysis, present: list[tuple[str, Group]], claim
         tt = t_test(values, point, an.bases[reward]["curve"][0]["tags"], r.threshold)  # type: ignore[index]
     fill(r, est, draw(an), tt)
     r.extra["redraw"], r.extra["seeds"] = draw, [grp.seeds for _, grp in present]
-    power(r, tt)
+    power(r, tt, family_size)
 
 
-def read_cv_ratio(r: Row, an: Analysis, naive: list[dict[str, Any]], ours: list[dict[str, Any]], key: str) -> None:
+def read_cv_ratio(
+    r: Row, an: Analysis, naive: list[dict[str, Any]], ours: list[dict[str, Any]], key: str, family_size: int
+) -> None:
     """The ratio of the two methods' mean per-iteration CVs (record field ``key``), its replicates over seeds and
     iterations and its t-based test over the seeds' means; the two means are kept (``extra["cv_means"]``)."""
     res = cv_ratio(naive, ours, key, an.rng, an.n_boot)
@@ -125,22 +128,23 @@ def read_cv_ratio(r: Row, an: Analysis, naive: list[dict[str, Any]], ours: list[
     fill(r, mb / ma, reps, tt)
     r.extra["seeds"] = [len(seed_means(naive)), len(seed_means(ours))]
     r.extra["cv_means"] = (ma, mb)
-    power(r, tt)
+    power(r, tt, family_size)
 
 
-def claim_rows(an: Analysis, refine_near: bool = True) -> list[Row]:
-    """Every claim row in the report's order, with verdicts; ``refine_near`` redraws the rows near their threshold
-    with :data:`benchmarks.compare.verdicts.REFINED` replicates (:func:`benchmarks.compare.verdicts.refine`).
+def claim_rows(an: Analysis, refine_near: bool = True, claims: ClaimSet = V2) -> list[Row]:
+    """Every row of ``claims`` in the report's order, with verdicts; ``refine_near`` redraws the rows near their
+    threshold with :data:`benchmarks.compare.verdicts.REFINED` replicates (:func:`benchmarks.compare.verdicts.refine`).
 
     The rows are read in the declared order, the ``read_last`` ones after the others: every row draws from
     ``an``'s one random stream, so the order decides the replicates."""
     rows: dict[str, Row] = {}
-    for claim in sorted(CLAIMS, key=lambda c: c.read_last):
-        row = read(claim, an, rows)
+    family = claims.confirmatory
+    for claim in sorted(claims.claims, key=lambda c: c.read_last):
+        row = read(claim, an, rows, len(family))
         if row is not None:
             rows[claim.id] = row
-    ordered = [rows[c.id] for c in CLAIMS if c.id in rows]
-    decide([r for r in ordered if not r.id.endswith("m")])
+    ordered = [rows[c.id] for c in claims.claims if c.id in rows]
+    decide([r for r in ordered if not r.id.endswith("m")], family)
     if refine_near:
-        refine(ordered, an)
+        refine(ordered, an, family)
     return ordered

@@ -1,7 +1,7 @@
 """Seeds per group for 80% power on each claim row, from the variances of the committed grid: the power analysis
 the v3 pre-registration (`docs/benchmarks/v3-preregistration.md`) sizes its seeds by.
 
-    python -m benchmarks.compare.power docs/benchmarks/cells.jsonl [--out docs/benchmarks/v3-power.md]
+    python -m benchmarks.compare.power docs/benchmarks/cells.jsonl [--out docs/benchmarks/v3-power.md] [--claims v3]
 
 For each row: its estimate's distance from the threshold (taken as the true effect), the seeds' part of the
 variance at one seed per group (unbiased) and the prompt interaction (which seeds do not lower), both from
@@ -16,27 +16,31 @@ from pathlib import Path
 
 from benchmarks.compare.analysis import Analysis, load_records
 from benchmarks.compare.claim_rows import claim_rows
-from benchmarks.compare.claims import CONFIRMATORY
+from benchmarks.compare.claims import CLAIM_SETS
+from benchmarks.compare.rules import ClaimSet
 from benchmarks.compare.studentized import POWER, seeds_for_power
 from benchmarks.compare.verdicts import ALPHA, Row, fmt_seeds
 from vgrpo.atomic import write_text_atomic
 
 
-def bonferroni(r: Row) -> float | None:
-    """Seeds per group for 80% power at Bonferroni's level over the confirmatory rows, for any row (an exploratory
-    row may become confirmatory), at least 2."""
+def bonferroni(r: Row, family_size: int) -> float | None:
+    """Seeds per group for 80% power at Bonferroni's level over ``family_size`` confirmatory rows, for any row (an
+    exploratory row may become confirmatory), at least 2."""
     assert r.t is not None and r.estimate is not None
-    n = seeds_for_power(abs(r.estimate - r.threshold), r.t.seed_units, r.t.interaction_var, ALPHA / len(CONFIRMATORY))
+    n = seeds_for_power(abs(r.estimate - r.threshold), r.t.seed_units, r.t.interaction_var, ALPHA / family_size)
     return None if n is None else max(2.0, n)
 
 
-def power_table(rows: list[Row], source: str) -> list[str]:
-    """The power analysis as markdown lines."""
+def power_table(rows: list[Row], source: str, claims: ClaimSet) -> list[str]:
+    """The power analysis as markdown lines, Bonferroni's level over ``claims``' confirmatory family."""
+    size = len(claims.confirmatory)
     lines = [
         f"Seeds per group (per cell for the S rows) for {POWER:.0%} power if each estimate were the truth, from "
-        f"`{source}` (`python -m benchmarks.compare.power {source}`). *Seed part*: the variance of the row's statistic "
+        f"`{source}` (`python -m benchmarks.compare.power {source} --claims {claims.name}`). *Seed part*: the variance "
+        "of the row's statistic "
         "at one seed per group (unbiased); *interaction*: the prompts' part, which seeds do not lower. Bonferroni: "
-        f"{ALPHA}/{len(CONFIRMATORY)}, which passes Holm however the other rows fall (given for exploratory rows too, "
+        f"{ALPHA}/{size} ({claims.name}'s confirmatory rows), which passes Holm however the other rows fall (given for "
+        "exploratory rows too, "
         "should they become confirmatory).",
         "",
         "| id | family | estimate - threshold | seed part (1 seed) | interaction | seeds now | at 0.05 | "
@@ -50,7 +54,7 @@ def power_table(rows: list[Row], source: str) -> list[str]:
         lines.append(
             f"| {r.id} | {r.family} | {r.estimate - r.threshold:+.4f} | {r.t.seed_units:.3g} | "
             f"{r.t.interaction_var:.3g} | {'' if now is None else now} | {fmt_seeds(r.extra['seeds_power'])} | "
-            f"{fmt_seeds(bonferroni(r))} | "
+            f"{fmt_seeds(bonferroni(r, size))} | "
             f"{r.extra['power_goal']} |"
         )
     lines.append("")
@@ -61,11 +65,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", type=Path, help="a report's cells.jsonl (or a grid's cell folder)")
     parser.add_argument("--out", type=Path, default=None, help="write the table here (markdown) as well")
+    parser.add_argument("--claims", choices=sorted(CLAIM_SETS), default="v2", help="the grid's claims (default v2)")
     args = parser.parse_args()
     if not args.records.exists():
         parser.error(f"records: {args.records} does not exist")
-    rows = claim_rows(Analysis(load_records(args.records)), refine_near=False)
-    lines = power_table(rows, args.records.as_posix())
+    claims = CLAIM_SETS[args.claims]
+    rows = claim_rows(Analysis(load_records(args.records)), refine_near=False, claims=claims)
+    lines = power_table(rows, args.records.as_posix(), claims)
     print("\n".join(lines))
     if args.out:
         write_text_atomic(args.out, "\n".join(lines) + "\n")

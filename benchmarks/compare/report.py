@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from benchmarks.common import METHODS
 from benchmarks.compare.analysis import AXES, N_BOOT, Analysis, load_records, write_records
 from benchmarks.compare.claim_rows import claim_rows
-from benchmarks.compare.claims import CONVERGED_GAIN, MARGIN
+from benchmarks.compare.claims import CONVERGED_GAIN, MARGIN, V2
 from benchmarks.compare.collapse import COLLAPSE_DROP, SPIKE_FACTOR
 from benchmarks.compare.method_tables import PLATEAU, cost_ratios, methods_table, time_to_reward
 from benchmarks.compare.mlflow_runs import track
@@ -232,8 +232,8 @@ def write_report(
         ]
     rows: list[Row] = []
     if an.base and not quick:
-        rows = claim_rows(an)
-        lines += claims_table(rows)
+        rows = claim_rows(an, claims=V2)
+        lines += claims_table(rows, len(V2.confirmatory))
         if an.groups:
             methods_table(an, lines)
             cost_ratios(an, (out.parent if out.is_file() else docs) / "speed", lines)  # speed.md's repeats

@@ -143,6 +143,18 @@ class Claim:
     digits: int = 3
 
 
+@dataclass(frozen=True)
+class ClaimSet:
+    """A grid's claims in the report's order; its confirmatory ones are the family Holm's correction covers."""
+
+    name: str
+    claims: tuple[Claim, ...]
+
+    @property
+    def confirmatory(self) -> tuple[str, ...]:
+        return tuple(c.id for c in self.claims if c.confirmatory)
+
+
 def gradient_steps(groups: Groups) -> str:
     """E3's note: its margin's history and whether a third of the iterations is a third of the gradient steps."""
     steps = [(k, g.runs[0]["gradient_steps_per_iteration"]) for k, g in groups if g]
@@ -199,8 +211,9 @@ def collapses(reward: str) -> Remark:
     return remark
 
 
-def own_rate(reward: str, phase: str) -> Remark:
-    """An own-rate stability row's note: where its cells come from, and their collapse counts."""
+def own_rate(reward: str, phase: str, lead: str = "not pre-registered") -> Remark:
+    """An own-rate stability row's note: ``lead`` (whether the row was pre-registered), where its cells come from,
+    and their collapse counts."""
 
     def remark(an: Analysis, groups: Groups, note: str) -> str:
         if any(g is None for _, g in groups):
@@ -208,6 +221,6 @@ def own_rate(reward: str, phase: str) -> Remark:
         flat = [g for _, g in groups if g is not None]
         its = flat[1].iterations
         cadence = f"the {phase} cells ({its[-1]:.0f} iterations, evaluated every {its[1] - its[0]:.0f})"
-        return f"not pre-registered; from {cadence}; " + collapse_counts(reward, flat, an)
+        return f"{lead}; from {cadence}; " + collapse_counts(reward, flat, an)
 
     return remark

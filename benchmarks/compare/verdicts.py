@@ -5,7 +5,7 @@ for 80% power, and the row as the report prints it.
 A rule names a statistic, a threshold and a side: the claim is *reproduced* when the statistic is on the claim's
 side of the threshold, *refuted* when it is on the other side, *unresolved* when the data cannot tell. Each row's
 two-sided bootstrap p-value against its threshold (:func:`test`) decides: for the *confirmatory* rows (the paper's
-main claims, fixed in :data:`~benchmarks.compare.claims.CONFIRMATORY` before the grid ran) after Holm's
+main claims, fixed in the grid's :class:`~benchmarks.compare.rules.ClaimSet` before the grid ran) after Holm's
 correction over all of them, for the *exploratory* rows at 0.05 on their own. A percentile interval excludes the
 threshold exactly when the unadjusted p-value is below 0.05, so a confirmatory row whose interval excludes its
 threshold but whose Holm-adjusted p does not pass reads *unresolved (Holm)*.
@@ -13,6 +13,7 @@ threshold but whose Holm-adjusted p does not pass reads *unresolved (Holm)*.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,6 @@ import numpy as np
 
 from benchmarks.compare.analysis import Analysis
 from benchmarks.compare.bootstrap import interval
-from benchmarks.compare.claims import CONFIRMATORY
 from benchmarks.compare.studentized import TTest
 from benchmarks.compare.studentized import seeds_for_power as seeds_for_t_power
 
@@ -57,11 +57,12 @@ class Row:
     note: str = ""
     digits: int = 3
     signed: bool = True
+    confirmatory: bool = False  # in the family Holm's correction covers
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def family(self) -> str:
-        return "confirmatory" if self.id in CONFIRMATORY else "exploratory"
+        return "confirmatory" if self.confirmatory else "exploratory"
 
 
 def test(reps: np.ndarray, threshold: float) -> tuple[float, str]:
@@ -117,16 +118,16 @@ def near_threshold(row: Row) -> bool:
     return any(p is not None and ALPHA / NEAR <= p <= ALPHA * NEAR for p in ps)
 
 
-def decide(rows: list[Row]) -> None:
-    """Holm over the whole confirmatory family, then every row's verdict.
+def decide(rows: list[Row], family: Sequence[str]) -> None:
+    """Holm over the whole confirmatory ``family`` (the row ids), then every row's verdict.
 
-    The family is :data:`CONFIRMATORY`, fixed before the grid ran, so a confirmatory row without a p-value (not
+    The family is fixed before the grid ran, so a confirmatory row without a p-value (not
     run, not measurable, or not among ``rows``) enters as p = 1: Holm's adjusted p-values only fall as any input
     falls, so other rows landing can only strengthen a verdict. A row's own verdict still moves as its own cells
     land, since they change its estimate and p-value.
     """
     ran = {r.id: r.p for r in rows if r.p is not None}
-    adjusted = holm({k: ran.get(k, 1.0) for k in CONFIRMATORY})
+    adjusted = holm({k: ran.get(k, 1.0) for k in family})
     for r in rows:
         if r.p is None:
             continue
@@ -138,9 +139,10 @@ def decide(rows: list[Row]) -> None:
             r.verdict = "reproduced" if r.extra["lean"] == r.side else "refuted"
 
 
-def power(r: Row, tt: TTest | None) -> None:
+def power(r: Row, tt: TTest | None, family_size: int) -> None:
     """Seeds per group for :data:`POWER` power if the estimate were the truth, at 0.05 and (confirmatory rows)
-    at Bonferroni's level over the confirmatory family, and whether they reproduce or refute the claim."""
+    at Bonferroni's level over the confirmatory family of ``family_size`` rows, and whether they reproduce or
+    refute the claim."""
     if r.estimate is None or tt is None:
         return
     effect = r.estimate - r.threshold
@@ -150,20 +152,22 @@ def power(r: Row, tt: TTest | None) -> None:
         return None if n is None else max(2.0, n)
 
     r.extra["seeds_power"] = at_least_two(seeds_for_t_power(abs(effect), tt.seed_units, tt.interaction_var))
-    if r.id in CONFIRMATORY:
+    if r.confirmatory:
         r.extra["seeds_power_holm"] = at_least_two(
-            seeds_for_t_power(abs(effect), tt.seed_units, tt.interaction_var, alpha=ALPHA / len(CONFIRMATORY))
+            seeds_for_t_power(abs(effect), tt.seed_units, tt.interaction_var, alpha=ALPHA / family_size)
         )
 
 
-def refine(rows: list[Row], an: Analysis, n_boot: int = REFINED, ids: set[str] | None = None) -> None:
+def refine(
+    rows: list[Row], an: Analysis, family: Sequence[str], n_boot: int = REFINED, ids: set[str] | None = None
+) -> None:
     """Redraw the bootstrap of every row near its threshold (or of the rows ``ids``) with ``n_boot`` replicates
-    from ``an``'s stream, keeping its t-based test, and decide again."""
+    from ``an``'s stream, keeping its t-based test, and decide again over the confirmatory ``family``."""
     for r in rows:
         chosen = near_threshold(r) if ids is None else r.id in ids
         if r.estimate is not None and "redraw" in r.extra and chosen:
             fill(r, r.estimate, an.replicates(n_boot, r.extra["redraw"]), r.t)
-    decide([r for r in rows if not r.id.endswith("m")])
+    decide([r for r in rows if not r.id.endswith("m")], family)
 
 
 def fmt_value(r: Row) -> str:
@@ -181,8 +185,8 @@ def fmt_seeds(n: float | None) -> str:
     return "-" if n is None else f"{np.ceil(n):.0f}"
 
 
-def claims_table(rows: list[Row]) -> list[str]:
-    """The claims' rows as the report's markdown section."""
+def claims_table(rows: list[Row], family_size: int) -> list[str]:
+    """The claims' rows as the report's markdown section (``family_size``: the confirmatory rows Holm covers)."""
     lines = [
         "## The paper's claims",
         "",
@@ -198,7 +202,7 @@ def claims_table(rows: list[Row]) -> list[str]:
         "pass with probability 0.8 if the estimate were the truth, from the unbiased seed variance with only the "
         "prompt interaction as a floor (- when that floor alone is too wide; at least 2), and whether those seeds "
         "would *reproduce* or *refute* the claim; for a confirmatory row, in brackets, the same at Bonferroni's "
-        f"level (0.05/{len(CONFIRMATORY)}), which passes Holm however the other rows fall.",
+        f"level (0.05/{family_size}), which passes Holm however the other rows fall.",
         "",
         "| id | claim | paper | rule | family | ours [95% CI] | bootstrap p [replicates] | t p (df) | p (Holm) | "
         "verdict | seeds for 80% power | note |",

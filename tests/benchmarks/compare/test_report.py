@@ -165,10 +165,12 @@ def test_holm_bootstrap_p_values_budget_reading_and_worst_drop_have_known_values
 
 def test_holm_counts_a_confirmatory_row_not_run_yet_as_p_one() -> None:
     pre_registered = ("E1", "E3", "N1", "N2", "S1", "S2", "A1", "A2", "A3", "A4", "A5", "A6", "C1", "C2")
-    assert pre_registered == claims.CONFIRMATORY
+    assert pre_registered == claims.V2.confirmatory
     ran = [verdicts.Row(id=i, claim="", paper="", rule="", p=0.004, extra={"lean": "above"}) for i in ("E1", "S2")]
     not_run = verdicts.Row(id="A1", claim="", paper="", rule="")
-    verdicts.decide([*ran, not_run])  # the other eleven confirmatory rows are not even passed: they count as p = 1
+    verdicts.decide(
+        [*ran, not_run], claims.V2.confirmatory
+    )  # the other eleven confirmatory rows are not even passed: they count as p = 1
     # The two ran rows share the smallest p: the first is adjusted by 14, the second by 13 and carried up to it.
     assert [r.p_holm for r in ran] == pytest.approx([0.056, 0.056])
     assert [r.verdict for r in ran] == ["unresolved (Holm)", "unresolved (Holm)"]
@@ -226,7 +228,7 @@ def test_the_report_reads_every_claim_off_the_records(synthetic_report) -> None:
     assert by_id["A6"].verdict == "reproduced" and by_id["A6"].estimate == pytest.approx(0.15, abs=0.02)
     assert by_id["C1"].estimate == pytest.approx(1 / 3, abs=0.01) and by_id["C1m"].verdict == "differs"
     confirmatory = [r for r in rows if r.family == "confirmatory"]
-    assert len(confirmatory) == len(claims.CONFIRMATORY) and all(r.p_holm is not None for r in confirmatory)
+    assert len(confirmatory) == len(claims.V2.confirmatory) and all(r.p_holm is not None for r in confirmatory)
     assert all(r.p_holm is None for r in rows if r.family == "exploratory")
     for r in rows:  # the decision p is the larger of the two tests', the interval the hull of the two intervals
         if r.t is not None and r.p_boot is not None:

@@ -100,7 +100,7 @@ def test_e1s_verdict_and_p_do_not_move_with_the_random_stream(committed_rows) ->
     for stream in (0, 1, 2):
         again = [dataclasses.replace(r, extra=dict(r.extra)) for r in rows]
         if stream:
-            verdicts.refine(again, analysis.Analysis(records, stream=stream), ids={"E1"})
+            verdicts.refine(again, analysis.Analysis(records, stream=stream), claims.V2.confirmatory, ids={"E1"})
         e1 = next(r for r in again if r.id == "E1")
         assert e1.n_boot == verdicts.REFINED and e1.t is not None
         readings.append((verdicts.fmt_p(e1.p), verdicts.fmt_p(e1.p_holm), e1.verdict, e1.p_boot, e1.t.p))
@@ -132,7 +132,8 @@ def test_the_power_command_reads_the_seeds_off_the_committed_rows(committed_rows
     from benchmarks.compare import power
 
     _, rows = committed_rows
-    lines = {line.split(" | ")[0]: line for line in power.power_table(rows, "cells.jsonl") if line.startswith("| ")}
+    table = power.power_table(rows, "cells.jsonl", claims.V2)
+    lines = {line.split(" | ")[0]: line for line in table if line.startswith("| ")}
     # E1: 4 seeds per method at 0.05, 7 at Bonferroni's 0.05/14; E2 (exploratory in v2): 10 at Bonferroni.
     assert lines["| E1"].endswith("| 5 | 4 | 7 | reproduce |")
     assert lines["| E2"].endswith("| 5 | 4 | 10 | reproduce |")
