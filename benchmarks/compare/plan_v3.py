@@ -3,16 +3,21 @@ of its power analysis, on fresh seeds, each method at the recipe and rate the tu
 (:mod:`benchmarks.compare.tuning`), and a phase at each method's own rate evaluated at the stress cadence (the
 S1o/S2o rows' cells).
 
-A draft until the pre-registration commit fixes it; the runner and the claims do not read it yet.
+The runner runs it as ``python -m benchmarks.compare --grid v3`` (:mod:`benchmarks.compare.runner`), once the
+tuning sweep has settled every method (:func:`tuned_settings`) and the pre-registration is committed
+(:func:`check_preregistered`); its rows are :data:`benchmarks.compare.claims.V3`.
 """
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from benchmarks.common import METHODS
+from benchmarks.common import METHODS, ROOT
 from benchmarks.compare import tuning
+from benchmarks.compare.analysis import load_records
 from benchmarks.compare.plan import ABLATIONS, RunSpec, Sizes, stage_lr
 from vgrpo.config import merge_overrides
 
@@ -24,6 +29,32 @@ OWN_RATE_SEEDS = 9  # S2's count at 0.05 (S1o and S2o are estimation rows)
 SEED0 = {"methods": 1000, "stability": 1100, "own_rate": 1200, "ablation": 1300, "preference": 1400}
 """Fresh seed bases: no v3 cell reuses a v2 seed (0-4, 100-102, 200-201) or a tuning seed (1500-)."""
 PHASES = ("base", "methods", "stability", "own_rate", "ablation", "preference")
+TUNING_RECORDS = ROOT / "docs" / "benchmarks-v3" / "tuning" / "cells.jsonl"
+"""The tuning sweep's committed records, which decide each method's recipe and rate."""
+PREREGISTRATION = ROOT / "docs" / "benchmarks" / "v3-preregistration.md"
+
+
+class NotPreregistered(RuntimeError):
+    """The v3 grid may not start: its pre-registration is a draft or not committed."""
+
+
+def check_preregistered(path: Path = PREREGISTRATION, root: Path = ROOT) -> None:
+    """Refuse to run the grid before its pre-registration is fixed: ``path`` must say no ``DRAFT`` and be
+    committed as it is (a :class:`NotPreregistered` naming the file otherwise), so that the commit that fixes the
+    rows, rules and seeds precedes the first cell."""
+    if not path.is_file():
+        raise NotPreregistered(f"{path}: the pre-registration is missing")
+    if "DRAFT" in path.read_text():
+        raise NotPreregistered(
+            f"{path}: still a DRAFT; fill in the tuned settings, remove DRAFT and commit it before the grid runs"
+        )
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--", str(path)], cwd=root, capture_output=True, text=True, check=False
+    )
+    if status.returncode != 0 or status.stdout.strip():
+        raise NotPreregistered(f"{path}: not committed as it is (git status: {status.stdout.strip() or 'failed'})")
+
+
 STRESSED = ("vgrpo", "naive_elbo")  # the stability rows compare these two
 
 
@@ -148,6 +179,11 @@ def plan_phase(phase: str, tuned: dict[str, Tuned], sizes: Sizes = V3) -> list[R
             for m in STRESSED
         ]
     raise ValueError(f"unknown phase {phase!r}")
+
+
+def load_tuned(path: Path = TUNING_RECORDS) -> dict[str, Tuned]:
+    """:func:`tuned_settings` from the tuning sweep's committed records."""
+    return tuned_settings(load_records(path) if path.is_file() else {})
 
 
 def full_plan(tuned: dict[str, Tuned], sizes: Sizes = V3) -> list[RunSpec]:

@@ -2,6 +2,7 @@
 
     python -m benchmarks.compare.report runs/bench/full docs/benchmarks [--tracking-uri sqlite:////abs/mlflow.db]
     python -m benchmarks.compare.report docs/benchmarks/cells.jsonl docs/benchmarks  # again, from the records
+    python -m benchmarks.compare.report docs/benchmarks-v3/grid/cells.jsonl docs/benchmarks-v3/grid --grid v3
 
 Every number in the report is computed from the cell records (:mod:`~benchmarks.compare.analysis` and
 :mod:`~benchmarks.compare.bootstrap` for the intervals, :mod:`~benchmarks.compare.claims` for the verdicts); nothing
@@ -18,10 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from benchmarks.common import METHODS
+from benchmarks.common import LABELS, METHODS
+from benchmarks.compare import plan_v3
 from benchmarks.compare.analysis import AXES, N_BOOT, Analysis, load_records, write_records
 from benchmarks.compare.claim_rows import claim_rows
-from benchmarks.compare.claims import CONVERGED_GAIN, MARGIN, V2
+from benchmarks.compare.claims import CONVERGED_GAIN, E3_MARGIN, MARGIN, V2, V3
 from benchmarks.compare.collapse import COLLAPSE_DROP, SPIKE_FACTOR
 from benchmarks.compare.method_tables import PLATEAU, cost_ratios, methods_table, time_to_reward
 from benchmarks.compare.mlflow_runs import track
@@ -43,6 +45,7 @@ from benchmarks.compare.plan import (
     full_plan,
     plan_phase,
     stage_config,
+    stage_lr,
 )
 from benchmarks.compare.plots import plot_curves
 from benchmarks.compare.verdicts import NEAR, REFINED, Row, claims_table
@@ -94,6 +97,42 @@ PROTOCOL = """\
 """
 
 
+PROTOCOL_V3 = """\
+## Protocol (pre-registered)
+
+The rows, rules, seeds and stopping rule were fixed in
+[docs/benchmarks/v3-preregistration.md](../../benchmarks/v3-preregistration.md), committed before the first cell;
+any deviation from it is listed there and at the top of this report. The v2 grid
+([docs/benchmarks](../../benchmarks/README.md)) is exploratory history.
+
+- **Model, task and evaluation: as v2.** Every cell trains a LoRA (r 32) on `models/embedded-base`, on the GenEval
+  stage or the preference stage, {prompts} prompts x {group} samples per iteration, {steps} sampling steps; every
+  evaluation point scores the same {test_prompts} test prompts ({pref_prompts} in the preference stage) x
+  {eval_group} image, {eval_steps} Euler steps, sampling seed 0, paired across methods; every method is scored by
+  its policy alone.
+- **Recipes and rates: chosen by the tuning sweep** ([../tuning.md](../tuning.md); its candidates and stability
+  criterion committed before its first cell), on the validation prompts at the grid's horizon. Each method's
+  recipe and rate are in the table below; the preference stage keeps its own rate ({pref_lr:g}).
+- **Seeds, all fresh** (no v2 or tuning seed): {seeds} per method ({iterations} iterations, evaluated every
+  {every}); {abl_seeds} per ablation; {pref_seeds} per preference cell ({pref_it} iterations); stress cells at
+  {mults} each method's own rate, {stab_seeds} per GenEval cell and {pref_stress} per preference cell, and own-rate
+  cells at the same cadence, {own_seeds} per cell ({stab_it} iterations, evaluated every {stab_every}).
+- **p-values, intervals and verdicts.** Each row's p is the larger of the two-sided bootstrap p ({n_boot}
+  replicates over prompts within tags and each group's seeds; {refined} for a row within a factor {near:g} of 0.05)
+  and the t test's (Welch over seeds, unbiased variances, the prompts' interaction added); the interval is the hull
+  of the two 95% intervals. The {family} confirmatory rows are Holm-corrected together (a row not run counting as
+  p = 1); the estimation rows, which no affordable seed count powers, say so in their note: their interval is the
+  result.
+- **Rules** as v2 (`benchmarks/compare/claims.py`): non-inferiority margin {margin_g} GenEval strict ({margin_p}
+  world PickScore), E3's {e3_margin:g} (the paper's own gap); collapse: a divergence or a drop below the base of
+  more than {drop_g} GenEval strict ({drop_p} world PickScore) at any evaluation point.
+- **Stopping rule.** Every planned cell runs once; no interim look at a confirmatory statistic; a cell that
+  crashes for a machine reason runs again with the same seed, a divergence is data; cells that ran under load keep
+  their scores, and their wall times are left out of E4/E5.
+- **Machine.** {workers} cell(s) at a time, {threads} torch thread(s) each.
+"""
+
+
 QUICK_PROTOCOL = """\
 ## Protocol (quick)
 
@@ -125,6 +164,78 @@ def config_mismatches(records: dict[str, dict[str, Any]], sizes: Sizes) -> list[
     return out
 
 
+def tuned_table(tuned: dict[str, plan_v3.Tuned], lines: list[str]) -> None:
+    """Each method's recipe and rate, as the tuning sweep chose them."""
+    lines += ["## Recipes and rates (the tuning sweep's choice)", "", "| method | recipe | rate | settings |"]
+    lines.append("|---|---|---|---|")
+    for m, t in tuned.items():
+        settings = json.dumps(t.overrides, sort_keys=True) if t.overrides else "its params/algorithms preset"
+        lines.append(f"| {LABELS[m]} | {t.recipe} | {t.lr:g} | `{settings}` |")
+    lines.append("")
+
+
+def protocol_lines(sizes: Sizes, quick: bool, tuned: dict[str, plan_v3.Tuned] | None, last: dict[str, Any]) -> str:
+    """The protocol section with the sizes the cells ran at: the quick grid's, v2's, or v3's (``tuned``)."""
+    if quick:
+        return QUICK_PROTOCOL.format(
+            prompts=sizes.prompts,
+            group=sizes.group,
+            iterations=sizes.iterations,
+            test_prompts=sizes.test_prompts,
+            eval_group=sizes.eval_group,
+            n_boot=N_BOOT,
+        )
+    common = {
+        "prompts": sizes.prompts,
+        "group": sizes.group,
+        "steps": sizes.eval_steps,
+        "test_prompts": sizes.test_prompts,
+        "pref_prompts": sizes.preference_prompts,
+        "eval_group": sizes.eval_group,
+        "eval_steps": sizes.eval_steps,
+        "seeds": sizes.seeds,
+        "iterations": sizes.iterations,
+        "every": sizes.eval_every,
+        "abl_seeds": sizes.ablation_seeds,
+        "pref_seeds": sizes.preference_seeds,
+        "pref_it": sizes.preference_iterations,
+        "stab_seeds": sizes.stability_seeds,
+        "stab_it": sizes.stability_iterations,
+        "stab_every": sizes.stability_eval_every,
+        "mults": " and ".join(f"{x:g}x" for x in sizes.stability_multipliers),
+        "n_boot": N_BOOT,
+        "refined": f"{REFINED:,}",
+        "near": NEAR,
+        "margin_g": MARGIN["geneval"],
+        "margin_p": MARGIN["preference"],
+        "drop_g": COLLAPSE_DROP["geneval"],
+        "drop_p": COLLAPSE_DROP["preference"],
+        "workers": last.get("workers", 1),
+        "threads": last.get("threads", 2),
+    }
+    if tuned is not None:
+        return PROTOCOL_V3.format(
+            **common,
+            pref_lr=stage_lr("preference"),
+            pref_stress=plan_v3.PREFERENCE_STRESS_SEEDS,
+            own_seeds=plan_v3.OWN_RATE_SEEDS,
+            family=len(V3.confirmatory),
+            e3_margin=E3_MARGIN,
+        )
+    return PROTOCOL.format(
+        **common,
+        val_prompts=sizes.val_prompts,
+        ladder=", ".join(f"{x:g}" for x in SWEEP_LADDER),
+        sweep_seeds=sizes.sweep_seeds,
+        sweep_it=sizes.sweep_iterations,
+        bounds=f"{SWEEP_BOUNDS[0]:g} to {SWEEP_BOUNDS[1]:g}",
+        converged=CONVERGED_GAIN,
+        spike=SPIKE_FACTOR,
+        plateau=PLATEAU,
+        loaded=LOADED_CORES,
+    )
+
+
 def _invocations(docs: Path) -> list[dict[str, Any]]:
     """The grid's invocations as ``grid.json`` beside the records lists them (elapsed seconds, workers, threads)."""
     path = docs / "grid.json"
@@ -141,74 +252,35 @@ def write_report(
     tracking_uri: str | None = None,
     sizes: Sizes | None = None,
     code_now: str | None = None,
+    tuned: dict[str, plan_v3.Tuned] | None = None,
 ) -> list[Row]:
     """Write ``docs/README.md`` and the plots from the cell records in ``out`` (a folder or a ``cells.jsonl``),
-    and the MLflow runs; return the claim rows."""
+    and the MLflow runs; return the claim rows. With ``tuned`` (each method's recipe and rate), the report is
+    benchmark v3's: its protocol, its claim set (:data:`benchmarks.compare.claims.V3`) and no sweep."""
     records = load_records(out)
     sizes = sizes or (QUICK if quick else Sizes())
     docs.mkdir(parents=True, exist_ok=True)
-    folder = "docs/benchmarks-quick" if quick else "docs/benchmarks"
+    claims = V2 if tuned is None else V3
     an = Analysis(records)
     history = _invocations(docs)
     last = history[-1] if history else {}
-    lines = [
-        "# Benchmarks: V-GRPO and the baselines on the embedded default",
-        "",
-        f"Produced by `{command}`; the report alone, from the committed records: `python -m benchmarks.compare.report "
-        f"{folder}/cells.jsonl {folder}{' --quick' if quick else ''}`. Machine: 2 CPU cores, no GPU.",
-        "",
-    ]
-    if quick:
-        lines.append(
-            QUICK_PROTOCOL.format(
-                prompts=sizes.prompts,
-                group=sizes.group,
-                iterations=sizes.iterations,
-                test_prompts=sizes.test_prompts,
-                eval_group=sizes.eval_group,
-                n_boot=N_BOOT,
-            )
-        )
+    if tuned is not None:
+        title = "# Benchmark v3: the pre-registered replication on the embedded default"
+        alone = "python -m benchmarks.compare --grid v3 --report-only"
     else:
-        lines.append(
-            PROTOCOL.format(
-                prompts=sizes.prompts,
-                group=sizes.group,
-                steps=sizes.eval_steps,
-                test_prompts=sizes.test_prompts,
-                pref_prompts=sizes.preference_prompts,
-                eval_group=sizes.eval_group,
-                eval_steps=sizes.eval_steps,
-                val_prompts=sizes.val_prompts,
-                ladder=", ".join(f"{x:g}" for x in SWEEP_LADDER),
-                sweep_seeds=sizes.sweep_seeds,
-                sweep_it=sizes.sweep_iterations,
-                bounds=f"{SWEEP_BOUNDS[0]:g} to {SWEEP_BOUNDS[1]:g}",
-                seeds=sizes.seeds,
-                iterations=sizes.iterations,
-                every=sizes.eval_every,
-                abl_seeds=sizes.ablation_seeds,
-                pref_seeds=sizes.preference_seeds,
-                pref_it=sizes.preference_iterations,
-                stab_seeds=sizes.stability_seeds,
-                stab_it=sizes.stability_iterations,
-                stab_every=sizes.stability_eval_every,
-                mults=" and ".join(f"{x:g}x" for x in sizes.stability_multipliers),
-                n_boot=N_BOOT,
-                refined=f"{REFINED:,}",
-                near=NEAR,
-                margin_g=MARGIN["geneval"],
-                margin_p=MARGIN["preference"],
-                converged=CONVERGED_GAIN,
-                drop_g=COLLAPSE_DROP["geneval"],
-                drop_p=COLLAPSE_DROP["preference"],
-                spike=SPIKE_FACTOR,
-                plateau=PLATEAU,
-                workers=last.get("workers", 1),
-                threads=last.get("threads", 2),
-                loaded=LOADED_CORES,
-            )
-        )
+        title = "# Benchmarks: V-GRPO and the baselines on the embedded default"
+        folder = "docs/benchmarks-quick" if quick else "docs/benchmarks"
+        alone = f"python -m benchmarks.compare.report {folder}/cells.jsonl {folder}{' --quick' if quick else ''}"
+    lines = [
+        title,
+        "",
+        f"Produced by `{command}`; the report alone, from the committed records: `{alone}`. Machine: 2 CPU cores, "
+        "no GPU.",
+        "",
+        protocol_lines(sizes, quick, tuned, last),
+    ]
+    if tuned is not None:
+        tuned_table(tuned, lines)
     done = [n for n in planned if n in records]
     missing = [n for n in planned if n not in records]
     elapsed = sum(float(x["elapsed_s"]) for x in history) if history else float("nan")
@@ -222,7 +294,7 @@ def write_report(
     if missing:
         lines += [f"Not run yet ({len(missing)}; the command resumes the grid): {', '.join(missing)}", ""]
     later = PHASES[2:]
-    if not quick and not any(n.startswith(tuple(f"{p}-" for p in later)) for n in planned):
+    if tuned is None and not quick and not any(n.startswith(tuple(f"{p}-" for p in later)) for n in planned):
         every = {m: 1e-4 for m in METHODS}  # the count does not depend on the rates
         count = sum(len(plan_phase(p, sizes, every, False)) for p in later)
         lines += [
@@ -232,8 +304,8 @@ def write_report(
         ]
     rows: list[Row] = []
     if an.base and not quick:
-        rows = claim_rows(an, claims=V2)
-        lines += claims_table(rows, len(V2.confirmatory))
+        rows = claim_rows(an, claims=claims)
+        lines += claims_table(rows, len(claims.confirmatory))
         if an.groups:
             methods_table(an, lines)
             cost_ratios(an, (out.parent if out.is_file() else docs) / "speed", lines)  # speed.md's repeats
@@ -259,7 +331,7 @@ def write_report(
     if out.is_dir():  # the records themselves (the report's only input), so the numbers can be recomputed
         write_records(docs / "cells.jsonl", records)
     if tracking_uri:
-        track(records, tracking_uri, grid="quick" if quick else "full", claims=rows)
+        track(records, tracking_uri, grid="v3" if tuned else "quick" if quick else "full", claims=rows)
     return rows
 
 
@@ -269,18 +341,29 @@ def main() -> None:
     parser.add_argument("docs", type=Path, help="report folder")
     parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--grid", choices=("v2", "v3"), default="v2", help="the grid the records are of")
     args = parser.parse_args()
     records = load_records(args.out)
-    sizes = QUICK if args.quick else Sizes()
+    tuned = None
+    if args.grid == "v3":
+        try:
+            tuned = plan_v3.load_tuned()
+        except RuntimeError as exc:
+            parser.error(f"--grid v3: {exc}")
+        sizes, planned = plan_v3.V3, [s.name for s in plan_v3.full_plan(tuned)]
+    else:
+        sizes = QUICK if args.quick else Sizes()
+        planned = [s.name for s in full_plan(records, sizes, args.quick)]
     write_report(
         args.out,
         args.docs,
-        command="python -m benchmarks.compare" + (" --quick" if args.quick else ""),
-        planned=[s.name for s in full_plan(records, sizes, args.quick)],
+        command="python -m benchmarks.compare" + (" --quick" if args.quick else " --grid v3" if tuned else ""),
+        planned=planned,
         quick=args.quick,
         tracking_uri=args.tracking_uri,
         sizes=sizes,
         code_now=code_hash(),
+        tuned=tuned,
     )
 
 

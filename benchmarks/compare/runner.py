@@ -4,6 +4,7 @@ embedded base, under the protocol written at the top of the report (:data:`bench
     python -m benchmarks.compare --quick        # V-GRPO against naive ELBO-GRPO on the GenEval reward
     python -m benchmarks.compare                # the full grid (resumable: run it again to continue)
     python -m benchmarks.compare --report-only  # rewrite the report and the MLflow runs from the records
+    python -m benchmarks.compare --grid v3      # benchmark v3: the pre-registered replication (plan_v3)
 
 The grid runs in phases; each phase's cells are independent subprocesses (``--workers`` at a time), and a phase
 that needs an earlier one's result (each method's learning rate) is planned when that phase is done:
@@ -25,6 +26,12 @@ memory and surrogate-CV statistics. A cell whose record exists is skipped, so a 
 
 This module runs the grid (its plan is :mod:`~benchmarks.compare.plan`, one cell :mod:`~benchmarks.compare.cell`)
 and then writes the report (:mod:`~benchmarks.compare.report`).
+
+``--grid v3`` runs benchmark v3 instead (:mod:`~benchmarks.compare.plan_v3`, records and report under
+``docs/benchmarks-v3/grid``): no sweep (the tuning sweep, :mod:`~benchmarks.compare.tuning`, chose each method's
+recipe and rate), an own-rate phase after the stress cells, the seeds the pre-registration fixed. It refuses to
+start a cell before the pre-registration is committed without ``DRAFT`` or while the tuning sweep has not settled
+every method.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from benchmarks.common import ROOT
+from benchmarks.compare import plan_v3
 from benchmarks.compare.analysis import load_records, write_records
 from benchmarks.compare.cell import expected_key, run_cell
 from benchmarks.compare.plan import (
@@ -110,6 +118,8 @@ def run_phase(specs: list[RunSpec], args: argparse.Namespace, sizes: Sizes, out:
                 str(out),
                 "--threads",
                 str(args.threads),
+                "--grid",
+                args.grid,
             ] + (["--quick"] if args.quick else [])
             with open(out / "logs" / f"{spec.name}.log", "wb") as log:
                 proc = subprocess.Popen(
@@ -139,6 +149,10 @@ def run_phase(specs: list[RunSpec], args: argparse.Namespace, sizes: Sizes, out:
 def run_grid(args: argparse.Namespace, sizes: Sizes, out: Path, started: float) -> None:
     """Every phase in order (``--phases``), each planned when the phases it needs are done; the sweep adds the
     next rung out while a method's best rung is at an edge of its ladder."""
+    if args.grid == "v3":
+        for phase in args.phases:
+            run_phase(plan_v3.plan_phase(phase, args.tuned, sizes), args, sizes, out, started)
+        return
     tried: list[str] = []  # a rung whose cell failed is not planned again in this invocation
     for phase in PHASES if args.quick else args.phases:
         best: dict[str, float] = {}
@@ -177,7 +191,16 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="records folder (default runs/bench/quick or runs/bench/full)")
     parser.add_argument("--workers", type=int, default=1, help="cells trained at once")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per cell")
-    parser.add_argument("--phases", nargs="*", default=list(PHASES), choices=PHASES, help="phases to run")
+    parser.add_argument(
+        "--grid", choices=("v2", "v3"), default="v2", help="v2 (default) or v3, the pre-registered replication"
+    )
+    parser.add_argument(
+        "--phases",
+        nargs="*",
+        default=None,
+        choices=sorted(set(PHASES) | set(plan_v3.PHASES)),
+        help=f"phases to run (v2: {', '.join(PHASES)}; v3: {', '.join(plan_v3.PHASES)})",
+    )
     parser.add_argument("--seeds", type=int, default=None, help="training seeds per method (default 3; quick 1)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--docs", default=None, help="report folder (default docs/benchmarks[-quick])")
@@ -202,16 +225,34 @@ def main() -> None:
     )
     parser.add_argument("--cell", help="(internal) run this cell's spec JSON in this process")
     args = parser.parse_args()
-    sizes = QUICK if args.quick else Sizes()
+    v3 = args.grid == "v3"
+    phases = plan_v3.PHASES if v3 else PHASES
+    args.phases = phases if args.phases is None else args.phases
+    if unknown := [p for p in args.phases if p not in phases]:
+        parser.error(f"--phases: {unknown} are not phases of grid {args.grid} ({', '.join(phases)})")
+    if v3 and (args.quick or args.seeds is not None):
+        parser.error(
+            "--quick and --seeds are v2's: v3's cells and seeds are pre-registered (benchmarks/compare/plan_v3.py)"
+        )
+    sizes = plan_v3.V3 if v3 else QUICK if args.quick else Sizes()
     if args.seeds is not None:
         sizes = replace(sizes, seeds=args.seeds)
-    out = Path(args.out or ROOT / "runs" / "bench" / ("quick" if args.quick else "full")).resolve()
+    name = "v3" if v3 else "quick" if args.quick else "full"
+    out = Path(args.out or ROOT / "runs" / "bench" / name).resolve()
     if args.cell:
         spec = RunSpec(**json.loads(args.cell))
         write_json_atomic(out / f"{spec.name}.json", run_cell(spec, sizes, out, args.threads))
         return
+    if v3:
+        try:
+            args.tuned = plan_v3.load_tuned()
+            if not args.report_only:
+                plan_v3.check_preregistered()
+        except (RuntimeError, plan_v3.NotPreregistered) as exc:
+            parser.error(f"--grid v3: {exc}")
     out.mkdir(parents=True, exist_ok=True)
-    docs = Path(args.docs) if args.docs else ROOT / "docs" / ("benchmarks-quick" if args.quick else "benchmarks")
+    default_docs = {"v3": ROOT / "docs" / "benchmarks-v3" / "grid", "quick": ROOT / "docs" / "benchmarks-quick"}
+    docs = Path(args.docs) if args.docs else default_docs.get(name, ROOT / "docs" / "benchmarks")
     args.records = args.records or docs / "cells.jsonl"
     sync_records(out, args.records, export=False)
     started = time.perf_counter()
@@ -219,9 +260,12 @@ def main() -> None:
     if not args.report_only:
         run_grid(args, sizes, out, started)
         record_elapsed(out, args, started)  # the grid's elapsed time is the sum of its invocations (it resumes)
-    command = "python -m benchmarks.compare" + (" --quick" if args.quick else "")
+    command = "python -m benchmarks.compare" + (" --quick" if args.quick else " --grid v3" if v3 else "")
     tracking = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
-    planned = [s.name for s in full_plan(load_records(out), sizes, args.quick)]
+    if v3:
+        planned = [s.name for s in plan_v3.full_plan(args.tuned, sizes)]
+    else:
+        planned = [s.name for s in full_plan(load_records(out), sizes, args.quick)]
     write_report(
         out,
         docs,
@@ -231,6 +275,7 @@ def main() -> None:
         tracking_uri=tracking,
         sizes=sizes,
         code_now=code_hash(),
+        tuned=args.tuned if v3 else None,
     )
     print(f"report: {docs / 'README.md'}")
 

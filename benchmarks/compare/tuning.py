@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-load", action="store_true", help="start cells while other processes load the cores")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
-    args.quick, args.rerun_loaded = False, False
+    args.quick, args.rerun_loaded, args.grid = False, False, "v2"  # the cells run at the v2 grid's sizes
     args.records = args.docs / "tuning" / "cells.jsonl"
     args.records.parent.mkdir(parents=True, exist_ok=True)
     out = args.out.resolve()

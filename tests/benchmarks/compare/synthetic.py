@@ -85,6 +85,28 @@ def base_record(reward: str, split: str) -> dict[str, Any]:
     return {"spec": dataclasses.asdict(spec), "name": spec.name, "curve": [point], "wall_s": 5.0}
 
 
+def cell_record(spec: plan.RunSpec, sizes: plan.Sizes, rng: np.random.Generator, noise: float) -> dict[str, Any]:
+    """A trained cell's record with its phase's known effect: each method rises to its :data:`GAIN`; the
+    ablations as :data:`ABLATION`; at raised rates naive loses 0.2 GenEval strict (2.0 PickScore) and V-GRPO holds;
+    at its own rate (v3's own-rate phase) naive dips 0.06 (0.6) and V-GRPO holds; the preference stage raises both."""
+    its = list(range(spec.eval_every, spec.iterations + 1, spec.eval_every))
+    tags = PREF_TAGS if spec.reward == "preference" else TAGS
+    if spec.phase == "ablation":
+        effect = ABLATION[spec.variant]
+        if effect is None:  # eps-prediction falls 0.15 below the base and stays there
+            curve = _curve(-0.15, 5.0, its, tags, rng, noise)
+        else:
+            curve = _curve(effect[0], effect[1], its, tags, rng, noise)
+    elif spec.phase in ("stability", "own_rate"):
+        fall = {"stability": 0.2, "own_rate": 0.06}[spec.phase] * (10.0 if spec.reward == "preference" else 1.0)
+        curve = _curve(0.05 if spec.method == "vgrpo" else -fall, 10.0, its, tags, rng, noise)
+    elif spec.phase == "preference":
+        curve = _curve(0.5 if spec.method == "vgrpo" else 0.3, 10.0, its, tags, rng, noise)
+    else:
+        curve = _curve(GAIN[spec.method], TAU[spec.method], its, tags, rng, noise)
+    return _record(spec, sizes, curve, cv=0.3 if spec.method == "vgrpo" else 0.9)
+
+
 def full_grid(sizes: plan.Sizes | None = None, noise: float = 0.02) -> dict[str, dict[str, Any]]:
     """Records for every cell of the full plan (a sweep whose best rung is interior for every method)."""
     sizes = sizes or plan.Sizes()
@@ -99,49 +121,17 @@ def full_grid(sizes: plan.Sizes | None = None, noise: float = 0.02) -> dict[str,
         records[spec.name] = _record(spec, sizes, _curve(gain, TAU[spec.method], its, TAGS, rng, noise))
     for phase in plan.PHASES[2:]:
         for spec in plan.plan_phase(phase, sizes, best, False):
-            its = list(range(spec.eval_every, spec.iterations + 1, spec.eval_every))
-            tags = PREF_TAGS if spec.reward == "preference" else TAGS
-            if phase == "ablation":
-                effect = ABLATION[spec.variant]
-                if effect is None:  # eps-prediction falls 0.15 below the base and stays there
-                    curve = _curve(-0.15, 5.0, its, tags, rng, noise)
-                else:
-                    curve = _curve(effect[0], effect[1], its, tags, rng, noise)
-            elif phase == "stability":
-                # naive loses 0.2 (GenEval) or 2.0 (PickScore) mid-run at raised rates; V-GRPO holds.
-                gain = 0.05 if spec.method == "vgrpo" else (-0.2 if spec.reward == "geneval" else -2.0)
-                curve = _curve(gain, 10.0, its, tags, rng, noise)
-            elif phase == "preference":
-                curve = _curve(0.5 if spec.method == "vgrpo" else 0.3, 10.0, its, tags, rng, noise)
-            else:
-                curve = _curve(GAIN[spec.method], TAU[spec.method], its, tags, rng, noise)
-            cv = 0.3 if spec.method == "vgrpo" else 0.9
-            records[spec.name] = _record(spec, sizes, curve, cv=cv)
+            records[spec.name] = cell_record(spec, sizes, rng, noise)
     return records
 
 
-def own_rate_cells(sizes: plan.Sizes | None = None, seeds: int = 3, noise: float = 0.02) -> dict[str, dict[str, Any]]:
-    """Records of v3's own-rate phase: V-GRPO and naive ELBO-GRPO at their own rates in both stages, evaluated as
-    often as the stress cells; naive dips 0.06 GenEval strict (0.6 PickScore) below the base, V-GRPO holds."""
-    sizes = sizes or plan.Sizes()
+def v3_grid(tuned: dict[str, Any], noise: float = 0.02) -> dict[str, dict[str, Any]]:
+    """Records for every cell of benchmark v3's plan (:func:`benchmarks.compare.plan_v3.full_plan`) at ``tuned``."""
+    from benchmarks.compare import plan_v3
+
+    records = {r["name"]: r for r in (base_record("geneval", "test"), base_record("preference", "test"))}
     rng = np.random.default_rng(1)
-    out = {}
-    for reward in ("geneval", "preference"):
-        tags = PREF_TAGS if reward == "preference" else TAGS
-        for seed in range(seeds):
-            for method in ("vgrpo", "naive_elbo"):
-                spec = plan.RunSpec(
-                    "own_rate",
-                    method,
-                    reward,
-                    lr=4e-4,
-                    seed=1200 + seed,
-                    variant="x1",
-                    iterations=sizes.stability_iterations,
-                    eval_every=sizes.stability_eval_every,
-                )
-                its = list(range(spec.eval_every, spec.iterations + 1, spec.eval_every))
-                dip = 0.06 if reward == "geneval" else 0.6
-                gain = 0.05 if method == "vgrpo" else -dip
-                out[spec.name] = _record(spec, sizes, _curve(gain, 10.0, its, tags, rng, noise))
-    return out
+    for spec in plan_v3.full_plan(tuned):
+        if spec.phase != "base":
+            records[spec.name] = cell_record(spec, plan_v3.V3, rng, noise)
+    return records

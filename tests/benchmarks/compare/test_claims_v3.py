@@ -1,13 +1,26 @@
-"""Benchmark v3's claim set: the v2 rows as the pre-registration changes them, read off v3's own-rate cells."""
+"""Benchmark v3's claim set and report: the v2 rows as the pre-registration changes them, read off the records of
+v3's plan (its own-rate cells included)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
-from benchmarks.compare import analysis, claim_rows, claims
+from benchmarks.common import METHODS
+from benchmarks.compare import analysis, claim_rows, claims, plan_v3, report
 from tests.benchmarks.compare import synthetic
+
+TUNED = {m: plan_v3.Tuned("v2", 4e-4, {}) for m in METHODS} | {
+    "diffusion_nft": plan_v3.Tuned("official", 8e-4, {"algorithm": {"n_mc": 9}})
+}
+
+
+@pytest.fixture(scope="module")
+def v3_records() -> dict:
+    return synthetic.v3_grid(TUNED)
 
 
 def test_v3_differs_from_v2_only_where_the_preregistration_says() -> None:
@@ -29,9 +42,8 @@ def test_v3_differs_from_v2_only_where_the_preregistration_says() -> None:
     assert v3["E3"].threshold == -0.03
 
 
-def test_v3_rows_read_the_own_rate_cells_and_holm_covers_fifteen() -> None:
-    records = synthetic.full_grid() | synthetic.own_rate_cells()
-    an = analysis.Analysis(records, n_boot=1000)
+def test_v3_rows_read_the_own_rate_cells_and_holm_covers_fifteen(v3_records) -> None:
+    an = analysis.Analysis(v3_records, n_boot=1000)
     rows = {r.id: r for r in claim_rows.claim_rows(an, refine_near=False, claims=claims.V3)}
     assert [r for r in rows if rows[r].family == "confirmatory"] == list(claims.V3.confirmatory)
     # Naive's worst drop, at its last point: 0.06 (1 - e^-5) = 0.060; V-GRPO's worst "drop" is its first point,
@@ -50,6 +62,48 @@ def test_v3_rows_read_the_own_rate_cells_and_holm_covers_fifteen() -> None:
     # v2 over the same records: E2 exploratory, fourteen in the family, S1o read from the methods cells.
     v2 = {r.id: r for r in claim_rows.claim_rows(an, refine_near=False, claims=claims.V2)}
     assert v2["E2"].p_holm is None and v2["S1o"].note.startswith("not pre-registered; from the methods cells")
+
+
+def test_the_v3_report_states_its_protocol_recipes_and_fifteen_row_family(v3_records, tmp_path: Path) -> None:
+    folder = tmp_path / "cells"
+    folder.mkdir()
+    for name, r in v3_records.items():
+        (folder / f"{name}.json").write_text(json.dumps(r))
+    planned = [s.name for s in plan_v3.full_plan(TUNED)]
+    docs = tmp_path / "docs"
+    rows = report.write_report(
+        folder, docs, command="python -m benchmarks.compare --grid v3", planned=planned, sizes=plan_v3.V3, tuned=TUNED
+    )
+    text = (docs / "README.md").read_text()
+    assert text.startswith("# Benchmark v3: the pre-registered replication")
+    assert "## Protocol (pre-registered)" in text and "Learning-rate sweep" not in text
+    assert f"Cells done: {len(planned)} of {len(planned)} planned" in text and len(planned) == 198
+    assert '| DiffusionNFT | official | 0.0008 | `{"algorithm": {"n_mc": 9}}` |' in text
+    assert "10 per method (80 iterations" in text and "15 per preference cell" in text and "9 per cell" in text
+    assert "The 15 confirmatory rows are Holm-corrected" in text and "(0.05/15)" in text
+    assert {r.id for r in rows if r.family == "confirmatory"} == set(claims.V3.confirmatory)
+    assert (docs / "cells.jsonl").is_file() and len((docs / "cells.jsonl").read_text().splitlines()) == len(planned)
+
+
+def test_the_v3_grid_refuses_to_start_before_its_preregistration_is_committed(tmp_path: Path) -> None:
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    path = tmp_path / "prereg.md"
+    path.write_text("# Benchmark v3: pre-registration — DRAFT\n")
+    with pytest.raises(plan_v3.NotPreregistered, match="still a DRAFT"):
+        plan_v3.check_preregistered(path, tmp_path)
+    path.write_text("# Benchmark v3: pre-registration\n")
+    with pytest.raises(plan_v3.NotPreregistered, match="not committed"):
+        plan_v3.check_preregistered(path, tmp_path)
+    git("add", "prereg.md")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pre-register")
+    plan_v3.check_preregistered(path, tmp_path)  # committed as it is
+    with pytest.raises(plan_v3.NotPreregistered, match="missing"):
+        plan_v3.check_preregistered(tmp_path / "none.md", tmp_path)
 
 
 def test_holm_over_v3_adjusts_by_fifteen() -> None:
