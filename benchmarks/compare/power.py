@@ -2,6 +2,11 @@
 the v3 pre-registration (`docs/benchmarks/v3-preregistration.md`) sizes its seeds by.
 
     python -m benchmarks.compare.power docs/benchmarks/cells.jsonl [--out docs/benchmarks/v3-power.md] [--claims v3]
+    python -m benchmarks.compare.power docs/benchmarks-v3/tuning/cells.jsonl --tuning --claims v3
+
+With ``--tuning`` the records are the v3 tuning sweep's: each method's chosen rung (its seeds, validation prompts)
+stands in for its methods cells (:func:`benchmarks.compare.tuning.chosen_as_methods`), so the rows that compare
+methods (E1-E3, N1, N2) are sized by the tuned baselines' effects; the other rows have no cells there.
 
 For each row: its estimate's distance from the threshold (taken as the true effect), the seeds' part of the
 variance at one seed per group (unbiased) and the prompt interaction (which seeds do not lower), both from
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from benchmarks.compare import tuning
 from benchmarks.compare.analysis import Analysis, load_records
 from benchmarks.compare.claim_rows import claim_rows
 from benchmarks.compare.claims import CLAIM_SETS
@@ -66,12 +72,19 @@ def main() -> None:
     parser.add_argument("records", type=Path, help="a report's cells.jsonl (or a grid's cell folder)")
     parser.add_argument("--out", type=Path, default=None, help="write the table here (markdown) as well")
     parser.add_argument("--claims", choices=sorted(CLAIM_SETS), default="v2", help="the grid's claims (default v2)")
+    parser.add_argument("--tuning", action="store_true", help="the records are the v3 tuning sweep's (see above)")
     args = parser.parse_args()
     if not args.records.exists():
         parser.error(f"records: {args.records} does not exist")
     claims = CLAIM_SETS[args.claims]
-    rows = claim_rows(Analysis(load_records(args.records)), refine_near=False, claims=claims)
-    lines = power_table(rows, args.records.as_posix(), claims)
+    records = load_records(args.records)
+    if args.tuning:
+        if tuning.BASE.name not in records:
+            parser.error(f"records: {args.records} has no {tuning.BASE.name} (not the tuning sweep's records?)")
+        records = tuning.chosen_as_methods(records)
+    rows = claim_rows(Analysis(records), refine_near=False, claims=claims)
+    source = args.records.as_posix() + (" --tuning" if args.tuning else "")
+    lines = power_table(rows, source, claims)
     print("\n".join(lines))
     if args.out:
         write_text_atomic(args.out, "\n".join(lines) + "\n")

@@ -26,7 +26,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +229,22 @@ def choose(records: dict[str, dict[str, Any]]) -> dict[str, Rung | None]:
     """Each method's chosen rung (None while it has no stable finished rung)."""
     done = rungs(records)
     return {m: best_stable([r for r in done if r.method == m]) for m in METHODS}
+
+
+def chosen_as_methods(records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The chosen rungs' cells as the grid's ``methods`` cells, and the validation base as the base: records the
+    claims read (:func:`benchmarks.compare.claim_rows.claim_rows`) on the validation prompts, at the tuning seeds.
+    The power analysis sizes the v3 grid's method rows by them (``python -m benchmarks.compare.power --tuning``)."""
+    base = records[BASE.name]
+    out = {"base-geneval-test": {**base, "spec": {**base["spec"], "split": "test"}, "name": "base-geneval-test"}}
+    for method, rung in choose(records).items():
+        if rung is None:
+            continue
+        for seed_index in range(TUNING_SEEDS):
+            record = records[tuning_spec(method, rung.recipe, rung.lr, seed_index).name]
+            spec = RunSpec(**{**record["spec"], "phase": "methods", "variant": "default", "split": "test"})
+            out[spec.name] = {**record, "spec": {**record["spec"], **asdict(spec)}, "name": spec.name}
+    return out
 
 
 def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: str) -> str:
