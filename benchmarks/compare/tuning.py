@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import LABELS, METHODS, ROOT
-from benchmarks.compare.analysis import load_records
+from benchmarks.compare.analysis import Analysis, final, load_records, start
+from benchmarks.compare.bootstrap import interval
+from benchmarks.compare.method_tables import PLATEAU, est_ci, fmt_ci, plateau
 from benchmarks.compare.plan import RunSpec, Sizes, eval_prompt_file
 from vgrpo.atomic import write_text_atomic
 
@@ -247,6 +249,37 @@ def chosen_as_methods(records: dict[str, dict[str, Any]]) -> dict[str, dict[str,
     return out
 
 
+def strength_lines(records: dict[str, dict[str, Any]]) -> list[str]:
+    """Each method's chosen rung, strongest first: its final score and gain over the base with 95% intervals
+    (validation prompts and the tuning seeds resampled), and whether its curve has plateaued."""
+    chosen = choose(records)
+    an = Analysis(chosen_as_methods(records)) if BASE.name in records else None
+    if an is None or not an.groups:
+        return []
+    lines = [
+        "## Baseline strength (each method's chosen rung)",
+        "",
+        "Validation GenEval strict at the horizon, 95% intervals over the validation prompts and the "
+        f"{TUNING_SEEDS} seeds. *Last quarter*: final minus the point at 3/4 of the horizon; *plateaued* when its "
+        f"interval lies within +-{PLATEAU}, *rising* when it lies above 0.",
+        "",
+        "| rank | method | recipe | lr | final [95% CI] | gain over base [95% CI] | last quarter |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ranked = sorted(an.groups.items(), key=lambda kv: -float(an.statistic([kv], final)[0]))
+    for rank, (m, g) in enumerate(ranked, 1):
+        rung = chosen[m]
+        assert rung is not None
+        est, reps = an.statistic([(m, g)], final)
+        low, high = interval(reps)
+        gain = est_ci(an, [(m, g)], lambda c: final(c) - start(c))
+        lines.append(
+            f"| {rank} | {LABELS[m]} | {rung.recipe} | {rung.lr:g} | {est:.3f} {fmt_ci(low, high)} | {gain} | "
+            f"{plateau(an, m, g)} |"
+        )
+    return [*lines, ""]
+
+
 def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: str) -> str:
     done = rungs(records)
     chosen = choose(records)
@@ -283,7 +316,8 @@ def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: 
             f"{r.last_quarter:+.3f} | {r.worst_drop:+.3f} | {r.worst_below_base:+.3f} | "
             f"{'yes' if stable(r) else 'no'} |"
         )
-    lines += ["", "## Curves (seed mean of validation strict at each evaluation point)", ""]
+    lines += ["", *strength_lines(records)]
+    lines += ["## Curves (seed mean of validation strict at each evaluation point)", ""]
     lines += curve_lines(records)
     lines += ["", "## Choice", ""]
     for m in METHODS:

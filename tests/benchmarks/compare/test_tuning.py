@@ -16,11 +16,19 @@ from benchmarks.compare.plan import Sizes, stage_config
 def _record(spec, curve: list[float], diverged: bool = False) -> dict[str, Any]:
     from dataclasses import asdict
 
+    from benchmarks.common import GENEVAL_TAGS
+
+    def point(i: int, s: float) -> dict[str, Any]:  # one prompt of each tag, every one scoring s
+        it = 10.0 * (i + 1)
+        axes = {"iteration": it, "train_s": 3.0 * it, "gradient_steps": 2.0 * it, "nfe": 100.0 * it}
+        return {**axes, "score": s, "per_prompt": [s] * 6, "tags": list(GENEVAL_TAGS)}
+
     return {
         "name": spec.name,
         "spec": asdict(spec),
-        "curve": [{"iteration": 10.0 * (i + 1), "score": s} for i, s in enumerate(curve)],
+        "curve": [point(i, s) for i, s in enumerate(curve)],
         "diverged": "nan" if diverged else None,
+        "gradient_steps_per_iteration": 2.0,
     }
 
 
@@ -99,6 +107,9 @@ def test_the_report_marks_the_choice() -> None:
     assert "| V-GRPO | v2 | **0.0016** |" in text
     assert "- V-GRPO: v2 at lr 0.0016 (mean 0.502) (provisional: 1 of its 4 rungs not finished)" in text  # 3.2e-3
     assert "- MixGRPO: not chosen yet (provisional: 9 of its 9 rungs not finished)" in text
+    # The strength section reads the chosen rung: 0.5016 at the end on every prompt and seed, 0.1016 above the
+    # base's 0.40, so its intervals are points.
+    assert "| 1 | V-GRPO | v2 | 0.0016 | 0.502 [0.502, 0.502] | +0.102 [+0.102, +0.102] |" in text
 
 
 def test_the_committed_tuning_report_rebuilds_from_its_records() -> None:
