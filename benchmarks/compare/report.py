@@ -129,7 +129,7 @@ any deviation from it is listed there and at the top of this report. The v2 grid
 - **Stopping rule.** Every planned cell runs once; no interim look at a confirmatory statistic; a cell that
   crashes for a machine reason runs again with the same seed, a divergence is data; cells that ran under load keep
   their scores, and their wall times are left out of E4/E5.
-- **Machine.** {workers} cell(s) at a time, {threads} torch thread(s) each.
+- **Machine** (the invocations grid.json records): {machine}. A record says the load its cell ran under.
 """
 
 
@@ -174,8 +174,24 @@ def tuned_table(tuned: dict[str, plan_v3.Tuned], lines: list[str]) -> None:
     lines.append("")
 
 
-def protocol_lines(sizes: Sizes, quick: bool, tuned: dict[str, plan_v3.Tuned] | None, last: dict[str, Any]) -> str:
+def invocation_summary(history: list[dict[str, Any]]) -> str:
+    """The grid's invocations grouped by how they ran: ``2 of 1 cell x 2 threads (3.1 h); ...``."""
+    groups: dict[tuple[int, int], list[float]] = {}
+    for h in history:
+        groups.setdefault((int(h.get("workers", 1)), int(h.get("threads", 2))), []).append(float(h["elapsed_s"]))
+    if not groups:
+        return "none recorded yet"
+    return "; ".join(
+        f"{len(times)} of {w} cell(s) at a time x {t} thread(s) ({sum(times) / 3600:.1f} h)"
+        for (w, t), times in sorted(groups.items())
+    )
+
+
+def protocol_lines(
+    sizes: Sizes, quick: bool, tuned: dict[str, plan_v3.Tuned] | None, history: list[dict[str, Any]]
+) -> str:
     """The protocol section with the sizes the cells ran at: the quick grid's, v2's, or v3's (``tuned``)."""
+    last = history[-1] if history else {}
     if quick:
         return QUICK_PROTOCOL.format(
             prompts=sizes.prompts,
@@ -221,6 +237,7 @@ def protocol_lines(sizes: Sizes, quick: bool, tuned: dict[str, plan_v3.Tuned] | 
             own_seeds=plan_v3.OWN_RATE_SEEDS,
             family=len(V3.confirmatory),
             e3_margin=E3_MARGIN,
+            machine=invocation_summary(history),
         )
     return PROTOCOL.format(
         **common,
@@ -263,7 +280,6 @@ def write_report(
     claims = V2 if tuned is None else V3
     an = Analysis(records)
     history = _invocations(docs)
-    last = history[-1] if history else {}
     if tuned is not None:
         title = "# Benchmark v3: the pre-registered replication on the embedded default"
         alone = "python -m benchmarks.compare --grid v3 --report-only"
@@ -277,7 +293,7 @@ def write_report(
         f"Produced by `{command}`; the report alone, from the committed records: `{alone}`. Machine: 2 CPU cores, "
         "no GPU.",
         "",
-        protocol_lines(sizes, quick, tuned, last),
+        protocol_lines(sizes, quick, tuned, history),
     ]
     if tuned is not None:
         tuned_table(tuned, lines)

@@ -71,6 +71,10 @@ def test_the_v3_report_states_its_protocol_recipes_and_fifteen_row_family(v3_rec
         (folder / f"{name}.json").write_text(json.dumps(r))
     planned = [s.name for s in plan_v3.full_plan(TUNED)]
     docs = tmp_path / "docs"
+    docs.mkdir()
+    runs = [{"started_at": "a", "elapsed_s": 3600.0, "workers": 1, "threads": 2}]
+    runs.append({"started_at": "b", "elapsed_s": 7200.0, "workers": 2, "threads": 1})
+    (docs / "grid.json").write_text(json.dumps(runs))
     rows = report.write_report(
         folder, docs, command="python -m benchmarks.compare --grid v3", planned=planned, sizes=plan_v3.V3, tuned=TUNED
     )
@@ -81,6 +85,7 @@ def test_the_v3_report_states_its_protocol_recipes_and_fifteen_row_family(v3_rec
     assert '| DiffusionNFT | official | 0.0008 | `{"algorithm": {"n_mc": 9}}` |' in text
     assert "10 per method (80 iterations" in text and "15 per preference cell" in text and "9 per cell" in text
     assert "The 15 confirmatory rows are Holm-corrected" in text and "(0.05/15)" in text
+    assert "1 of 1 cell(s) at a time x 2 thread(s) (1.0 h); 1 of 2 cell(s) at a time x 1 thread(s) (2.0 h)" in text
     assert {r.id for r in rows if r.family == "confirmatory"} == set(claims.V3.confirmatory)
     assert (docs / "cells.jsonl").is_file() and len((docs / "cells.jsonl").read_text().splitlines()) == len(planned)
 
