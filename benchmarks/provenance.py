@@ -6,7 +6,7 @@ trains and scores it (:mod:`benchmarks.compare.cell` and the import closure of t
 ``scripts/import_graph.py`` computes closures for the DVC stages) and the model weights under ``models/``. What
 the grid's plan decides about a cell is all in its resolved config, so the plan's own code is not in the hash; a
 module's code is hashed as its syntax tree without docstrings, so that a comment or a reformat does not count. The grid
-resumes a cell only when the record on disk carries the same key (:func:`benchmarks.compare.runner.run_phase`), so a
+resumes a cell only when the record on disk carries the same key (:func:`benchmarks.compare.cell_runs.run_phase`), so a
 record from another config, another thread count or other code is run again, never reused under a new name.
 
 The machine's state is read from ``/proc``: the CPU time every process spent while the cell ran, less the cell's

@@ -1,5 +1,5 @@
 """The claims read off the cell records: each claim of a grid's claim set (:data:`~benchmarks.compare.claims.V2`,
-:data:`~benchmarks.compare.claims.V3`) becomes a row with its statistic's estimate, bootstrap replicates and
+:data:`~benchmarks.compare.claim_sets.V3`) becomes a row with its statistic's estimate, bootstrap replicates and
 t-based test (:func:`read`), and the rows get their verdicts together (:func:`claim_rows`)."""
 
 from __future__ import annotations

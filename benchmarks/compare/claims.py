@@ -5,17 +5,13 @@ the grid ran (the cells it compares, the statistic, the threshold and the side) 
 :mod:`~benchmarks.compare.verdicts` turns its statistic into an estimate, an interval, p-values and a verdict. The
 pieces a rule is made of are in :mod:`~benchmarks.compare.rules`. The rows are in the report's order.
 
-Two grids, two claim sets: :data:`V2` (``docs/benchmarks``), whose own-rate stability rows (``S1o``, ``S2o``) and
-E3's margin were added after its grid ran (the former read last,
-:attr:`~benchmarks.compare.rules.Claim.read_last`), and :data:`V3` (``docs/benchmarks-v3``), the v2 rows as
-``docs/benchmarks/v3-preregistration.md`` changes them: E2 confirmatory, E3's margin and the own-rate rows
-pre-registered (the latter from the grid's own-rate phase), and the rows no affordable seed count powers stated
-as estimation rows before the grid runs.
+These are the v2 grid's rows (:data:`V2`, ``docs/benchmarks``), whose own-rate stability rows (``S1o``, ``S2o``)
+and E3's margin were added after its grid ran (the former read last,
+:attr:`~benchmarks.compare.rules.Claim.read_last`); benchmark v3's rows are derived from them
+(:mod:`benchmarks.compare.claim_sets`).
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from benchmarks.common import LABELS
 from benchmarks.compare.analysis import AXES
@@ -32,7 +28,6 @@ from benchmarks.compare.rules import (
     Claim,
     ClaimSet,
     CvRatio,
-    Describe,
     Groups,
     PaperFactor,
     RaisedRates,
@@ -347,44 +342,3 @@ CLAIMS: tuple[Claim, ...] = (
 V2 = ClaimSet("v2", CLAIMS)
 """The v2 grid's claims (``docs/benchmarks``); its confirmatory rows are the paper's claims that grid was built to
 test."""
-
-ESTIMATION_ROWS = ("E3", "N1", "N2", "S1", "S1o", "S2o", "A2", "A3", "A4", "A5")
-"""v3's rows that no affordable seed count powers at the v2 variances (the pre-registration's power analysis):
-their interval is the result and *unresolved* their expected verdict, said in their note before the grid runs."""
-ESTIMATION_NOTE = "pre-registered estimation row: no affordable seed count powers it, its interval is the result"
-OWN_RATE_CELLS = {
-    reward: (Cells("own_rate", "naive_elbo", reward, "x1"), Cells("own_rate", "vgrpo", reward, "x1"))
-    for reward in ("geneval", "preference")
-}
-"""v3's own-rate stability cells: each method at its own rate, evaluated as often as the stress cells."""
-
-
-def e3_note_v3(groups: Groups) -> str:
-    return f"margin {E3_MARGIN:g}, the paper's own gap (0.94 - 0.91), pre-registered; " + gradient_steps(groups)
-
-
-def lead_with(prefix: str, note: str | Describe) -> str | Describe:
-    """``note`` (words, or a function of the groups) after ``prefix``."""
-    if isinstance(note, str):
-        return "; ".join(n for n in (prefix, note) if n)
-    return lambda groups: "; ".join(n for n in (prefix, note(groups)) if n)
-
-
-def as_v3(claim: Claim) -> Claim:
-    """A v2 claim as the v3 pre-registration states it."""
-    if claim.id == "E2":
-        claim = replace(claim, confirmatory=True)
-    if claim.id == "E3":
-        claim = replace(claim, note=e3_note_v3)
-    if claim.id in ("S1o", "S2o"):
-        remark = own_rate(claim.reward, "own_rate", lead=ESTIMATION_NOTE)
-        claim = replace(claim, cells=OWN_RATE_CELLS[claim.reward], remark=remark, read_last=False)
-    if claim.id in ESTIMATION_ROWS:
-        claim = replace(claim, note=lead_with(ESTIMATION_NOTE, claim.note))
-    return claim
-
-
-V3 = ClaimSet("v3", tuple(as_v3(c) for c in CLAIMS))
-"""The v3 grid's claims (``docs/benchmarks-v3``), fixed by the pre-registration commit."""
-
-CLAIM_SETS = {c.name: c for c in (V2, V3)}

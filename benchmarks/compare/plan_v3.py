@@ -5,7 +5,7 @@ S1o/S2o rows' cells).
 
 The runner runs it as ``python -m benchmarks.compare --grid v3`` (:mod:`benchmarks.compare.runner`), once the
 tuning sweep has settled every method (:func:`tuned_settings`) and the pre-registration is committed
-(:func:`check_preregistered`); its rows are :data:`benchmarks.compare.claims.V3`.
+(:func:`check_preregistered`); its rows are :data:`benchmarks.compare.claim_sets.V3`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.compare import tuning
 from benchmarks.compare.analysis import Analysis, load_records
 from benchmarks.compare.claim_rows import claim_rows
-from benchmarks.compare.claims import CLAIM_SETS
+from benchmarks.compare.claim_sets import CLAIM_SETS
 from benchmarks.compare.rules import ClaimSet
 from benchmarks.compare.studentized import POWER, seeds_for_power
 from benchmarks.compare.verdicts import ALPHA, Row, fmt_seeds

@@ -21,11 +21,10 @@ from pydantic import ValidationError
 
 from benchmarks.common import LABELS, METHODS
 from benchmarks.compare import plan_v3
-from benchmarks.compare.analysis import AXES, N_BOOT, Analysis, load_records, write_records
+from benchmarks.compare.analysis import AXES, Analysis, load_records, write_records
 from benchmarks.compare.claim_rows import claim_rows
-from benchmarks.compare.claims import CONVERGED_GAIN, E3_MARGIN, MARGIN, V2, V3
-from benchmarks.compare.collapse import COLLAPSE_DROP, SPIKE_FACTOR
-from benchmarks.compare.method_tables import PLATEAU, cost_ratios, methods_table, time_to_reward
+from benchmarks.compare.claim_sets import V2, V3
+from benchmarks.compare.method_tables import cost_ratios, methods_table, time_to_reward
 from benchmarks.compare.mlflow_runs import track
 from benchmarks.compare.phase_tables import (
     ablation_table,
@@ -38,110 +37,17 @@ from benchmarks.compare.phase_tables import (
 from benchmarks.compare.plan import (
     PHASES,
     QUICK,
-    SWEEP_BOUNDS,
-    SWEEP_LADDER,
     RunSpec,
     Sizes,
     full_plan,
     plan_phase,
     stage_config,
-    stage_lr,
 )
 from benchmarks.compare.plots import plot_curves
-from benchmarks.compare.verdicts import NEAR, REFINED, Row, claims_table
-from benchmarks.provenance import LOADED_CORES, code_hash
+from benchmarks.compare.protocol import protocol_lines
+from benchmarks.compare.verdicts import Row, claims_table
+from benchmarks.provenance import code_hash
 from vgrpo.atomic import write_text_atomic
-
-PROTOCOL = """\
-## Protocol
-
-- **Model and task.** Every cell trains a LoRA (r 32) on `models/embedded-base`, on the GenEval stage
-  (`params/stages/embedded/2-geneval.yaml`: world GenEval, GenEval's strict verdict as the reward) or the
-  preference stage (`1-preference.yaml`: world PickScore and CLIPScore), with the same rollout for every method:
-  {prompts} prompts x {group} samples per iteration, {steps} sampling steps. Each method adds its own recipe
-  (`params/algorithms/<method>.yaml`).
-- **Evaluation.** Every evaluation point of every cell scores the same {test_prompts} test prompts (GenEval tags,
-  as many of each; the preference stage's {pref_prompts} add OCR prompts) x {eval_group} image, {eval_steps} Euler
-  steps, sampling seed 0, so every comparison is paired on prompts and images. The prompts are drawn like the
-  world's test split from a seed of the bench's own; the sweep scores a validation draw ({val_prompts} prompts)
-  from another seed, never the test prompts. The GenEval score is the mean of the per-tag strict credits.
-- **Learning rates.** Each method's rate is a rung of a ladder ({ladder}, a factor 2 apart), {sweep_seeds} seeds x
-  {sweep_it} iterations per rung, scored on the validation prompts; the rung with the highest seed mean is chosen,
-  and while it is at an edge of the ladder the next rung out is added (within {bounds}).
-- **Seeds.** {seeds} training seeds per method ({iterations} iterations, evaluated every {every}); {abl_seeds} per
-  ablation, compared with all of V-GRPO's; {pref_seeds} per preference cell ({pref_it} iterations); {stab_seeds}
-  fresh seeds per stability cell ({stab_it} iterations, evaluated every {stab_every}) at {mults} each method's own
-  rate in both stages.
-- **Intervals.** 95% percentile bootstrap ({n_boot} replicates; {refined} for a claim row whose p lies within a
-  factor {near:g} of 0.05): prompts resampled within each tag (the same draw for every group of a reward) and each
-  group's seeds resampled, so every interval carries the seed spread. A claim row's interval is the hull of that
-  and a t interval over seeds (Welch, unbiased variances, the prompts' interaction with the difference added:
-  `benchmarks/compare/studentized.py`), since at 3-9 seeds the percentile bootstrap is too narrow.
-- **Rules, fixed before the grid ran** (`benchmarks/compare/`: `claims.py`, `analysis.py`). Non-inferiority margin
-  {margin_g} GenEval strict ({margin_p} world PickScore); *fails to converge*: a final gain over the base of at most
-  {converged}; *adds little*: less than the margin; *collapse*: a divergence, or a drop below the base of more than
-  {drop_g} GenEval strict ({drop_p} world PickScore) at any evaluation point; *spike*: an iteration's gradient norm
-  or surrogate magnitude above {spike:g}x the median of the cell's first ten; *plateaued*: the last quarter's change
-  within +-{plateau}. Efficiency: V-GRPO's score at a fraction r of the other method's budget minus the other's
-  score at its full budget, on the paper's axis (iterations for MixGRPO; DiffusionNFT's gradient steps are its
-  iterations here, 2 per iteration for every method), wall time as a second row; time to reward is secondary.
-- **Verdicts.** Each row's two-sided p-value against its threshold, the larger of the bootstrap's and the t test's
-  (so no random stream moves a verdict the t test holds back); the confirmatory rows (the paper's main claims) are
-  Holm-corrected together, the exploratory ones are not and say so. The t test, the hull interval, the refined
-  replicates, E3's margin (the paper's own 0.03, was 0.02) and the own-rate stability rows were added after the grid
-  ran (issue 47): the first three only make a verdict harder to pass; E3's wider margin makes its claim easier
-  to reproduce.
-- **Machine.** {workers} cell at a time, {threads} torch threads; the runner holds a cell back while other
-  processes use more than {loaded} cores, and every cell records the load it ran under (provenance below); the
-  clean per-iteration costs against the number of steps are in [speed.md](speed.md).
-"""
-
-
-PROTOCOL_V3 = """\
-## Protocol (pre-registered)
-
-The rows, rules, seeds and stopping rule were fixed in
-[docs/benchmarks/v3-preregistration.md](../../benchmarks/v3-preregistration.md), committed before the first cell;
-any deviation from it is listed there and at the top of this report. The v2 grid
-([docs/benchmarks](../../benchmarks/README.md)) is exploratory history.
-
-- **Model, task and evaluation: as v2.** Every cell trains a LoRA (r 32) on `models/embedded-base`, on the GenEval
-  stage or the preference stage, {prompts} prompts x {group} samples per iteration, {steps} sampling steps; every
-  evaluation point scores the same {test_prompts} test prompts ({pref_prompts} in the preference stage) x
-  {eval_group} image, {eval_steps} Euler steps, sampling seed 0, paired across methods; every method is scored by
-  its policy alone.
-- **Recipes and rates: chosen by the tuning sweep** ([../tuning.md](../tuning.md); its candidates and stability
-  criterion committed before its first cell), on the validation prompts at the grid's horizon. Each method's
-  recipe and rate are in the table below; the preference stage keeps its own rate ({pref_lr:g}).
-- **Seeds, all fresh** (no v2 or tuning seed): {seeds} per method ({iterations} iterations, evaluated every
-  {every}); {abl_seeds} per ablation; {pref_seeds} per preference cell ({pref_it} iterations); stress cells at
-  {mults} each method's own rate, {stab_seeds} per GenEval cell and {pref_stress} per preference cell, and own-rate
-  cells at the same cadence, {own_seeds} per cell ({stab_it} iterations, evaluated every {stab_every}).
-- **p-values, intervals and verdicts.** Each row's p is the larger of the two-sided bootstrap p ({n_boot}
-  replicates over prompts within tags and each group's seeds; {refined} for a row within a factor {near:g} of 0.05)
-  and the t test's (Welch over seeds, unbiased variances, the prompts' interaction added); the interval is the hull
-  of the two 95% intervals. The {family} confirmatory rows are Holm-corrected together (a row not run counting as
-  p = 1); the estimation rows, which no affordable seed count powers, say so in their note: their interval is the
-  result.
-- **Rules** as v2 (`benchmarks/compare/claims.py`): non-inferiority margin {margin_g} GenEval strict ({margin_p}
-  world PickScore), E3's {e3_margin:g} (the paper's own gap); collapse: a divergence or a drop below the base of
-  more than {drop_g} GenEval strict ({drop_p} world PickScore) at any evaluation point.
-- **Stopping rule.** Every planned cell runs once; no interim look at a confirmatory statistic; a cell that
-  crashes for a machine reason runs again with the same seed, a divergence is data; cells that ran under load keep
-  their scores, and their wall times are left out of E4/E5.
-- **Machine** (the invocations grid.json records): {machine}. A record says the load its cell ran under.
-"""
-
-
-QUICK_PROTOCOL = """\
-## Protocol (quick)
-
-V-GRPO and naive ELBO-GRPO on the GenEval stage (world GenEval, strict verdict as the reward), {prompts} prompts x
-{group} samples per iteration, {iterations} iterations, seed 0, at the stage's learning rate and twice it (no sweep).
-Each cell is scored once at the end on the same {test_prompts} test prompts x {eval_group} image as the full grid.
-The difference carries a 95% bootstrap interval ({n_boot} replicates) over prompts, resampled within each tag and
-paired on prompts and images; it is *resolved* when the interval excludes 0.
-"""
 
 
 def config_mismatches(records: dict[str, dict[str, Any]], sizes: Sizes) -> list[str]:
@@ -174,85 +80,6 @@ def tuned_table(tuned: dict[str, plan_v3.Tuned], lines: list[str]) -> None:
     lines.append("")
 
 
-def invocation_summary(history: list[dict[str, Any]]) -> str:
-    """The grid's invocations grouped by how they ran: ``2 of 1 cell x 2 threads (3.1 h); ...``."""
-    groups: dict[tuple[int, int], list[float]] = {}
-    for h in history:
-        groups.setdefault((int(h.get("workers", 1)), int(h.get("threads", 2))), []).append(float(h["elapsed_s"]))
-    if not groups:
-        return "none recorded yet"
-    return "; ".join(
-        f"{len(times)} of {w} cell(s) at a time x {t} thread(s) ({sum(times) / 3600:.1f} h)"
-        for (w, t), times in sorted(groups.items())
-    )
-
-
-def protocol_lines(
-    sizes: Sizes, quick: bool, tuned: dict[str, plan_v3.Tuned] | None, history: list[dict[str, Any]]
-) -> str:
-    """The protocol section with the sizes the cells ran at: the quick grid's, v2's, or v3's (``tuned``)."""
-    last = history[-1] if history else {}
-    if quick:
-        return QUICK_PROTOCOL.format(
-            prompts=sizes.prompts,
-            group=sizes.group,
-            iterations=sizes.iterations,
-            test_prompts=sizes.test_prompts,
-            eval_group=sizes.eval_group,
-            n_boot=N_BOOT,
-        )
-    common = {
-        "prompts": sizes.prompts,
-        "group": sizes.group,
-        "steps": sizes.eval_steps,
-        "test_prompts": sizes.test_prompts,
-        "pref_prompts": sizes.preference_prompts,
-        "eval_group": sizes.eval_group,
-        "eval_steps": sizes.eval_steps,
-        "seeds": sizes.seeds,
-        "iterations": sizes.iterations,
-        "every": sizes.eval_every,
-        "abl_seeds": sizes.ablation_seeds,
-        "pref_seeds": sizes.preference_seeds,
-        "pref_it": sizes.preference_iterations,
-        "stab_seeds": sizes.stability_seeds,
-        "stab_it": sizes.stability_iterations,
-        "stab_every": sizes.stability_eval_every,
-        "mults": " and ".join(f"{x:g}x" for x in sizes.stability_multipliers),
-        "n_boot": N_BOOT,
-        "refined": f"{REFINED:,}",
-        "near": NEAR,
-        "margin_g": MARGIN["geneval"],
-        "margin_p": MARGIN["preference"],
-        "drop_g": COLLAPSE_DROP["geneval"],
-        "drop_p": COLLAPSE_DROP["preference"],
-        "workers": last.get("workers", 1),
-        "threads": last.get("threads", 2),
-    }
-    if tuned is not None:
-        return PROTOCOL_V3.format(
-            **common,
-            pref_lr=stage_lr("preference"),
-            pref_stress=plan_v3.PREFERENCE_STRESS_SEEDS,
-            own_seeds=plan_v3.OWN_RATE_SEEDS,
-            family=len(V3.confirmatory),
-            e3_margin=E3_MARGIN,
-            machine=invocation_summary(history),
-        )
-    return PROTOCOL.format(
-        **common,
-        val_prompts=sizes.val_prompts,
-        ladder=", ".join(f"{x:g}" for x in SWEEP_LADDER),
-        sweep_seeds=sizes.sweep_seeds,
-        sweep_it=sizes.sweep_iterations,
-        bounds=f"{SWEEP_BOUNDS[0]:g} to {SWEEP_BOUNDS[1]:g}",
-        converged=CONVERGED_GAIN,
-        spike=SPIKE_FACTOR,
-        plateau=PLATEAU,
-        loaded=LOADED_CORES,
-    )
-
-
 def _invocations(docs: Path) -> list[dict[str, Any]]:
     """The grid's invocations as ``grid.json`` beside the records lists them (elapsed seconds, workers, threads)."""
     path = docs / "grid.json"
@@ -273,7 +100,7 @@ def write_report(
 ) -> list[Row]:
     """Write ``docs/README.md`` and the plots from the cell records in ``out`` (a folder or a ``cells.jsonl``),
     and the MLflow runs; return the claim rows. With ``tuned`` (each method's recipe and rate), the report is
-    benchmark v3's: its protocol, its claim set (:data:`benchmarks.compare.claims.V3`) and no sweep."""
+    benchmark v3's: its protocol, its claim set (:data:`benchmarks.compare.claim_sets.V3`) and no sweep."""
     records = load_records(out)
     sizes = sizes or (QUICK if quick else Sizes())
     docs.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -31,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import LABELS, METHODS, ROOT
-from benchmarks.compare.analysis import Analysis, final, load_records, start
-from benchmarks.compare.bootstrap import interval
-from benchmarks.compare.method_tables import PLATEAU, est_ci, fmt_ci, plateau
+from benchmarks.compare import cell_runs
+from benchmarks.compare.analysis import load_records
 from benchmarks.compare.plan import RunSpec, Sizes, eval_prompt_file
+from benchmarks.compare.tuning_tables import curve_lines, strength_lines
 from vgrpo.atomic import write_text_atomic
 
 # A method's candidate recipes: name -> overrides on the grid's own (benchmarks.compare.plan.METHOD_OVERRIDES).
@@ -249,37 +248,6 @@ def chosen_as_methods(records: dict[str, dict[str, Any]]) -> dict[str, dict[str,
     return out
 
 
-def strength_lines(records: dict[str, dict[str, Any]]) -> list[str]:
-    """Each method's chosen rung, strongest first: its final score and gain over the base with 95% intervals
-    (validation prompts and the tuning seeds resampled), and whether its curve has plateaued."""
-    chosen = choose(records)
-    an = Analysis(chosen_as_methods(records)) if BASE.name in records else None
-    if an is None or not an.groups:
-        return []
-    lines = [
-        "## Baseline strength (each method's chosen rung)",
-        "",
-        "Validation GenEval strict at the horizon, 95% intervals over the validation prompts and the "
-        f"{TUNING_SEEDS} seeds. *Last quarter*: final minus the point at 3/4 of the horizon; *plateaued* when its "
-        f"interval lies within +-{PLATEAU}, *rising* when it lies above 0.",
-        "",
-        "| rank | method | recipe | lr | final [95% CI] | gain over base [95% CI] | last quarter |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    ranked = sorted(an.groups.items(), key=lambda kv: -float(an.statistic([kv], final)[0]))
-    for rank, (m, g) in enumerate(ranked, 1):
-        rung = chosen[m]
-        assert rung is not None
-        est, reps = an.statistic([(m, g)], final)
-        low, high = interval(reps)
-        gain = est_ci(an, [(m, g)], lambda c: final(c) - start(c))
-        lines.append(
-            f"| {rank} | {LABELS[m]} | {rung.recipe} | {rung.lr:g} | {est:.3f} {fmt_ci(low, high)} | {gain} | "
-            f"{plateau(an, m, g)} |"
-        )
-    return [*lines, ""]
-
-
 def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: str) -> str:
     done = rungs(records)
     chosen = choose(records)
@@ -316,9 +284,11 @@ def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: 
             f"{r.last_quarter:+.3f} | {r.worst_drop:+.3f} | {r.worst_below_base:+.3f} | "
             f"{'yes' if stable(r) else 'no'} |"
         )
-    lines += ["", *strength_lines(records)]
+    lines.append("")
+    if base is not None:
+        lines += strength_lines(chosen_as_methods(records), chosen, TUNING_SEEDS)
     lines += ["## Curves (seed mean of validation strict at each evaluation point)", ""]
-    lines += curve_lines(records)
+    lines += curve_lines(records, EVAL_EVERY, ITERATIONS)
     lines += ["", "## Choice", ""]
     for m in METHODS:
         c = chosen[m]
@@ -333,29 +303,7 @@ def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: 
     return "\n".join(lines) + "\n"
 
 
-def curve_lines(records: dict[str, dict[str, Any]]) -> list[str]:
-    by_rung: dict[tuple[str, str, float], list[list[float]]] = {}
-    for record in records.values():
-        spec = record["spec"]
-        if spec["phase"] == "tune" and record["curve"]:
-            by_rung.setdefault((spec["method"], spec["variant"], spec["lr"]), []).append(
-                [p["score"] for p in record["curve"]]
-            )
-    points = list(range(EVAL_EVERY, ITERATIONS + 1, EVAL_EVERY))
-    lines = ["| method | recipe | lr | seeds | " + " | ".join(str(p) for p in points) + " |"]
-    lines.append("|---|---|---|---|" + "---|" * len(points))
-    for (m, recipe, lr), curves in sorted(by_rung.items()):
-        cols = [
-            f"{statistics.mean(c[i] for c in curves):.3f}" if all(len(c) > i for c in curves) else ""
-            for i in range(len(points))
-        ]
-        lines.append(f"| {LABELS[m]} | {recipe} | {lr:g} | {len(curves)} | " + " | ".join(cols) + " |")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.compare import runner  # the grid's cell runner: subprocesses, resume, records write-back
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compare.tuning", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "v3-tuning", help="records folder")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "benchmarks-v3")
@@ -369,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args.records.parent.mkdir(parents=True, exist_ok=True)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runner.sync_records(out, args.records, export=False)
+    cell_runs.sync_records(out, args.records, export=False)
     started = time.perf_counter()
     args.started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     sizes = Sizes()
@@ -378,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = [s for s in plan(load_records(out)) if not (out / f"{s.name}.json").is_file()]
         if not todo:
             break
-        runner.run_phase(todo, args, sizes, out, started)
+        cell_runs.run_phase(todo, args, sizes, out, started)
         if all(not (out / f"{s.name}.json").is_file() for s in todo):
             print("no cell of this round finished; see the logs", file=sys.stderr)
             return 1

@@ -17,13 +17,13 @@ from benchmarks.common import GENEVAL_TAGS, METHODS, ROOT
 from benchmarks.compare import (
     analysis,
     bootstrap,
+    cell_runs,
     claim_rows,
     claims,
     collapse,
     mlflow_runs,
     plan,
     report,
-    runner,
     verdicts,
 )
 from tests.benchmarks.compare import synthetic
@@ -119,15 +119,15 @@ def test_the_sweep_picks_the_best_seed_mean_and_extends_until_the_best_is_interi
 
 def test_a_record_is_reused_only_under_its_key_and_a_stale_one_is_kept(tmp_path: Path, monkeypatch) -> None:
     spec = plan.RunSpec("methods", "vgrpo", lr=2e-4, seed=0, iterations=80)
-    monkeypatch.setattr(runner, "expected_key", lambda spec, sizes, out, threads: f"key-{threads}")
+    monkeypatch.setattr(cell_runs, "expected_key", lambda spec, sizes, out, threads: f"key-{threads}")
     path = tmp_path / f"{spec.name}.json"
     path.write_text(json.dumps({"key": "key-2", "machine": {"under_load": True}}))
     args = Namespace(threads=2, rerun_loaded=False)
-    assert runner.reusable(spec, args, plan.Sizes(), tmp_path)
-    assert not runner.reusable(spec, Namespace(threads=1, rerun_loaded=False), plan.Sizes(), tmp_path)
+    assert cell_runs.reusable(spec, args, plan.Sizes(), tmp_path)
+    assert not cell_runs.reusable(spec, Namespace(threads=1, rerun_loaded=False), plan.Sizes(), tmp_path)
     assert not path.exists() and len(list((tmp_path / "stale").glob(f"{spec.name}.key-2.*.json"))) == 1
     path.write_text(json.dumps({"key": "key-2", "machine": {"under_load": True}}))
-    assert not runner.reusable(spec, Namespace(threads=2, rerun_loaded=True), plan.Sizes(), tmp_path)
+    assert not cell_runs.reusable(spec, Namespace(threads=2, rerun_loaded=True), plan.Sizes(), tmp_path)
 
 
 def test_the_grid_resumes_from_the_committed_records_and_writes_them_back(tmp_path: Path) -> None:
@@ -135,10 +135,10 @@ def test_the_grid_resumes_from_the_committed_records_and_writes_them_back(tmp_pa
     out.mkdir()
     rows = [{"name": "a", "key": "k", "spec": {}}, {"name": "old", "spec": {}}]  # "old" predates keys
     committed.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    runner.sync_records(out, committed, export=False)
+    cell_runs.sync_records(out, committed, export=False)
     assert sorted(p.name for p in out.glob("*.json")) == ["a.json"]
     (out / "b.json").write_text(json.dumps({"name": "b", "key": "k2", "spec": {}}))
-    runner.sync_records(out, committed, export=True)
+    cell_runs.sync_records(out, committed, export=True)
     assert [json.loads(line)["name"] for line in committed.read_text().splitlines()] == ["a", "b"]
 
 

@@ -124,7 +124,7 @@ def test_the_committed_tuning_report_rebuilds_from_its_records() -> None:
 
 def test_the_chosen_rungs_stand_in_for_the_methods_cells_of_the_power_analysis() -> None:
     from benchmarks.common import ROOT
-    from benchmarks.compare import claims
+    from benchmarks.compare import claim_sets
     from benchmarks.compare.analysis import Analysis, load_records
     from benchmarks.compare.claim_rows import claim_rows
 
@@ -134,7 +134,7 @@ def test_the_chosen_rungs_stand_in_for_the_methods_cells_of_the_power_analysis()
     picked = [m for m, r in chosen.items() if r is not None]
     assert {r["spec"]["phase"] for r in grid.values()} == {"base", "methods"}
     assert len(grid) == 1 + tuning.TUNING_SEEDS * len(picked)
-    rows = {r.id: r for r in claim_rows(Analysis(grid, n_boot=200), refine_near=False, claims=claims.V3)}
+    rows = {r.id: r for r in claim_rows(Analysis(grid, n_boot=200), refine_near=False, claims=claim_sets.V3)}
     # N1's statistic is the final V-GRPO minus naive: the two chosen rungs' seed-mean finals (GenEval's score is
     # the mean of its per-tag credits, as the claims' point weights read it).
     if {"vgrpo", "naive_elbo"} <= set(picked):
