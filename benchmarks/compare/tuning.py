@@ -217,12 +217,21 @@ ORDER = (
 
 
 def plan(records: dict[str, dict[str, Any]]) -> list[RunSpec]:
-    """The base's validation evaluation, every recipe at its first rates (in :data:`ORDER`), and the extensions
-    the finished rungs call for."""
+    """The base's validation evaluation, every recipe at its first rates (in :data:`ORDER`), the extension rungs
+    that have run (planned still once a later rung moved the edge past them), and those the rungs call for now."""
     specs = [BASE] + [
         tuning_spec(m, recipe, lr, s) for m, recipe in ORDER for lr in RATES[m] for s in range(TUNING_SEEDS)
     ]
+    ran = sorted(
+        (
+            tuning_spec(r["spec"]["method"], r["spec"]["variant"], r["spec"]["lr"], r["spec"]["seed"] - TUNING_SEED0)
+            for r in records.values()
+            if r["spec"]["phase"] == "tune" and TUNING_SEED0 <= r["spec"]["seed"] < TUNING_SEED0 + TUNING_SEEDS
+        ),
+        key=lambda s: s.name,
+    )
     names = {s.name for s in specs}
+    specs, names = specs + [s for s in ran if s.name not in names], names | {s.name for s in ran}
     return specs + [s for s in extensions(rungs(records)) if s.name not in names]
 
 

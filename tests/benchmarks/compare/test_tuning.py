@@ -142,3 +142,12 @@ def test_the_chosen_rungs_stand_in_for_the_methods_cells_of_the_power_analysis()
         assert v is not None and n is not None
         assert rows["N1"].estimate == pytest.approx(v.mean - n.mean, abs=1e-9)
         assert rows["N1"].extra["seeds"] == [tuning.TUNING_SEEDS, tuning.TUNING_SEEDS]
+
+
+def test_an_extension_that_ran_stays_planned_when_the_edge_moves_past_it() -> None:
+    rising = {lr: [[0.5, 0.5 + lr], [0.5, 0.5 + lr]] for lr in (4e-4, 8e-4, 1.6e-3, 3.2e-3)}
+    records = _records({("vgrpo", "v2", lr): c for lr, c in rising.items()})
+    planned = {s.name for s in tuning.plan(records) if s.method == "vgrpo"}
+    ran = {tuning.tuning_spec("vgrpo", "v2", 3.2e-3, s).name for s in range(tuning.TUNING_SEEDS)}
+    nxt = {tuning.tuning_spec("vgrpo", "v2", 6.4e-3, s).name for s in range(tuning.TUNING_SEEDS)}
+    assert ran <= planned and nxt <= planned and len(planned) == 5 * tuning.TUNING_SEEDS
