@@ -150,6 +150,12 @@ def stable(rung: Rung) -> bool:
     return rung.diverged == 0 and rung.worst_drop <= DROP_MARGIN and rung.worst_below_base >= -COLLAPSE_MARGIN
 
 
+def tuning_cells(records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of the sweep's cells (phase ``tune``, the tuning seeds)."""
+    seeds = range(TUNING_SEED0, TUNING_SEED0 + TUNING_SEEDS)
+    return [r for r in records.values() if r["spec"]["phase"] == "tune" and r["spec"]["seed"] in seeds]
+
+
 def rungs(records: dict[str, dict[str, Any]]) -> list[Rung]:
     """Every rung whose seeds have all finished."""
     base = records.get(BASE.name)
@@ -157,10 +163,9 @@ def rungs(records: dict[str, dict[str, Any]]) -> list[Rung]:
         return []
     base_score = base["curve"][0]["score"]
     by_rung: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
-    for record in records.values():
+    for record in tuning_cells(records):
         spec = record["spec"]
-        if spec["phase"] == "tune" and TUNING_SEED0 <= spec["seed"] < TUNING_SEED0 + TUNING_SEEDS:
-            by_rung.setdefault((spec["method"], spec["variant"], spec["lr"]), []).append(record)
+        by_rung.setdefault((spec["method"], spec["variant"], spec["lr"]), []).append(record)
     return [
         rung_of(m, r, lr, cells, base_score)
         for (m, r, lr), cells in sorted(by_rung.items())
@@ -219,20 +224,10 @@ ORDER = (
 def plan(records: dict[str, dict[str, Any]]) -> list[RunSpec]:
     """The base's validation evaluation, every recipe at its first rates (in :data:`ORDER`), the extension rungs
     that have run (planned still once a later rung moved the edge past them), and those the rungs call for now."""
-    specs = [BASE] + [
-        tuning_spec(m, recipe, lr, s) for m, recipe in ORDER for lr in RATES[m] for s in range(TUNING_SEEDS)
-    ]
-    ran = sorted(
-        (
-            tuning_spec(r["spec"]["method"], r["spec"]["variant"], r["spec"]["lr"], r["spec"]["seed"] - TUNING_SEED0)
-            for r in records.values()
-            if r["spec"]["phase"] == "tune" and TUNING_SEED0 <= r["spec"]["seed"] < TUNING_SEED0 + TUNING_SEEDS
-        ),
-        key=lambda s: s.name,
-    )
-    names = {s.name for s in specs}
-    specs, names = specs + [s for s in ran if s.name not in names], names | {s.name for s in ran}
-    return specs + [s for s in extensions(rungs(records)) if s.name not in names]
+    first = [tuning_spec(m, recipe, lr, s) for m, recipe in ORDER for lr in RATES[m] for s in range(TUNING_SEEDS)]
+    ran = sorted((RunSpec(**r["spec"]) for r in tuning_cells(records)), key=lambda s: s.name)
+    every = [BASE, *first, *ran, *extensions(rungs(records))]
+    return list({s.name: s for s in every}.values())  # each cell once, where it first appears
 
 
 def choose(records: dict[str, dict[str, Any]]) -> dict[str, Rung | None]:
