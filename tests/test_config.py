@@ -158,3 +158,35 @@ def test_params_expand_only_the_projects_variables(tmp_path: Path, monkeypatch: 
     ok.write_text("pipeline: ${VGRPO_MODELS}/sd35\nprompts: ${VGRPO_UNSET_HERE}/p.jsonl\n")
     monkeypatch.delenv("VGRPO_UNSET_HERE", raising=False)
     assert read_params(ok) == {"pipeline": "/models/sd35", "prompts": "${VGRPO_UNSET_HERE}/p.jsonl"}
+
+
+def test_every_later_option_is_a_field_left_out_only_at_its_own_default() -> None:
+    """``FrozenConfig.LATER_OPTIONS``: each listed key is a field of its config with exactly that default, so only
+    an unset option is left out of the dump (a typo, or a default moved without the list, would drop a value the
+    user set)."""
+    import vgrpo.algorithms.config
+    import vgrpo.config
+    import vgrpo.models.config  # their configs are among FrozenConfig's subclasses below
+    from vgrpo.config_base import FrozenConfig
+
+    def subclasses(cls: type) -> list[type]:
+        return [c for s in cls.__subclasses__() for c in (s, *subclasses(s))]
+
+    listed = [c for c in subclasses(FrozenConfig) if c.LATER_OPTIONS]
+    assert len(listed) >= 5
+    for cls in listed:
+        for key, default in cls.LATER_OPTIONS.items():
+            assert key in cls.model_fields, (cls.__name__, key)
+            assert cls.model_fields[key].default == default, (cls.__name__, key)
+    stage = vgrpo.config.load_config(
+        ["params/base.yaml", "params/models/embedded.yaml", "params/stages/embedded/2-geneval.yaml"],
+        {
+            "precision": {"merged_lora": True},
+            "rollout": {"group_noise": "shared"},
+            "algorithm": {"name": "flow_grpo", "timestep_order": "first"},
+        },
+        schema=vgrpo.config.StageConfig,
+    ).model_dump(mode="json")
+    assert stage["precision"]["merged_lora"] is True and stage["rollout"]["group_noise"] == "shared"  # set: kept
+    assert stage["algorithm"]["timestep_order"] == "first"
+    assert "compile" not in stage["precision"] and "hold" not in stage  # unset: left out

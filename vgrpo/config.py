@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from vgrpo.algorithms.config import AdvantageConfig, AlgorithmConfig, RolloutConfig, VGRPOConfig
 from vgrpo.config_base import MAX_ITERATIONS, MAX_SAMPLES_PER_ITERATION, FrozenConfig
@@ -202,14 +202,7 @@ class StageConfig(TrainConfig):
             raise ValueError("a stage weights its rewards with rewards[].weight; leave advantage.weights empty")
         return self
 
-    @model_serializer(mode="wrap")
-    def _without_unset_hold(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Without ``hold`` when it is None: a stage without it dumps (and so fingerprints, and is recorded in
-        benchmark cells) as it did before the option existed."""
-        data = handler(self)
-        if isinstance(data, dict) and data.get("hold", 0) is None:
-            del data["hold"]
-        return data
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"hold": None}
 
 
 class CurriculumConfig(FrozenConfig):

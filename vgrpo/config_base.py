@@ -12,7 +12,10 @@ params load, before a pipeline is built or a buffer of that size is allocated.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 __all__ = [
     "MAX_GROUP_SIZE",
@@ -54,6 +57,20 @@ MAX_PROCESSES = 65_536
 
 
 class FrozenConfig(BaseModel):
-    """Base of every config: frozen; an unknown key, NaN or infinity is an error."""
+    """Base of every config: frozen; an unknown key, NaN or infinity is an error.
+
+    A config that gains an option after runs were fingerprinted lists it in :attr:`LATER_OPTIONS` with its
+    default: while at that default the option is left out of the dump, so a config that does not set it dumps
+    (and so fingerprints, and is recorded in benchmark cells) as it did before the option existed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {}
+
+    @model_serializer(mode="wrap")
+    def _without_later_options_at_default(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for key, default in self.LATER_OPTIONS.items():
+                if key in data and data[key] == default:
+                    del data[key]
+        return data

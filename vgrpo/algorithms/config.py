@@ -7,9 +7,10 @@ otherwise; ``[inferred]`` marks reconstructions the paper's text could not confi
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from vgrpo.config_base import (
     MAX_GROUP_SIZE,
@@ -77,14 +78,7 @@ class RolloutConfig(FrozenConfig):
         "init_same_noise (the group then differs only by its SDE noise, so an ODE rollout refuses it).",
     )
 
-    @model_serializer(mode="wrap")
-    def _without_default_group_noise(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Without ``group_noise`` at its default: a config that does not set it dumps (and fingerprints) as it
-        did before the option existed."""
-        data = handler(self)
-        if isinstance(data, dict) and data.get("group_noise") == "independent":
-            del data["group_noise"]
-        return data
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"group_noise": "independent"}
 
     @model_validator(mode="after")
     def _check_shift(self) -> RolloutConfig:
@@ -203,16 +197,7 @@ class VGRPOConfig(AlgorithmOptions):
     def weight_copies(self) -> int:
         return int(self.ref_kl_coef > 0)  # the frozen reference of ref_kl_coef
 
-    @model_serializer(mode="wrap")
-    def _without_default_reference(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Without ``ref_kl_reference`` and ``update_memory_mb`` at their defaults: a config that does not set them
-        dumps (and fingerprints) as it did before the options existed."""
-        data = handler(self)
-        if isinstance(data, dict) and data.get("ref_kl_reference") == "start":
-            del data["ref_kl_reference"]
-        if isinstance(data, dict) and data.get("update_memory_mb") is None:
-            data.pop("update_memory_mb", None)
-        return data
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"ref_kl_reference": "start", "update_memory_mb": None}
 
 
 class NaiveELBOConfig(VGRPOConfig):
@@ -250,14 +235,7 @@ class FlowGRPOConfig(AlgorithmOptions):
     def weight_copies(self) -> int:
         return int(self.kl_coef > 0)  # the KL's frozen reference
 
-    @model_serializer(mode="wrap")
-    def _without_default_order(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Without ``timestep_order`` at its default: a config that does not set it dumps (and fingerprints) as it
-        did before the option existed."""
-        data = handler(self)
-        if isinstance(data, dict) and data.get("timestep_order") == "shuffled":
-            del data["timestep_order"]
-        return data
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"timestep_order": "shuffled"}
 
 
 class MixGRPOConfig(FlowGRPOConfig):

@@ -3,9 +3,10 @@ embedded default pipeline (``pretrain.model:``, built by :mod:`vgrpo.models.embe
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from vgrpo.config_base import MAX_LORA_RANK, FrozenConfig
 
@@ -70,16 +71,7 @@ class PrecisionConfig(FrozenConfig):
         "re-encoded when met again); 0 = no cache. With drop_after_encoding it must hold the whole prompt set.",
     )
 
-    @model_serializer(mode="wrap")
-    def _without_default_speed_settings(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Without ``compile``, ``merged_lora`` and ``lora_base_dtype`` at their defaults: a config that does not
-        set them dumps (and so fingerprints, and is recorded in benchmark cells) as it did before they existed."""
-        data = handler(self)
-        if isinstance(data, dict):
-            for key, default in (("compile", False), ("merged_lora", False), ("lora_base_dtype", "fp32")):
-                if key in data and data[key] == default:
-                    del data[key]
-        return data
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"compile": False, "merged_lora": False, "lora_base_dtype": "fp32"}
 
 
 class EmbeddedModelConfig(FrozenConfig):
