@@ -45,6 +45,7 @@ from benchmarks.compare.plan import (
 )
 from benchmarks.compare.plots import plot_curves
 from benchmarks.compare.protocol import protocol_lines
+from benchmarks.compare.standing import standing_lines
 from benchmarks.compare.verdicts import Row, claims_table
 from benchmarks.provenance import code_hash
 from vgrpo.atomic import write_text_atomic
@@ -151,6 +152,8 @@ def write_report(
         lines += claims_table(rows, len(claims.confirmatory))
         if an.groups:
             methods_table(an, lines)
+            if tuned is not None:
+                lines += standing_lines(an, f"test prompts, {sizes.iterations} iterations, the methods cells")
             cost_ratios(an, (out.parent if out.is_file() else docs) / "speed", lines)  # speed.md's repeats
             time_to_reward(an, lines)
             for axis in AXES:

@@ -11,6 +11,7 @@ from benchmarks.common import LABELS
 from benchmarks.compare.analysis import Analysis, final, start
 from benchmarks.compare.bootstrap import interval
 from benchmarks.compare.method_tables import PLATEAU, est_ci, fmt_ci, plateau
+from benchmarks.compare.standing import standing_lines
 
 
 def strength_lines(grid: dict[str, dict[str, Any]], chosen: Mapping[str, Any], seeds: int) -> list[str]:
@@ -42,7 +43,7 @@ def strength_lines(grid: dict[str, dict[str, Any]], chosen: Mapping[str, Any], s
             f"| {rank} | {LABELS[m]} | {rung.recipe} | {rung.lr:g} | {est:.3f} {fmt_ci(low, high)} | {gain} | "
             f"{plateau(an, m, g)} |"
         )
-    return [*lines, ""]
+    return [*lines, "", *standing_lines(an, f"validation prompts, the chosen rungs, {seeds} seeds")]
 
 
 def curve_lines(records: dict[str, dict[str, Any]], every: int, horizon: int) -> list[str]:
