@@ -46,6 +46,7 @@ from benchmarks.compare.plan import (
 from benchmarks.compare.plots import plot_curves
 from benchmarks.compare.protocol import protocol_lines
 from benchmarks.compare.standing import standing_lines
+from benchmarks.compare.stream_check import stream_lines
 from benchmarks.compare.verdicts import Row, claims_table
 from benchmarks.provenance import code_hash
 from vgrpo.atomic import write_text_atomic
@@ -150,6 +151,8 @@ def write_report(
     if an.base and not quick:
         rows = claim_rows(an, claims=claims)
         lines += claims_table(rows, len(claims.confirmatory))
+        if tuned is not None:
+            lines += stream_lines(records, rows, claims)
         if an.groups:
             methods_table(an, lines)
             if tuned is not None:

@@ -121,3 +121,34 @@ def test_holm_over_v3_adjusts_by_fifteen() -> None:
     again = dataclasses.replace(row, p_holm=None, verdict="not run")
     verdicts.decide([again], claims.V2.confirmatory)  # E2 is not in v2's family
     assert again.p_holm is None and again.verdict == "reproduced"
+
+
+def test_the_v3_report_reads_every_confirmatory_row_again_from_other_streams() -> None:
+    from benchmarks.compare.stream_check import decision_p, fmt_p, stream_lines
+
+    # Noisy enough that most rows' p-values lie inside (0, 1) and move with the stream.
+    records = synthetic.v3_grid(TUNED, noise=1.5)
+    rows = claim_rows.claim_rows(analysis.Analysis(records), claims=claim_sets.V3)
+    lines = stream_lines(records, rows, claim_sets.V3, streams=(1, 2))
+    table = [line.strip("| ").split(" | ") for line in lines[6:] if line.startswith("| ")]
+    confirmatory = [r for r in rows if r.confirmatory]
+    assert [cells[0] for cells in table] == [r.id for r in confirmatory]
+    others = [
+        {o.id: o for o in claim_rows.claim_rows(analysis.Analysis(records, stream=s), claims=claim_sets.V3)}
+        for s in (1, 2)
+    ]
+
+    def fmt(r):
+        return f"{fmt_p(r.p)} [{fmt_p(decision_p(r))}]"
+
+    for cells, r in zip(table, confirmatory, strict=True):
+        again = [o[r.id] for o in others]
+        assert cells[1] == r.verdict and cells[2] == fmt(r) and cells[3] == ", ".join(fmt(o) for o in again)
+        moved = [float(x) for x in cells[4].split("; ")]
+        assert moved[0] == pytest.approx(max(abs(o.p - r.p) for o in again), abs=5e-5)
+        assert moved[1] == pytest.approx(max(abs(decision_p(o) - decision_p(r)) for o in again), abs=5e-5)
+        same = "yes" if all(round(o.p, 3) == round(r.p, 3) for o in again) else "no"
+        assert cells[5].split("; ")[0] == same
+        assert cells[6] == ("yes" if all(o.verdict == r.verdict for o in again) else "no")
+    # A bootstrap p inside (0, 1) from 4,000 replicates moves with the stream; the t p alone would not.
+    assert any(float(cells[4].split("; ")[0]) > 0 for cells in table)

@@ -1,0 +1,72 @@
+"""Whether the confirmatory rows' p-values and verdicts hold under other random streams.
+
+The report's rows draw their bootstrap replicates from stream 0. This reads every row again from fresh streams,
+by the same rules (the same replicate counts, the same redraw near the threshold, the same Holm family), and
+says for each confirmatory row how far its decision p moved and whether its verdict did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.compare.analysis import Analysis
+from benchmarks.compare.claim_rows import claim_rows
+from benchmarks.compare.rules import ClaimSet
+from benchmarks.compare.verdicts import Row, fmt_p
+
+STREAMS = (1, 2)
+"""The other streams read; the report's own is 0."""
+
+
+def decision_p(row: Row) -> float | None:
+    """The p the verdict reads: Holm-adjusted for a confirmatory row."""
+    return row.p_holm if row.p_holm is not None else row.p
+
+
+def _moved(p0: float, ps: list[float]) -> tuple[float, bool]:
+    """The largest change from ``p0`` and whether every p equals it to three decimals."""
+    return max(abs(p - p0) for p in ps), all(round(p, 3) == round(p0, 3) for p in ps)
+
+
+def stream_lines(
+    records: dict[str, dict[str, Any]], rows: Sequence[Row], claims: ClaimSet, streams: Sequence[int] = STREAMS
+) -> list[str]:
+    """A table of the confirmatory ``rows`` (read from stream 0) beside the same rows read from ``streams``."""
+    others = [{r.id: r for r in claim_rows(Analysis(records, stream=s), claims=claims)} for s in streams]
+    confirmatory = [r for r in rows if r.confirmatory and r.p is not None]
+    if not confirmatory:
+        return []
+    lines = [
+        "## The verdicts under other random streams",
+        "",
+        f"Each confirmatory row read again from random streams {', '.join(map(str, streams))} (the table above: "
+        "stream 0), by the same rules: the decision p (the larger of the bootstrap and t p-values) with its "
+        "Holm-adjusted value in brackets. *Moved*: the largest change from stream 0 of each; *three decimals*: "
+        "whether every stream gives the same value to three decimals.",
+        "",
+        "| id | verdict | p [Holm], stream 0 | other streams | moved: p; Holm | three decimals: p; Holm | "
+        "verdict in every stream |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in confirmatory:
+        again = [o.get(r.id) for o in others]
+        if any(o is None or o.p is None for o in again):
+            lines.append(f"| {r.id} | {r.verdict} | | not read in every stream | | | no |")
+            continue
+        ps = [o.p for o in again if o is not None and o.p is not None]
+        holms = [decision_p(o) for o in again if o is not None]
+        moved, same = _moved(r.p, ps)  # type: ignore[arg-type]
+        moved_holm, same_holm = _moved(decision_p(r), holms)  # type: ignore[arg-type]
+        lines.append(
+            f"| {r.id} | {r.verdict} | {_fmt(r)} | {', '.join(_fmt(o) for o in again if o is not None)} | "
+            f"{moved:.4f}; {moved_holm:.4f} | {'yes' if same else 'no'}; {'yes' if same_holm else 'no'} | "
+            f"{'yes' if all(o is not None and o.verdict == r.verdict for o in again) else 'no'} |"
+        )
+    return [*lines, ""]
+
+
+def _fmt(r: Row) -> str:
+    p, holm = r.p, decision_p(r)
+    assert p is not None and holm is not None
+    return f"{fmt_p(p)} [{fmt_p(holm)}]"
