@@ -60,3 +60,22 @@ def test_no_pair_without_both_methods() -> None:
     only = {n: r for n, r in only.items() if r["spec"]["phase"] in ("base", "methods")}
     assert standing.standing_lines(Analysis(only), "synthetic") == []
     assert plan_v3.V3.seeds == 10  # the count the naive line reads above
+
+
+def test_the_interval_holds_both_the_percentile_and_the_t_interval(analysis: Analysis) -> None:
+    from benchmarks.compare.analysis import final
+    from benchmarks.compare.bootstrap import interval
+    from benchmarks.compare.studentized import t_test
+
+    pair = standing.PAPER_PAIRS[0]
+    groups = [(pair.first, analysis.groups[pair.first]), (pair.second, analysis.groups[pair.second])]
+
+    def fn(a, b):
+        return final(a) - final(b)
+
+    est, low, high = standing._difference(analysis, pair)
+    p_low, p_high = interval(analysis.statistic(groups, fn)[1])
+    assert analysis.base is not None
+    tt = t_test(analysis.design(groups, fn), analysis.weights("geneval")[0], analysis.base["curve"][0]["tags"], 0.0)
+    assert tt is not None and tt.estimate == pytest.approx(est)
+    assert (low, high) == (min(p_low, tt.low), max(p_high, tt.high))
