@@ -14,10 +14,10 @@ import numpy as np
 
 from benchmarks.common import LABELS
 from benchmarks.compare.analysis import Analysis, final
-from benchmarks.compare.bootstrap import interval
 from benchmarks.compare.collapse import COLLAPSE_DROP, collapsed
 from benchmarks.compare.method_tables import fmt_ci
 from benchmarks.compare.studentized import t_test
+from benchmarks.compare.verdicts import Row, fill
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,10 @@ def _difference(an: Analysis, pair: PaperPair) -> tuple[float, float, float]:
         return final(a) - final(b)
 
     est, reps = an.statistic(groups, fn)
-    low, high = interval(reps)
     assert an.base is not None
     tt = t_test(an.design(groups, fn), an.weights("geneval")[0], an.base["curve"][0]["tags"], 0.0)
-    if tt is not None:
-        low, high = min(low, tt.low), max(high, tt.high)
-    return est, low, high
+    row = fill(Row(f"{pair.first} - {pair.second}", "", "", ""), est, reps, tt)  # the claims' interval
+    return est, row.low, row.high
 
 
 def standing_lines(an: Analysis, where: str) -> list[str]:

@@ -50,23 +50,28 @@ def stream_lines(
         "|---|---|---|---|---|---|---|",
     ]
     for r in confirmatory:
-        again = [o.get(r.id) for o in others]
-        if any(o is None or o.p is None for o in again):
+        read = [o[r.id] for o in others if r.id in o and o[r.id].p is not None]
+        if len(read) < len(others):
             lines.append(f"| {r.id} | {r.verdict} | | not read in every stream | | | no |")
             continue
-        ps = [o.p for o in again if o is not None and o.p is not None]
-        holms = [decision_p(o) for o in again if o is not None]
-        moved, same = _moved(r.p, ps)  # type: ignore[arg-type]
-        moved_holm, same_holm = _moved(decision_p(r), holms)  # type: ignore[arg-type]
+        (p0, holm0), again = _ps(r), [_ps(o) for o in read]
+        moved, same = _moved(p0, [p for p, _ in again])
+        moved_holm, same_holm = _moved(holm0, [holm for _, holm in again])
         lines.append(
-            f"| {r.id} | {r.verdict} | {_fmt(r)} | {', '.join(_fmt(o) for o in again if o is not None)} | "
+            f"| {r.id} | {r.verdict} | {_fmt(r)} | {', '.join(_fmt(o) for o in read)} | "
             f"{moved:.4f}; {moved_holm:.4f} | {'yes' if same else 'no'}; {'yes' if same_holm else 'no'} | "
-            f"{'yes' if all(o is not None and o.verdict == r.verdict for o in again) else 'no'} |"
+            f"{'yes' if all(o.verdict == r.verdict for o in read) else 'no'} |"
         )
     return [*lines, ""]
 
 
-def _fmt(r: Row) -> str:
+def _ps(r: Row) -> tuple[float, float]:
+    """A read row's decision p and the p its verdict reads (Holm-adjusted for a confirmatory row)."""
     p, holm = r.p, decision_p(r)
     assert p is not None and holm is not None
+    return p, holm
+
+
+def _fmt(r: Row) -> str:
+    p, holm = _ps(r)
     return f"{fmt_p(p)} [{fmt_p(holm)}]"
