@@ -19,11 +19,6 @@ STREAMS = (1, 2)
 """The other streams read; the report's own is 0."""
 
 
-def decision_p(row: Row) -> float | None:
-    """The p the verdict reads: Holm-adjusted for a confirmatory row."""
-    return row.p_holm if row.p_holm is not None else row.p
-
-
 def _moved(p0: float, ps: list[float]) -> tuple[float, bool]:
     """The largest change from ``p0`` and whether every p equals it to three decimals."""
     return max(abs(p - p0) for p in ps), all(round(p, 3) == round(p0, 3) for p in ps)
@@ -67,7 +62,7 @@ def stream_lines(
 
 def _ps(r: Row) -> tuple[float, float]:
     """A read row's decision p and the p its verdict reads (Holm-adjusted for a confirmatory row)."""
-    p, holm = r.p, decision_p(r)
+    p, holm = r.p, r.decision_p
     assert p is not None and holm is not None
     return p, holm
 

@@ -64,6 +64,11 @@ class Row:
     def family(self) -> str:
         return "confirmatory" if self.confirmatory else "exploratory"
 
+    @property
+    def decision_p(self) -> float | None:
+        """The p the verdict reads: Holm-adjusted for a confirmatory row, the row's own p otherwise."""
+        return self.p_holm if self.p_holm is not None else self.p
+
 
 def test(reps: np.ndarray, threshold: float) -> tuple[float, str]:
     """Two-sided bootstrap p-value of "the statistic equals ``threshold``" and the side the replicates lean to.
@@ -114,7 +119,7 @@ def fill(row: Row, est: float, reps: np.ndarray, t: TTest | None = None) -> Row:
 
 def near_threshold(row: Row) -> bool:
     """Whether any of the row's p-values lies within a factor :data:`NEAR` of :data:`ALPHA`."""
-    ps = [row.p_boot, row.t.p if row.t else None, row.p_holm if row.p_holm is not None else row.p]
+    ps = [row.p_boot, row.t.p if row.t else None, row.decision_p]
     return any(p is not None and ALPHA / NEAR <= p <= ALPHA * NEAR for p in ps)
 
 
@@ -132,7 +137,8 @@ def decide(rows: list[Row], family: Sequence[str]) -> None:
         if r.p is None:
             continue
         r.p_holm = adjusted.get(r.id)
-        p = r.p_holm if r.p_holm is not None else r.p
+        p = r.decision_p
+        assert p is not None
         if p >= ALPHA:
             r.verdict = "unresolved (Holm)" if r.p < ALPHA else "unresolved"
         else:

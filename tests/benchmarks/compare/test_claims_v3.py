@@ -124,7 +124,7 @@ def test_holm_over_v3_adjusts_by_fifteen() -> None:
 
 
 def test_the_v3_report_reads_every_confirmatory_row_again_from_other_streams() -> None:
-    from benchmarks.compare.stream_check import decision_p, fmt_p, stream_lines
+    from benchmarks.compare.stream_check import fmt_p, stream_lines
 
     # Noisy enough that most rows' p-values lie inside (0, 1) and move with the stream.
     records = synthetic.v3_grid(TUNED, noise=1.5)
@@ -139,14 +139,14 @@ def test_the_v3_report_reads_every_confirmatory_row_again_from_other_streams() -
     ]
 
     def fmt(r):
-        return f"{fmt_p(r.p)} [{fmt_p(decision_p(r))}]"
+        return f"{fmt_p(r.p)} [{fmt_p(r.decision_p)}]"
 
     for cells, r in zip(table, confirmatory, strict=True):
         again = [o[r.id] for o in others]
         assert cells[1] == r.verdict and cells[2] == fmt(r) and cells[3] == ", ".join(fmt(o) for o in again)
         moved = [float(x) for x in cells[4].split("; ")]
         assert moved[0] == pytest.approx(max(abs(o.p - r.p) for o in again), abs=5e-5)
-        assert moved[1] == pytest.approx(max(abs(decision_p(o) - decision_p(r)) for o in again), abs=5e-5)
+        assert moved[1] == pytest.approx(max(abs(o.decision_p - r.decision_p) for o in again), abs=5e-5)
         same = "yes" if all(round(o.p, 3) == round(r.p, 3) for o in again) else "no"
         assert cells[5].split("; ")[0] == same
         assert cells[6] == ("yes" if all(o.verdict == r.verdict for o in again) else "no")
