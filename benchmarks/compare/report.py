@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from benchmarks.common import LABELS, METHODS
+from benchmarks.common import LABELS, METHODS, ROOT
 from benchmarks.compare import plan_v3
 from benchmarks.compare.analysis import AXES, Analysis, load_records, write_records
 from benchmarks.compare.claim_rows import claim_rows
@@ -82,6 +82,22 @@ def tuned_table(tuned: dict[str, plan_v3.Tuned], lines: list[str]) -> None:
     lines.append("")
 
 
+DEVIATIONS = ROOT / "docs" / "benchmarks-v3" / "deviations.md"
+"""Benchmark v3's departures from its pre-registration, written by hand; the report prints them at its top."""
+
+
+def deviation_lines(path: Path) -> list[str]:
+    """The report's section on how the grid departed from its pre-registration: the body of ``path`` (its title
+    line left out), or a line saying that no file lists any."""
+    lines = ["## Deviations from the pre-registration", ""]
+    if not path.is_file():
+        return [*lines, f"None listed (`{path.name}` does not exist).", ""]
+    body = path.read_text().splitlines()
+    if body and body[0].startswith("# "):
+        body = body[1:]
+    return [*lines, f"From `{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}`:", *body, ""]
+
+
 def _invocations(docs: Path) -> list[dict[str, Any]]:
     """The grid's invocations as ``grid.json`` beside the records lists them (elapsed seconds, workers, threads)."""
     path = docs / "grid.json"
@@ -99,10 +115,12 @@ def write_report(
     sizes: Sizes | None = None,
     code_now: str | None = None,
     tuned: dict[str, plan_v3.Tuned] | None = None,
+    deviations: Path | None = None,
 ) -> list[Row]:
     """Write ``docs/README.md`` and the plots from the cell records in ``out`` (a folder or a ``cells.jsonl``),
     and the MLflow runs; return the claim rows. With ``tuned`` (each method's recipe and rate), the report is
-    benchmark v3's: its protocol, its claim set (:data:`benchmarks.compare.claim_sets.V3`) and no sweep."""
+    benchmark v3's: its protocol, its claim set (:data:`benchmarks.compare.claim_sets.V3`) and no sweep; with
+    ``deviations`` (:data:`DEVIATIONS`), its departures from the pre-registration come first."""
     records = load_records(out)
     sizes = sizes or (QUICK if quick else Sizes())
     docs.mkdir(parents=True, exist_ok=True)
@@ -122,6 +140,7 @@ def write_report(
         f"Produced by `{command}`; the report alone, from the committed records: `{alone}`. Machine: 2 CPU cores, "
         "no GPU.",
         "",
+        *(deviation_lines(deviations) if deviations is not None else []),
         protocol_lines(sizes, quick, tuned, history),
     ]
     if tuned is not None:
@@ -213,6 +232,7 @@ def main() -> None:
         sizes=sizes,
         code_now=code_hash(),
         tuned=tuned,
+        deviations=DEVIATIONS if tuned else None,
     )
 
 

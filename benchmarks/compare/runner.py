@@ -59,7 +59,7 @@ from benchmarks.compare.plan import (
     plan_phase,
     sweep_extensions,
 )
-from benchmarks.compare.report import write_report
+from benchmarks.compare.report import DEVIATIONS, write_report
 from benchmarks.provenance import code_hash
 from vgrpo.atomic import write_json_atomic
 
@@ -179,6 +179,7 @@ def main() -> None:
         sizes=sizes,
         code_now=code_hash(),
         tuned=args.tuned if v3 else None,
+        deviations=DEVIATIONS if v3 else None,
     )
     print(f"report: {docs / 'README.md'}")
 

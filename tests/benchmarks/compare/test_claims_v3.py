@@ -76,11 +76,22 @@ def test_the_v3_report_states_its_protocol_recipes_and_fifteen_row_family(v3_rec
     runs = [{"started_at": "a", "elapsed_s": 3600.0, "workers": 1, "threads": 2}]
     runs.append({"started_at": "b", "elapsed_s": 7200.0, "workers": 2, "threads": 1})
     (docs / "grid.json").write_text(json.dumps(runs))
+    deviations = tmp_path / "deviations.md"
+    deviations.write_text("# Deviations\n\n- Cell x reran after a kill.\n")
     rows = report.write_report(
-        folder, docs, command="python -m benchmarks.compare --grid v3", planned=planned, sizes=plan_v3.V3, tuned=TUNED
+        folder,
+        docs,
+        command="python -m benchmarks.compare --grid v3",
+        planned=planned,
+        sizes=plan_v3.V3,
+        tuned=TUNED,
+        deviations=deviations,
     )
     text = (docs / "README.md").read_text()
     assert text.startswith("# Benchmark v3: the pre-registered replication")
+    top = text.index("## Deviations from the pre-registration")
+    assert top < text.index("- Cell x reran after a kill.") < text.index("## Protocol (pre-registered)")
+    assert "# Deviations\n" not in text  # the file's own title is left out
     assert "## Protocol (pre-registered)" in text and "Learning-rate sweep" not in text
     assert f"Cells done: {len(planned)} of {len(planned)} planned" in text and len(planned) == 198
     assert '| DiffusionNFT | official | 0.0008 | `{"algorithm": {"n_mc": 9}}` |' in text
@@ -89,6 +100,12 @@ def test_the_v3_report_states_its_protocol_recipes_and_fifteen_row_family(v3_rec
     assert "1 of 1 cell(s) at a time x 2 thread(s) (1.0 h); 1 of 2 cell(s) at a time x 1 thread(s) (2.0 h)" in text
     assert {r.id for r in rows if r.family == "confirmatory"} == set(claim_sets.V3.confirmatory)
     assert (docs / "cells.jsonl").is_file() and len((docs / "cells.jsonl").read_text().splitlines()) == len(planned)
+
+
+def test_a_v3_report_without_a_deviations_file_says_none_is_listed(tmp_path: Path) -> None:
+    lines = report.deviation_lines(tmp_path / "deviations.md")
+    assert lines[0] == "## Deviations from the pre-registration"
+    assert "None listed (`deviations.md` does not exist)." in lines
 
 
 def test_the_v3_grid_refuses_to_start_before_its_preregistration_is_committed(tmp_path: Path) -> None:
