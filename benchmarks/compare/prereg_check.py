@@ -24,17 +24,18 @@ from pathlib import Path
 
 from benchmarks.common import ROOT
 from benchmarks.compare.plan_v3 import PREREGISTRATION
+from benchmarks.compare.report import V3_DOCS
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def preregistration_commit() -> str:
-    """The commit that last changed the pre-registration file."""
-    out = subprocess.run(
-        ["git", "log", "-1", "--format=%H", "--", str(PREREGISTRATION.relative_to(ROOT))],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    """The commit that last changed the pre-registration file (a shallow clone may not hold it: refused)."""
+    if _git("rev-parse", "--is-shallow-repository") == "true":
+        raise RuntimeError(f"{ROOT} is a shallow clone: fetch its history (git fetch --unshallow) or pass --commit")
+    out = _git("log", "-1", "--format=%H", "--", str(PREREGISTRATION.relative_to(ROOT)))
     if not out:
         raise RuntimeError(f"{PREREGISTRATION} has no commit")
     return out
@@ -67,11 +68,14 @@ def build(code: Path, records: Path, docs: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commit", default=None, help="the old code's commit (default: the pre-registration's)")
-    parser.add_argument("--records", type=Path, default=ROOT / "docs" / "benchmarks-v3" / "grid" / "cells.jsonl")
+    parser.add_argument("--records", type=Path, default=V3_DOCS / "cells.jsonl")
     args = parser.parse_args()
     if not args.records.is_file():
         parser.error(f"--records: {args.records} is not a file")
-    commit = args.commit or preregistration_commit()
+    try:
+        commit = args.commit or preregistration_commit()
+    except RuntimeError as exc:
+        parser.error(f"--commit: {exc}")
     archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=False)
     if archive.returncode:
         parser.error(f"--commit: git archive {commit}: {archive.stderr.decode().strip()}")

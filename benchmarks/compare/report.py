@@ -82,7 +82,9 @@ def tuned_table(tuned: dict[str, plan_v3.Tuned], lines: list[str]) -> None:
     lines.append("")
 
 
-DEVIATIONS = ROOT / "docs" / "benchmarks-v3" / "deviations.md"
+V3_DOCS = ROOT / "docs" / "benchmarks-v3" / "grid"
+"""Benchmark v3's records (``cells.jsonl``, ``grid.json``) and report."""
+DEVIATIONS = V3_DOCS.parent / "deviations.md"
 """Benchmark v3's departures from its pre-registration, written by hand; the report prints them at its top."""
 
 

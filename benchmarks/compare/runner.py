@@ -59,7 +59,7 @@ from benchmarks.compare.plan import (
     plan_phase,
     sweep_extensions,
 )
-from benchmarks.compare.report import DEVIATIONS, write_report
+from benchmarks.compare.report import DEVIATIONS, V3_DOCS, write_report
 from benchmarks.provenance import code_hash
 from vgrpo.atomic import write_json_atomic
 
@@ -154,7 +154,7 @@ def main() -> None:
         except (RuntimeError, plan_v3.NotPreregistered) as exc:
             parser.error(f"--grid v3: {exc}")
     out.mkdir(parents=True, exist_ok=True)
-    default_docs = {"v3": ROOT / "docs" / "benchmarks-v3" / "grid", "quick": ROOT / "docs" / "benchmarks-quick"}
+    default_docs = {"v3": V3_DOCS, "quick": ROOT / "docs" / "benchmarks-quick"}
     docs = Path(args.docs) if args.docs else default_docs.get(name, ROOT / "docs" / "benchmarks")
     args.records = args.records or docs / "cells.jsonl"
     sync_records(out, args.records, export=False)

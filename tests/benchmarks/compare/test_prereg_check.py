@@ -33,12 +33,14 @@ def test_a_changed_or_dropped_line_is_listed_with_its_old_and_new_place() -> Non
     assert dropped[:2] == ["Old lines changed or dropped: 1.", "- old lines 7-7 (dropped): `| a | 0.1 |`"]
 
 
-def test_the_preregistration_commit_is_the_one_that_last_changed_its_file() -> None:
-    commit = prereg_check.preregistration_commit()
-    changed = subprocess.run(
-        ["git", "diff", "--name-only", f"{commit}^", commit], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert str(plan_v3.PREREGISTRATION.relative_to(ROOT)) in changed
+def test_the_preregistration_commit_changed_its_file_and_it_has_not_changed_since() -> None:
+    commit, path = prereg_check.preregistration_commit(), str(plan_v3.PREREGISTRATION.relative_to(ROOT))
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+    assert path in git("show", "--name-only", "--format=", commit).stdout.split()
+    assert git("diff", "--quiet", commit, "HEAD", "--", path).returncode == 0
 
 
 @pytest.mark.slow
