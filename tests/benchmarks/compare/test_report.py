@@ -23,6 +23,7 @@ from benchmarks.compare import (
     collapse,
     mlflow_runs,
     plan,
+    plan_v3,
     report,
     verdicts,
 )
@@ -363,3 +364,24 @@ def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_pat
     rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
     assert _without_progress(rebuilt) == _without_progress(text)
     assert "Cells whose config is not the one this checkout's plan gives their spec: none." in rebuilt
+
+
+@pytest.mark.slow
+def test_the_committed_v3_records_rebuild_the_committed_v3_report(tmp_path: Path) -> None:
+    committed = report.V3_DOCS
+    tuned = plan_v3.load_tuned()
+    (tmp_path / "grid.json").write_text((committed / "grid.json").read_text())
+    report.write_report(
+        committed / "cells.jsonl",
+        tmp_path,
+        command="python -m benchmarks.compare --grid v3",
+        planned=[s.name for s in plan_v3.full_plan(tuned, plan_v3.V3)],
+        sizes=plan_v3.V3,
+        code_now=provenance.code_hash(),
+        tuned=tuned,
+        deviations=report.DEVIATIONS,
+    )
+    rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
+    assert _without_progress(rebuilt) == _without_progress(text)
+    assert "Cells whose config is not the one this checkout's plan gives their spec: none." in rebuilt
+    assert "Not run yet" not in rebuilt
