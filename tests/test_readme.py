@@ -20,7 +20,8 @@ def test_the_first_screen_is_short_and_says_the_verdict_first() -> None:
     box = [line for line in first.splitlines() if line.startswith(">")]
     assert len(box) == 4 and box[0].startswith("> - **Runs end to end on a CPU")
     assert "tiny pipelines only" in box[1]
-    assert "No paper result is reproduced yet" in box[2] and "docs/benchmarks/README.md#the-papers-claims" in box[2]
+    assert "No paper result is reproduced yet" in box[2]
+    assert "docs/benchmarks-v3/grid/README.md#the-papers-claims" in box[2]
     assert "The curriculum over seeds and CPUs" in box[3] and "docs/embedded.md#" in box[3]
     assert "<!-- curriculum-runs -->\nOver " in first  # the table over runs (tests/benchmarks/test_robustness.py)
     for path in re.findall(r"`((?:vgrpo|tasks|flows)/[\w/]+\.py)`", first):  # the tables' files exist
