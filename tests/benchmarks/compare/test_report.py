@@ -8,6 +8,7 @@ import json
 from argparse import Namespace
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -345,43 +346,43 @@ def _without_progress(text: str) -> list[str]:
     return [line for line in text.splitlines() if not line.startswith(("Cells done:", "Not run yet"))]
 
 
+def _rebuild_committed_report(committed: Path, tmp_path: Path, **kwargs: Any) -> str:
+    """Build the report from ``committed``'s records into ``tmp_path``, check that it says what the committed one
+    says and that every cell's config is its plan's; return it."""
+    (tmp_path / "grid.json").write_text((committed / "grid.json").read_text())
+    report.write_report(committed / "cells.jsonl", tmp_path, code_now=provenance.code_hash(), **kwargs)
+    rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
+    assert _without_progress(rebuilt) == _without_progress(text)
+    assert "Cells whose config is not the one this checkout's plan gives their spec: none." in rebuilt
+    return rebuilt
+
+
 @pytest.mark.parametrize("folder", ["benchmarks", "benchmarks-quick"])
 def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_path: Path) -> None:
     committed = ROOT / "docs" / folder
     quick = folder.endswith("-quick")
     records = report.load_records(committed / "cells.jsonl")
     sizes = plan.QUICK if quick else plan.Sizes()
-    (tmp_path / "grid.json").write_text((committed / "grid.json").read_text())
-    report.write_report(
-        committed / "cells.jsonl",
+    _rebuild_committed_report(
+        committed,
         tmp_path,
         command="python -m benchmarks.compare" + " --quick" * quick,
         planned=[s.name for s in plan.full_plan(records, sizes, quick)],
         quick=quick,
         sizes=sizes,
-        code_now=provenance.code_hash(),
     )
-    rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
-    assert _without_progress(rebuilt) == _without_progress(text)
-    assert "Cells whose config is not the one this checkout's plan gives their spec: none." in rebuilt
 
 
 @pytest.mark.slow
 def test_the_committed_v3_records_rebuild_the_committed_v3_report(tmp_path: Path) -> None:
-    committed = report.V3_DOCS
     tuned = plan_v3.load_tuned()
-    (tmp_path / "grid.json").write_text((committed / "grid.json").read_text())
-    report.write_report(
-        committed / "cells.jsonl",
+    rebuilt = _rebuild_committed_report(
+        report.V3_DOCS,
         tmp_path,
         command="python -m benchmarks.compare --grid v3",
         planned=[s.name for s in plan_v3.full_plan(tuned, plan_v3.V3)],
         sizes=plan_v3.V3,
-        code_now=provenance.code_hash(),
         tuned=tuned,
         deviations=report.DEVIATIONS,
     )
-    rebuilt, text = (tmp_path / "README.md").read_text(), (committed / "README.md").read_text()
-    assert _without_progress(rebuilt) == _without_progress(text)
-    assert "Cells whose config is not the one this checkout's plan gives their spec: none." in rebuilt
     assert "Not run yet" not in rebuilt
