@@ -16,20 +16,19 @@ from tasks.callbacks import StageTracker
 from tasks.dvc_stage import stage_details, stage_metrics
 from tasks.stage import train_and_track
 from tasks.tracking import Tracking, tracking_uri
-from tests.training.test_hold import _config, world  # noqa: F401  (the tiny world fixture)
+from tests.training.test_hold import _config, drop_from_2, world  # noqa: F401  (the tiny world, the drop)
 from vgrpo.checkpoints.state import LORA_FILE
 
 
 def test_the_kept_checkpoint_and_why_reach_mlflow_the_stage_table_and_dvc(
     world: Path,  # noqa: F811
+    drop_from_2: None,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(StageTracker, "_start_system_metrics", lambda self, uri, resumed: None)
     uri = tracking_uri(tmp_path / "mlflow")
-    cfg = _config().model_copy(
-        update={"pipeline": "base"}
-    )  # breaks its hold at iteration 2 (tests/training/test_hold.py)
+    cfg = _config().model_copy(update={"pipeline": "base"})  # breaks its hold at iteration 2 (drop_from_2)
     outcome = train_and_track(cfg, None, str(tmp_path / "runs"), str(world), Tracking(uri, "tests", cfg.name))
     assert outcome is not None and outcome.hold is not None and outcome.hold["kept_iteration"] == 1
     kept = tmp_path / "runs" / "work" / cfg.name / "hold" / "iter-00001" / LORA_FILE

@@ -1,7 +1,10 @@
-"""Stages that hold what earlier stages gained (``hold:``): a tiny stage trained to lower the real world PickScore
-(its reward's weight -1, at a learning rate of 3) breaks a hold on it, the break is caught and the export is the last
-checkpoint that held; a stage that holds exports its last weights, byte for byte those of the same stage without the
-hold."""
+"""Stages that hold what earlier stages gained (``hold:``): a break is caught and the export is the last checkpoint that
+held; a stage that holds exports its last weights, byte for byte those of the same stage without the hold.
+
+The tiny stage trains hard (world PickScore at weight -1, lr 3), but on the tiny world's 16 px images the held world
+PickScore only drifts by hundredths either way, and where that drift crosses a floor depends on the CPU's float
+order. The break tests therefore lower every check from iteration 2 on by :data:`DROP` (fixture ``drop_from_2``):
+the measured values still come from the real hold evaluation, and the break sits far from every floor."""
 
 from __future__ import annotations
 
@@ -13,11 +16,16 @@ from pydantic import ValidationError
 
 from tests.tiny_world import WORLD_PICK, Recorder, tiny_stage_config, write_tiny_world
 from vgrpo.checkpoints.state import LORA_FILE
+from vgrpo.training import stage as stage_module
 from vgrpo.training.hold import HoldConfig, HoldError, check_holds, held_values, kept_check
 from vgrpo.training.stage import StageCallbacks, run_stage
 from vgrpo.world.prompts import make_splits, make_validation, write_jsonl
 
 PICK = {"name": "pickscore", "key": "world_pickscore", "options": {"path": str(WORLD_PICK)}}
+TOLERANCE = 0.5
+"""The held world PickScore's tolerance: well above the drift (hundredths) of six iterations of the tiny stage."""
+DROP = 1.0
+"""What :func:`drop_from_2` takes off every held value from iteration 2 on: twice the tolerance."""
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +36,20 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _config(tolerance: float = 0.005, **hold: Any) -> Any:
-    """Six iterations that lower world PickScore (weight -1, lr 3), held on it, checked after every iteration."""
+@pytest.fixture
+def drop_from_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hold check from iteration 2 on sees its measured values minus :data:`DROP` (the reference, the check at
+    iteration 0, is measured as is): a stage whose hold breaks at iteration 2 on every CPU."""
+
+    def dropped(iteration: int, values: dict[str, float], reference: Any, tolerances: Any) -> dict[str, Any]:
+        lowered = {name: value - (DROP if iteration >= 2 else 0.0) for name, value in values.items()}
+        return check_holds(iteration, lowered, reference, tolerances)
+
+    monkeypatch.setattr(stage_module, "check_holds", dropped)
+
+
+def _config(tolerance: float = TOLERANCE, **hold: Any) -> Any:
+    """Six iterations on world PickScore (weight -1, lr 3), held on it, checked after every iteration."""
     return tiny_stage_config(
         iterations=6,
         checkpoint_every=2,
@@ -77,7 +97,7 @@ def _lora(path: Path) -> bytes:
     return (path / LORA_FILE).read_bytes()
 
 
-def test_a_broken_hold_is_caught_and_the_last_checkpoint_that_held_is_exported(world: Path) -> None:
+def test_a_broken_hold_is_caught_and_the_last_checkpoint_that_held_is_exported(world: Path, drop_from_2: None) -> None:
     seen = Holds()
     result = _run(world, _config(), "broken", seen)
     hold = result.hold
@@ -85,11 +105,12 @@ def test_a_broken_hold_is_caught_and_the_last_checkpoint_that_held_is_exported(w
     assert [c["iteration"] for c in checks] == [0, 1, 2, 3, 4, 5, 6] and seen.checks == checks
     assert hold["reference"] == checks[0]["values"]  # reference: stage_start, the check at iteration 0
     pick = [c["values"]["world_pickscore"] for c in checks]
-    # Measured on the 2-core machine: -5.7696 at the start, -5.768 after one step, then -5.779 .. -5.790.
-    assert pick[0] == pytest.approx(-5.7696, abs=1e-3)
+    assert pick[0] == pytest.approx(-5.7696, abs=1e-3)  # the tiny base's world PickScore, measured
+    assert abs(pick[1] - pick[0]) < TOLERANCE / 5  # one update, measured as is: it holds
     assert [c["holds"] for c in checks] == [True, True, False, False, False, False, False]
-    assert all(p < pick[0] - 0.005 for p in pick[2:])  # each broken check is under its floor
-    assert checks[2]["failed"] == {"world_pickscore": {"value": pick[2], "floor": pytest.approx(pick[0] - 0.005)}}
+    assert all(p < pick[0] - TOLERANCE for p in pick[2:])  # each broken check is under its floor
+    floor = pytest.approx(pick[0] - TOLERANCE)
+    assert checks[2]["failed"] == {"world_pickscore": {"value": pick[2], "floor": floor}}
     assert hold["kept_iteration"] == 1 and hold["stopped_at"] is None
     assert "iteration 1 is the last check that holds; iteration 2 broke the hold (world_pickscore" in hold["reason"]
     assert seen.kept == [hold] and len(result.history) == 6  # trained to the end: no stop_after
@@ -98,7 +119,7 @@ def test_a_broken_hold_is_caught_and_the_last_checkpoint_that_held_is_exported(w
 
 
 def test_a_stage_that_holds_exports_its_last_weights_as_without_the_hold(world: Path) -> None:
-    held = _run(world, _config(tolerance=10.0), "held")
+    held = _run(world, _config(), "held")  # the measured drift stays within the tolerance: every check holds
     assert all(c["holds"] for c in held.hold["checks"]) and held.hold["kept_iteration"] == 6
     assert held.hold["reason"] == "the last check (iteration 6) holds every held reward"
     plain = _run(world, _config().model_copy(update={"hold": None}), "plain")
@@ -107,7 +128,7 @@ def test_a_stage_that_holds_exports_its_last_weights_as_without_the_hold(world: 
     assert _lora(world / "out-held") == _lora(world / "out-plain") == _lora(world / "run-held/hold/iter-00006")
 
 
-def test_stop_after_stops_the_stage_and_a_rerun_trains_no_further(world: Path) -> None:
+def test_stop_after_stops_the_stage_and_a_rerun_trains_no_further(world: Path, drop_from_2: None) -> None:
     config = _config(stop_after=2)
     stopped = _run(world, config, "stop")
     assert len(stopped.history) == 3 and stopped.hold["stopped_at"] == 3  # checks 2 and 3 broke
@@ -207,7 +228,7 @@ def test_the_issues_headline_names_resolve_in_an_embedded_stage_evaluation() -> 
     }
 
 
-def test_a_killed_holding_stage_resumes_to_the_same_checks_and_export(world: Path) -> None:
+def test_a_killed_holding_stage_resumes_to_the_same_checks_and_export(world: Path, drop_from_2: None) -> None:
     from tests.tiny_world import KillAt, Killed
 
     uninterrupted = _run(world, _config(), "whole")
