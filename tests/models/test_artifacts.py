@@ -30,8 +30,10 @@ from vgrpo.samplers import euler_ode_sample
 BASE = Path(__file__).resolve().parents[2] / "models" / "embedded-base"
 PROMPTS = ["a red cube left of a blue ball", "the word STOP on a sign"]
 STEPS = 4
-LATENT_TOL = 1e-5
-"""Largest |latent difference| between diffusers' pipeline and the project's sampler (measured: below 1e-6)."""
+LATENT_TOL = 1e-4
+"""Largest |latent difference| allowed between diffusers' pipeline and the project's sampler: the float rounding of
+batched prompt encodes, which differs with the CPU's kernels (about 1e-5 at most), and far under what another grid
+or noise gives (over 0.1, the default call below)."""
 
 
 def _project_sample(pipe: StableDiffusion3Pipeline, seed: int) -> tuple[torch.Tensor, np.ndarray]:
