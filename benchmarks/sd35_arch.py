@@ -106,6 +106,9 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
         autocast=config.precision.autocast,
         gradient_checkpointing=config.precision.gradient_checkpointing,
         merged_lora=config.precision.merged_lora,
+        compile=config.precision.compile,
+        attention=config.precision.attention,
+        gelu=config.precision.gelu,
     )
     latent_shape = (16, latent, latent)
     algorithm = build_algorithm(config, policy=policy, latent_shape=latent_shape)

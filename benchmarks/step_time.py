@@ -33,7 +33,7 @@ from vgrpo.demo import toy_reward
 from vgrpo.images import tensor_to_images
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline
-from vgrpo.models.precision import apply_precision
+from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision, frozen_dtype
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
 from vgrpo.rewards import build_reward
 from vgrpo.training.iteration import build_optimizer, train_iteration
@@ -107,8 +107,15 @@ def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
 
 
 def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
-    """``method`` on ``args.pipeline`` as the embedded stages train it: params/models/embedded.yaml (LoRA r 32),
-    the world's GenEval train prompts, and the world GenEval reward on decoded samples."""
+    """:func:`pipeline_iteration`, timed."""
+    return _timed(args.iterations, **pipeline_iteration(method, args))
+
+
+def pipeline_iteration(method: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`vgrpo.training.iteration.train_iteration` for ``method`` on
+    ``args.pipeline`` as the embedded stages train it: params/models/embedded.yaml (LoRA r 32; with ``args.grid``
+    the comparison grid's stage config), ``args.precision`` (JSON) on top, the world's GenEval train prompts, and
+    the world GenEval reward on decoded samples."""
     preset, algorithm = algorithm_of(method)
     rollout = {"prompts_per_iteration": args.prompts, "group_size": args.group, "num_steps": args.steps}
     precision = json.loads(args.precision) if args.precision else {}
@@ -132,12 +139,16 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
             [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{preset}.yaml"],
             merge_overrides(model, {"rollout": rollout, "algorithm": algorithm, "precision": precision}),
         )
-    pipe = load_pipeline(args.pipeline)
+    pipe = load_pipeline(
+        args.pipeline,
+        dtype=WEIGHT_DTYPES[config.precision.lora_base_dtype],
+        frozen_dtype=frozen_dtype(config.precision.frozen_dtype, "cpu"),
+    )
     assert config.lora is not None
     add_lora(
         pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules
     )
-    adapter, policy = build_adapter(pipe)
+    adapter, policy = build_adapter(pipe, precision=config.precision)
     policy = apply_precision(
         policy,
         pipe.transformer,
@@ -145,6 +156,8 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
         gradient_checkpointing=config.precision.gradient_checkpointing,
         merged_lora=config.precision.merged_lora,
         compile=config.precision.compile,
+        attention=config.precision.attention,
+        gelu=config.precision.gelu,
     )
     rows = [r for r in read_jsonl(ROOT / "data/world/train.jsonl") if r["tag"] in GENEVAL_TAGS][: args.prompts]
     prompts = [str(r["prompt"]) for r in rows]
@@ -160,18 +173,17 @@ def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     optimizer = build_optimizer(policy, config.optim)
     generator = torch.Generator().manual_seed(0)
     cond = adapter.encode_prompts(prompts)
-    return _timed(
-        args.iterations,
-        policy=policy,
-        algorithm=built,
-        optimizer=optimizer,
-        reward_fn=reward_fn,
-        prompts=prompts,
-        cond=cond,
-        config=config,
-        latent_shape=adapter.latent_shape,
-        generator=generator,
-    )
+    return {
+        "policy": policy,
+        "algorithm": built,
+        "optimizer": optimizer,
+        "reward_fn": reward_fn,
+        "prompts": prompts,
+        "cond": cond,
+        "config": config,
+        "latent_shape": adapter.latent_shape,
+        "generator": generator,
+    }
 
 
 def main() -> None:

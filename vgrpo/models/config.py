@@ -71,7 +71,32 @@ class PrecisionConfig(FrozenConfig):
         "re-encoded when met again); 0 = no cache. With drop_after_encoding it must hold the whole prompt set.",
     )
 
-    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"compile": False, "merged_lora": False, "lora_base_dtype": "fp32"}
+    attention: Literal["auto", "flash", "math"] = Field(
+        "auto",
+        description="The kernel of scaled-dot-product attention in the transformer's forwards: auto = torch's "
+        "dispatch (the fused flash kernel where it applies), math = the unfused matmul-softmax-matmul path (on the "
+        "CPU under bf16 autocast, whose flash backward is slow, the faster one for training).",
+    )
+    gelu: Literal["tanh", "sigmoid"] = Field(
+        "tanh",
+        description="How the feed-forwards' tanh-approximate GELU is computed: tanh = torch's kernel, sigmoid = the "
+        "same function as x sigmoid(2 z) (vgrpo.models.gelu), which compiles into one fused kernel 2.6x faster on "
+        "the CPU; needs compile: true (eagerly it is slower).",
+    )
+
+    @model_validator(mode="after")
+    def _check_gelu_compiled(self) -> PrecisionConfig:
+        if self.gelu == "sigmoid" and not self.compile:
+            raise ValueError("gelu: sigmoid needs compile: true (eagerly the sigmoid form is slower than tanh)")
+        return self
+
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {
+        "compile": False,
+        "merged_lora": False,
+        "lora_base_dtype": "fp32",
+        "attention": "auto",
+        "gelu": "tanh",
+    }
 
 
 class EmbeddedModelConfig(FrozenConfig):

@@ -10,15 +10,17 @@ who sampled in bf16 and trained in fp32 saw on-policy ratios far from 1 (``tests
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from vgrpo.models.gelu import use_sigmoid_gelu
 from vgrpo.models.merged_lora import MergedLoRAVelocity
 from vgrpo.policy import Conditioning
 
-__all__ = ["WEIGHT_DTYPES", "AutocastVelocity", "apply_precision", "frozen_dtype"]
+__all__ = ["WEIGHT_DTYPES", "AttentionKernelVelocity", "AutocastVelocity", "apply_precision", "frozen_dtype"]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -49,6 +51,26 @@ class AutocastVelocity(nn.Module):
         return v.float()
 
 
+class AttentionKernelVelocity(nn.Module):
+    """Runs ``policy`` with ``torch.nn.functional.scaled_dot_product_attention`` restricted to one kernel
+    (``precision.attention``): ``math`` is the unfused matmul-softmax-matmul, whose backward autograd derives from
+    those three ops; ``flash`` the fused kernel. The same kernel serves the no-grad and the gradient forwards, so the
+    behaviour policy's and the trained policy's surrogates agree on-policy."""
+
+    KERNELS: ClassVar[dict[str, SDPBackend]] = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION}
+
+    def __init__(self, policy: nn.Module, kernel: Literal["flash", "math"]):
+        super().__init__()
+        if kernel not in self.KERNELS:
+            raise ValueError(f"precision.attention must be auto, {', '.join(self.KERNELS)}; got {kernel!r}")
+        self.policy = policy
+        self.kernel = kernel
+
+    def forward(self, latents: Tensor, t: Tensor, cond: Conditioning) -> Tensor:
+        with sdpa_kernel([self.KERNELS[self.kernel]]):
+            return self.policy(latents, t, cond)
+
+
 def apply_precision(
     policy: nn.Module,
     transformer: nn.Module,
@@ -57,12 +79,20 @@ def apply_precision(
     gradient_checkpointing: bool,
     merged_lora: bool = False,
     compile: bool = False,
+    attention: Literal["auto", "flash", "math"] = "auto",
+    gelu: Literal["tanh", "sigmoid"] = "tanh",
 ) -> nn.Module:
     """The policy to train with ``precision`` settings (:class:`vgrpo.models.config.PrecisionConfig`): ``policy``
     itself for fp32, else wrapped in :class:`AutocastVelocity`; its no-grad forwards through merged LoRA weights
     (:class:`vgrpo.models.merged_lora.MergedLoRAVelocity`) when ``merged_lora``; turns on ``transformer``'s
     gradient checkpointing (diffusers' ``enable_gradient_checkpointing``) when asked, and compiles ``transformer``
-    in place (``nn.Module.compile``: the state dict keeps its names) when ``compile``."""
+    in place (``nn.Module.compile``: the state dict keeps its names) when ``compile``; restricts attention to one
+    kernel (:class:`AttentionKernelVelocity`) unless ``attention`` is ``auto``; computes the feed-forwards'
+    GELU in its sigmoid form (:mod:`vgrpo.models.gelu`) when ``gelu`` is ``sigmoid``."""
+    if gelu not in ("tanh", "sigmoid"):
+        raise ValueError(f"precision.gelu must be tanh or sigmoid, got {gelu!r}")
+    if gelu == "sigmoid":
+        use_sigmoid_gelu(transformer)
     if compile:
         transformer.compile()
     if merged_lora:
@@ -72,6 +102,8 @@ def apply_precision(
         if enable is None:
             raise ValueError(f"{type(transformer).__name__} does not support gradient checkpointing")
         enable()
+    if attention != "auto":
+        policy = AttentionKernelVelocity(policy, attention)
     if autocast == "fp32":
         return policy
     if autocast not in AUTOCAST_DTYPES:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from vgrpo.advantages import compute_advantages, unscored_samples
 from vgrpo.algorithms.base import Algorithm, Payload, Rollout
@@ -61,6 +62,11 @@ class IterationRecord:
     metrics: dict[str, float]
     rewards: dict[str, Tensor]
     samples: Tensor
+
+
+PHASE_LABEL = {phase: f"vgrpo/{phase}" for phase in ("rollout", "reward", "prepare", "update")}
+"""The profiler's label of each phase's region (``torch.profiler.record_function``; free when no profiler runs):
+what :mod:`benchmarks.profile` attributes each operator's time by."""
 
 
 def _clock(device: torch.device) -> float:
@@ -172,7 +178,8 @@ def rollout_batch(
     else:
         noise = torch.randn(len(prompts) * group_size, *latent_shape, generator=generator)
     noise = noise[samples].to(device)
-    rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
+    with record_function(PHASE_LABEL["rollout"]):
+        rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
     return RolloutBatch(
         rollout=rollout,
         prompts=list(prompts),
@@ -236,7 +243,8 @@ def update_policy(
         clamp=advantage.clamp,
     )
     check_finite("advantages", adv.advantages)
-    prepared = algorithm.prepare(policy, batch.rollout, batch.sample_cond, adv.advantages[samples], batch.generator)
+    with record_function(PHASE_LABEL["prepare"]):
+        prepared = algorithm.prepare(policy, batch.rollout, batch.sample_cond, adv.advantages[samples], batch.generator)
     _check_prepared(prepared.payload, dist)
     t3 = _clock(device)
 
@@ -245,7 +253,8 @@ def update_policy(
     schedule = minibatch_schedule(num_samples, optim.minibatches, optim.gradient_steps, batch.generator)
     for step, idx in enumerate(schedule):
         optimizer.zero_grad(set_to_none=True)
-        step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, prepared, idx, step))
+        with record_function(PHASE_LABEL["update"]):
+            step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, prepared, idx, step))
         dist.average_gradients(params)  # before clipping, so every rank clips and steps the same gradient
         grad_norm = clip_gradients(params, optim)
         if not torch.isfinite(grad_norm):  # no step: this iteration is skipped (vgrpo.training.guards)
@@ -314,7 +323,9 @@ def train_iteration(
         group_noise=config.rollout.group_noise,
     )
     t1 = time.perf_counter()
-    rewards = gather_rewards(batch, reward_fn(batch.rollout.samples, batch.sample_prompts), algorithm.dist)
+    with record_function(PHASE_LABEL["reward"]):
+        scores = reward_fn(batch.rollout.samples, batch.sample_prompts)
+    rewards = gather_rewards(batch, scores, algorithm.dist)
     weights = reward_weights if reward_weights is not None else config.advantage.weights
     return update_policy(
         policy=policy,

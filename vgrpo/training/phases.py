@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from vgrpo.algorithms import Algorithm, build_algorithm
 from vgrpo.checkpoints.state import Checkpointed, load_lora_into, save_lora
@@ -45,7 +46,14 @@ from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.seeding import derive_seed
 from vgrpo.training.ema import PolicyEMA, maybe_swapped_in
 from vgrpo.training.guards import NonFiniteError
-from vgrpo.training.iteration import RolloutBatch, build_optimizer, gather_rewards, rollout_batch, update_policy
+from vgrpo.training.iteration import (
+    PHASE_LABEL,
+    RolloutBatch,
+    build_optimizer,
+    gather_rewards,
+    rollout_batch,
+    update_policy,
+)
 from vgrpo.training.prompt_rows import evaluation_rows, sample_prompt_rows
 from vgrpo.training.stage_evaluator import build_evaluator
 
@@ -145,6 +153,8 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
         gradient_checkpointing=config.precision.gradient_checkpointing,
         merged_lora=config.precision.merged_lora,
         compile=config.precision.compile,
+        attention=config.precision.attention,
+        gelu=config.precision.gelu,
     )
     return pipe, adapter, policy
 
@@ -228,13 +238,14 @@ def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
     A reward that returns NaN or Inf on any rank stops the phase on every rank with
     :class:`vgrpo.training.guards.NonFiniteError` naming the reward (a flag reduced over ranks, so all ranks skip)."""
     t0 = time.perf_counter()
-    with torch.no_grad():
-        images = stage.adapter.decode_samples(rolled.batch.rollout.samples)  # a video family's: frames
     rewards, out, failure = stage.rewards, None, None
-    try:
-        out = rewards(images, rolled.batch.sample_prompts, rolled.sample_rows if rewards.needs_metadata else None)
-    except NonFiniteRewardError as exc:
-        failure = exc
+    with record_function(PHASE_LABEL["reward"]):
+        with torch.no_grad():
+            images = stage.adapter.decode_samples(rolled.batch.rollout.samples)  # a video family's: frames
+        try:
+            out = rewards(images, rolled.batch.sample_prompts, rolled.sample_rows if rewards.needs_metadata else None)
+        except NonFiniteRewardError as exc:
+            failure = exc
     if stage.dist.any(failure is not None):
         quantity = failure.quantity if failure is not None else "reward (on another rank)"
         details = failure.details if failure is not None else {}

@@ -1,0 +1,484 @@
+"""Where one training iteration's time goes, per phase: the share of matmuls, attention, elementwise work, norms,
+copies and dispatch, each category's rate, and the rate the iteration's own matmul shapes reach alone.
+
+    python -m benchmarks.profile                                   # V-GRPO on the embedded base, shipped settings
+    python -m benchmarks.profile --method flow_grpo --precision '{"autocast": "bf16", "lora_base_dtype": "bf16"}'
+    python -m benchmarks.profile --json /tmp/profile.json --markdown /tmp/profile.md
+
+The iteration is :mod:`benchmarks.step_time`'s on ``--pipeline`` (the comparison grid's stage config, 8 prompts x 8,
+T = 10). After ``--warmup`` iterations, ``--iterations`` run under ``torch.profiler``; each operator's self time
+is attributed to the phase whose region encloses it (:data:`vgrpo.training.iteration.PHASE_LABEL`) and to a
+category (:data:`CATEGORIES`). Dispatch is the phase's wall time that no operator's self time covers (Python,
+autograd bookkeeping, the profiler's own cost) plus the view-like operators that move no data. Rates: matmuls and
+convolutions in GFLOP/s (the profiler's FLOP counts), attention in GFLOP/s (the flash kernels' FLOPs, as
+:mod:`benchmarks.flops` counts them; under ``attention: math`` its forward matmuls count as attention, its backward
+ones as matmuls), the rest in GB/s of operands read and written.
+
+The per-shape ceiling: every distinct matmul of the profiled iterations (operator, operand shapes and dtypes) is
+timed alone on fresh contiguous operands in this process (the best of ``--shape-repeats``); the ceiling is the rate
+at which the iteration's matmul FLOPs would run if each ran at its own shape's rate. Beside it the square
+``torch.mm`` ceiling of :mod:`benchmarks.roofline`. The profiler's bookkeeping slows an iteration (a few percent):
+the seconds here are for shares, :mod:`benchmarks.roofline` times the iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+from benchmarks.common import METHODS as COMPARED
+from benchmarks.flops import ceilings
+from vgrpo.training.iteration import PHASE_LABEL, train_iteration
+
+PHASES = tuple(PHASE_LABEL)
+
+MATMULS = frozenset(
+    {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_addmm_activation"}
+)
+CONVOLUTIONS = frozenset(
+    {
+        "aten::conv2d",
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::mkldnn_convolution",
+        "aten::convolution_backward",
+    }
+)
+FLASH = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "forward",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "backward",
+    "aten::_scaled_dot_product_flash_attention": "forward",
+    "aten::_scaled_dot_product_flash_attention_backward": "backward",
+}
+ATTENTION_ROOTS = frozenset({"aten::_scaled_dot_product_attention_math", *FLASH})
+SOFTMAX = frozenset({"aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax"})
+NORMS = frozenset(
+    {
+        "aten::native_layer_norm",
+        "aten::native_layer_norm_backward",
+        "aten::native_group_norm",
+        "aten::native_group_norm_backward",
+        "aten::_fused_rms_norm",
+        "aten::_fused_rms_norm_backward",
+    }
+)
+COPIES = frozenset(
+    {
+        "aten::copy_",
+        "aten::cat",
+        "aten::stack",
+        "aten::clone",
+        "aten::contiguous",
+        "aten::index",
+        "aten::index_select",
+        "aten::repeat_interleave",
+        "aten::repeat",
+        "aten::_to_copy",
+        "aten::constant_pad_nd",
+        "aten::narrow_copy",
+        "aten::index_put_",
+        "aten::_index_put_impl_",
+    }
+)
+VIEWS = frozenset(
+    {
+        "aten::view",
+        "aten::reshape",
+        "aten::_reshape_alias",
+        "aten::_unsafe_view",
+        "aten::transpose",
+        "aten::t",
+        "aten::permute",
+        "aten::expand",
+        "aten::as_strided",
+        "aten::slice",
+        "aten::select",
+        "aten::unsqueeze",
+        "aten::squeeze",
+        "aten::chunk",
+        "aten::split",
+        "aten::split_with_sizes",
+        "aten::unbind",
+        "aten::alias",
+        "aten::detach",
+        "aten::detach_",
+        "aten::lift_fresh",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::resolve_conj",
+        "aten::resolve_neg",
+        "aten::to",
+        "aten::flatten",
+        "aten::unflatten",
+        "aten::view_as",
+        "aten::expand_as",
+        "aten::result_type",
+        "aten::item",
+        "aten::_local_scalar_dense",
+        "aten::is_nonzero",
+        "aten::numpy_T",
+        "aten::matmul",
+        "aten::linear",
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_attention_math",
+        "aten::dropout",
+    }
+)
+CATEGORIES = ("matmul", "attention", "elementwise", "norm", "copy", "convolution", "compiled", "dispatch")
+"""``compiled``: the fused kernels of ``torch.compile`` (inductor's C++ kernels, profiled by name)."""
+
+DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1}
+TORCH_DTYPES = {"float": torch.float32, "c10::BFloat16": torch.bfloat16, "c10::Half": torch.float16}
+
+
+def _phase_of(event: Any) -> str | None:
+    """The phase whose region encloses ``event`` (walking its CPU parents), or None."""
+    labels = {label: phase for phase, label in PHASE_LABEL.items()}
+    node = event.cpu_parent
+    while node is not None:
+        if node.name in labels:
+            return labels[node.name]
+        node = node.cpu_parent
+    return None
+
+
+def _inside_attention(event: Any) -> bool:
+    node = event.cpu_parent
+    while node is not None:
+        if node.name in ATTENTION_ROOTS:
+            return True
+        node = node.cpu_parent
+    return False
+
+
+def category(event: Any) -> str:
+    """An operator's :data:`CATEGORIES` entry by its name (and, for a matmul or softmax, by whether it runs inside
+    an attention call)."""
+    name = event.name
+    if name in FLASH or name in SOFTMAX:
+        return "attention"
+    if name in MATMULS:
+        return "attention" if _inside_attention(event) else "matmul"
+    if name in CONVOLUTIONS:
+        return "convolution"
+    if name in NORMS:
+        return "norm"
+    if name in COPIES:
+        return "copy"
+    if name in VIEWS or not name.startswith("aten::"):
+        return "compiled" if "cpp_fused" in name or name.startswith("graph_") else "dispatch"
+    return "elementwise"
+
+
+def operand_bytes(event: Any) -> int:
+    """Bytes of the tensors an operator reads, plus its largest operand's once more for what it writes (an
+    estimate: an elementwise result is the size of its largest input)."""
+    sizes = []
+    for shape, dtype in zip(event.input_shapes or [], event.input_dtypes or [], strict=False):
+        if isinstance(shape, list) and shape and all(isinstance(d, int) for d in shape):
+            sizes.append(math.prod(shape) * DTYPE_BYTES.get(dtype, 4))
+    return sum(sizes) + max(sizes, default=0)
+
+
+def attention_flops(event: Any) -> int:
+    """The flash kernels' FLOPs from their operand shapes (``4 b h s_q s_k d`` forward, 2.5x that backward)."""
+    shapes = event.input_shapes
+    if FLASH.get(event.name) == "forward":
+        return int(sdpa_flop_count(shapes[0], shapes[1], shapes[2]))
+    if FLASH.get(event.name) == "backward":
+        return int(sdpa_backward_flop_count(shapes[0], shapes[1], shapes[2], shapes[3]))
+    return int(event.flops or 0)
+
+
+def attribute(events: Iterable[Any]) -> dict[str, Any]:
+    """Per phase: wall microseconds (its regions' durations), and per category self microseconds, calls, FLOPs and
+    bytes (FLOPs and bytes where the profiler recorded shapes); ``shapes``: the matmuls by (operator, shapes,
+    dtypes) with their calls and FLOPs."""
+    wall: dict[str, float] = defaultdict(float)
+    table: dict[str, dict[str, dict[str, float]]] = {
+        p: {c: {"us": 0.0, "calls": 0, "flops": 0, "bytes": 0} for c in CATEGORIES} for p in PHASES
+    }
+    shapes: dict[tuple[str, str, str], dict[str, float]] = defaultdict(lambda: {"calls": 0, "flops": 0})
+    operators: dict[tuple[str, str], float] = defaultdict(float)
+    labels = {label: phase for phase, label in PHASE_LABEL.items()}
+    for event in events:
+        if event.name in labels:
+            wall[labels[event.name]] += event.cpu_time_total
+            continue
+        phase = _phase_of(event)
+        if phase is None:
+            continue
+        cat = category(event)
+        cell = table[phase][cat]
+        cell["us"] += event.self_cpu_time_total
+        cell["calls"] += 1
+        operators[(event.name, cat)] += event.self_cpu_time_total
+        if not event.input_shapes:
+            continue
+        if cat in ("matmul", "convolution", "attention"):
+            cell["flops"] += attention_flops(event) if cat == "attention" else int(event.flops or 0)
+        elif cat not in ("dispatch", "compiled"):
+            cell["bytes"] += operand_bytes(event)
+        if cat == "matmul":
+            key = (event.name, json.dumps(event.input_shapes), json.dumps(event.input_dtypes))
+            shapes[key]["calls"] += 1
+            shapes[key]["flops"] += int(event.flops or 0)
+    for phase in PHASES:  # what no operator's self time covers is dispatch
+        covered = sum(c["us"] for c in table[phase].values())
+        table[phase]["dispatch"]["us"] += max(0.0, wall[phase] - covered)
+    top = sorted(operators.items(), key=lambda kv: -kv[1])
+    return {
+        "wall_us": dict(wall),
+        "table": table,
+        "shapes": dict(shapes),
+        "operators": [{"op": name, "category": cat, "us": us} for (name, cat), us in top],
+    }
+
+
+def _operands(name: str, shapes: Sequence[Any], dtypes: Sequence[str]) -> list[torch.Tensor] | None:
+    """Fresh contiguous operands for one matmul call as the profiler recorded it, or None if it cannot be rebuilt."""
+    g = torch.Generator().manual_seed(0)
+    tensors = []
+    for shape, dtype in zip(shapes, dtypes, strict=False):
+        if not (isinstance(shape, list) and shape):
+            continue
+        tensors.append(torch.randn(*shape, generator=g, dtype=TORCH_DTYPES.get(dtype, torch.float32)))
+    expected = {"aten::mm": 2, "aten::bmm": 2, "aten::addmm": 3, "aten::baddbmm": 3, "aten::addbmm": 3}
+    return tensors if len(tensors) == expected.get(name, -1) else None
+
+
+def shape_rate(name: str, shapes: Sequence[Any], dtypes: Sequence[str], repeats: int) -> float | None:
+    """GFLOP/s of one matmul shape alone (the best of ``repeats`` after a warm-up), or None if not rebuilt."""
+    operands = _operands(name, shapes, dtypes)
+    if operands is None:
+        return None
+    op = getattr(torch, name.removeprefix("aten::"))
+    if name in ("aten::mm", "aten::bmm"):
+        m, k = operands[0].shape[-2:]
+        n = operands[1].shape[-1]
+        batch = operands[0].shape[0] if name == "aten::bmm" else 1
+    else:
+        m, k = operands[1].shape[-2:]
+        n = operands[2].shape[-1]
+        batch = operands[1].shape[0] if name == "aten::baddbmm" else 1
+    flops = 2 * batch * m * k * n
+    op(*operands)
+    best = math.inf
+    calls = max(1, int(2e8 // max(flops, 1)))  # about 0.5 ms of work a timing at least
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            op(*operands)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return flops / best / 1e9
+
+
+def per_shape_ceiling(shapes: Mapping[tuple[str, str, str], Mapping[str, float]], repeats: int) -> dict[str, Any]:
+    """The rate (GFLOP/s) the iteration's matmul FLOPs reach if each shape runs at its own rate alone, with each
+    shape's rate (the shapes that could not be rebuilt, and their FLOPs' share, are named)."""
+    rows, seconds, counted, skipped = [], 0.0, 0, 0
+    for (name, shapes_json, dtypes_json), use in sorted(shapes.items(), key=lambda kv: -kv[1]["flops"]):
+        rate = shape_rate(name, json.loads(shapes_json), json.loads(dtypes_json), repeats)
+        if rate is None or use["flops"] == 0:
+            skipped += int(use["flops"])
+            continue
+        seconds += use["flops"] / (rate * 1e9)
+        counted += int(use["flops"])
+        rows.append({"op": name, "shapes": shapes_json, "dtypes": dtypes_json, "calls": use["calls"], "gflops": rate})
+    total = counted + skipped
+    return {
+        "gflops": counted / seconds / 1e9 if seconds else 0.0,
+        "shapes": rows,
+        "skipped_flops_share": skipped / total if total else 0.0,
+    }
+
+
+def summarize(
+    timed: Mapping[str, Any], counted: Mapping[str, Any], iterations: int, ceiling: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Per phase and for the iteration (the phases' sum): seconds per iteration under the profiler, and per category
+    its share of them and its rate; the iteration's model rate (matmul, attention and convolution FLOPs over its
+    seconds) against the per-shape ceiling. ``timed``: :func:`attribute` of ``iterations`` iterations profiled
+    without shapes (the seconds); ``counted``: of one iteration profiled with shapes and FLOPs (the work)."""
+    out: dict[str, Any] = {}
+    for phase in (*PHASES, "iteration"):
+        phases = PHASES if phase == "iteration" else (phase,)
+        wall = sum(timed["wall_us"].get(p, 0.0) for p in phases) / 1e6 / iterations
+        cats: dict[str, dict[str, float | None]] = {}
+        for cat in CATEGORIES:
+            seconds = sum(timed["table"][p][cat]["us"] for p in phases) / 1e6 / iterations
+            flops = sum(counted["table"][p][cat]["flops"] for p in phases)
+            data = sum(counted["table"][p][cat]["bytes"] for p in phases)
+            if cat == "matmul" and not sum(timed["table"][p]["attention"]["us"] for p in phases):
+                # compiled: the attention's matmuls run as plain matmuls, its softmax inside fused kernels
+                flops += sum(counted["table"][p]["attention"]["flops"] for p in phases)
+            rate: float | None = None
+            if seconds and cat in ("matmul", "attention", "convolution"):
+                rate = flops / seconds / 1e9
+            elif seconds and cat in ("elementwise", "norm", "copy"):
+                rate = data / seconds / 1e9
+            cats[cat] = {"seconds": seconds, "share": seconds / wall if wall else 0.0, "rate": rate}
+        model_flops = sum(
+            counted["table"][p][c]["flops"] for p in phases for c in ("matmul", "attention", "convolution")
+        )
+        gflops = model_flops / wall / 1e9 if wall else 0.0
+        out[phase] = {
+            "seconds": wall,
+            "gflop": model_flops / 1e9,
+            "gflops": gflops,
+            "of_shape_ceiling": gflops / ceiling["gflops"] if ceiling["gflops"] else 0.0,
+            "categories": cats,
+        }
+    return out
+
+
+TOP_OPERATORS = 15
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """The profile table: a row per phase, a column per category (share of the phase's time, and its rate)."""
+    ceiling, squares = report["shape_ceiling"], report["ceilings"]
+    skipped = ceiling["skipped_flops_share"]
+    lines = [
+        f"`{report['command']}` ({report['cpu']}, {report['threads']} threads, {report['iterations']} profiled "
+        f"iterations after {report['warmup']}; precision {json.dumps(report['precision'])}).",
+        "",
+        f"The iteration: {report['unprofiled_seconds']:.2f} s without the profiler, "
+        f"{report['phases']['iteration']['seconds']:.2f} s under it (the seconds below).",
+        "",
+        f"Per-shape matmul ceiling: **{ceiling['gflops']:.0f} GFLOP/s** ({len(ceiling['shapes'])} shapes timed alone"
+        + (f"; {skipped:.0%} of the FLOPs in shapes not rebuilt" if skipped else "")
+        + f"); square `torch.mm`: fp32 {squares['fp32']:.0f}, bf16 {squares['bf16']:.0f} GFLOP/s.",
+        "",
+        "Each cell: the category's share of the phase's time, and its rate (GFLOP/s for matmul, attention, "
+        "convolution; GB/s of operands for elementwise, norm, copy).",
+        "",
+        "| phase | s | GFLOP/s (of per-shape ceiling) | " + " | ".join(CATEGORIES) + " |",
+        "|---|---:|---:|" + "---:|" * len(CATEGORIES),
+    ]
+    for phase, row in report["phases"].items():
+        cells = []
+        for cat in CATEGORIES:
+            c = row["categories"][cat]
+            rate = "" if c["rate"] is None else f" ({c['rate']:.0f})"
+            cells.append(f"{c['share']:.0%}{rate}" if c["seconds"] else "")
+        lines.append(
+            f"| {phase} | {row['seconds']:.3f} | {row['gflops']:.0f} ({row['of_shape_ceiling']:.0%}) | "
+            + " | ".join(cells)
+            + " |"
+        )
+    whole = report["phases"]["iteration"]["seconds"]
+    lines += ["", f"The {TOP_OPERATORS} operators with the most self time in the iteration:", ""]
+    lines += ["| operator | category | s | share |", "|---|---|---:|---:|"]
+    lines += [
+        f"| `{row['op']}` | {row['category']} | {row['seconds']:.3f} | {row['seconds'] / whole:.1%} |"
+        for row in report["operators"]
+    ]
+    lines += ["", "The matmul shapes by FLOPs (the first 8): rate alone, GFLOP/s", ""]
+    lines += [f"- `{r['op']}` {r['shapes']} {r['dtypes']}: {r['gflops']:.0f}" for r in ceiling["shapes"][:8]]
+    return "\n".join(lines) + "\n"
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.step_time import pipeline_iteration
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--method", choices=COMPARED, default="vgrpo")
+    parser.add_argument("--pipeline", default="models/embedded-base")
+    parser.add_argument("--precision", default="{}", help="JSON for the precision section")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2, help="iterations before the profiled ones")
+    parser.add_argument("--iterations", type=int, default=2, help="profiled iterations")
+    parser.add_argument("--shape-repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    for name in ("warmup", "iterations", "steps", "prompts", "group", "threads", "shape_repeats"):
+        if getattr(args, name) < (0 if name == "warmup" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'warmup' else 1}")
+    try:
+        precision = json.loads(args.precision)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--precision is not JSON: {exc}")
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    setup = argparse.Namespace(
+        pipeline=args.pipeline,
+        grid=True,
+        prompts=args.prompts,
+        group=args.group,
+        steps=args.steps,
+        precision=json.dumps(precision),
+    )
+    iteration = pipeline_iteration(args.method, setup)
+    if precision.get("compile"):  # inductor's C++ kernels as profiler events of their own
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
+    for it in range(args.warmup):
+        train_iteration(**iteration, iteration=it)
+    plain = range(args.warmup, args.warmup + args.iterations)
+    unprofiled = [train_iteration(**iteration, iteration=it).metrics["time/total_s"] for it in plain]
+    # Shapes and FLOPs cost the profiler several times the iteration's time: the seconds come from a pass without.
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for it in range(plain.stop, plain.stop + args.iterations):
+            train_iteration(**iteration, iteration=it)
+    timed = attribute(prof.events())
+    it = plain.stop + args.iterations
+    # Compiled graphs call their matmuls without recording shapes: the work is counted on the same iteration run
+    # eagerly (the same operators before fusion).
+    stance = torch.compiler.set_stance("force_eager") if precision.get("compile") else contextlib.nullcontext()
+    with stance, profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        train_iteration(**iteration, iteration=it)
+    counted = attribute(prof.events())
+    ceiling = per_shape_ceiling(counted["shapes"], args.shape_repeats)
+    report = {
+        "command": " ".join(["python -m benchmarks.profile", *(argv if argv is not None else sys.argv[1:])]),
+        "cpu": cpu_name(),
+        "threads": args.threads,
+        "method": args.method,
+        "precision": precision,
+        "warmup": args.warmup,
+        "iterations": args.iterations,
+        "ceilings": ceilings("cpu"),
+        "shape_ceiling": ceiling,
+        "unprofiled_seconds": sorted(unprofiled)[len(unprofiled) // 2],
+        "phases": summarize(timed, counted, args.iterations, ceiling),
+        "operators": [
+            {**row, "seconds": row.pop("us") / 1e6 / args.iterations} for row in timed["operators"][:TOP_OPERATORS]
+        ],
+    }
+    text = markdown(report)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
