@@ -26,122 +26,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
-import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from benchmarks.common import METHODS as COMPARED
 from benchmarks.flops import ceilings
+from benchmarks.operator_categories import CATEGORIES, attention_flops, category, operand_bytes
+from benchmarks.shape_ceiling import per_shape_ceiling
 from vgrpo.training.iteration import PHASE_LABEL, train_iteration
 
 PHASES = tuple(PHASE_LABEL)
-
-MATMULS = frozenset(
-    {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_addmm_activation"}
-)
-CONVOLUTIONS = frozenset(
-    {
-        "aten::conv2d",
-        "aten::convolution",
-        "aten::_convolution",
-        "aten::mkldnn_convolution",
-        "aten::convolution_backward",
-    }
-)
-FLASH = {
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "forward",
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "backward",
-    "aten::_scaled_dot_product_flash_attention": "forward",
-    "aten::_scaled_dot_product_flash_attention_backward": "backward",
-}
-ATTENTION_ROOTS = frozenset({"aten::_scaled_dot_product_attention_math", *FLASH})
-SOFTMAX = frozenset({"aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax"})
-NORMS = frozenset(
-    {
-        "aten::native_layer_norm",
-        "aten::native_layer_norm_backward",
-        "aten::native_group_norm",
-        "aten::native_group_norm_backward",
-        "aten::_fused_rms_norm",
-        "aten::_fused_rms_norm_backward",
-    }
-)
-COPIES = frozenset(
-    {
-        "aten::copy_",
-        "aten::cat",
-        "aten::stack",
-        "aten::clone",
-        "aten::contiguous",
-        "aten::index",
-        "aten::index_select",
-        "aten::repeat_interleave",
-        "aten::repeat",
-        "aten::_to_copy",
-        "aten::constant_pad_nd",
-        "aten::narrow_copy",
-        "aten::index_put_",
-        "aten::_index_put_impl_",
-    }
-)
-VIEWS = frozenset(
-    {
-        "aten::view",
-        "aten::reshape",
-        "aten::_reshape_alias",
-        "aten::_unsafe_view",
-        "aten::transpose",
-        "aten::t",
-        "aten::permute",
-        "aten::expand",
-        "aten::as_strided",
-        "aten::slice",
-        "aten::select",
-        "aten::unsqueeze",
-        "aten::squeeze",
-        "aten::chunk",
-        "aten::split",
-        "aten::split_with_sizes",
-        "aten::unbind",
-        "aten::alias",
-        "aten::detach",
-        "aten::detach_",
-        "aten::lift_fresh",
-        "aten::empty",
-        "aten::empty_like",
-        "aten::empty_strided",
-        "aten::resolve_conj",
-        "aten::resolve_neg",
-        "aten::to",
-        "aten::flatten",
-        "aten::unflatten",
-        "aten::view_as",
-        "aten::expand_as",
-        "aten::result_type",
-        "aten::item",
-        "aten::_local_scalar_dense",
-        "aten::is_nonzero",
-        "aten::numpy_T",
-        "aten::matmul",
-        "aten::linear",
-        "aten::scaled_dot_product_attention",
-        "aten::_scaled_dot_product_attention_math",
-        "aten::dropout",
-    }
-)
-CATEGORIES = ("matmul", "attention", "elementwise", "norm", "copy", "convolution", "compiled", "dispatch")
-"""``compiled``: the fused kernels of ``torch.compile`` (inductor's C++ kernels, profiled by name)."""
-
-DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1}
-TORCH_DTYPES = {"float": torch.float32, "c10::BFloat16": torch.bfloat16, "c10::Half": torch.float16}
 
 
 def _phase_of(event: Any) -> str | None:
@@ -153,54 +53,6 @@ def _phase_of(event: Any) -> str | None:
             return labels[node.name]
         node = node.cpu_parent
     return None
-
-
-def _inside_attention(event: Any) -> bool:
-    node = event.cpu_parent
-    while node is not None:
-        if node.name in ATTENTION_ROOTS:
-            return True
-        node = node.cpu_parent
-    return False
-
-
-def category(event: Any) -> str:
-    """An operator's :data:`CATEGORIES` entry by its name (and, for a matmul or softmax, by whether it runs inside
-    an attention call)."""
-    name = event.name
-    if name in FLASH or name in SOFTMAX:
-        return "attention"
-    if name in MATMULS:
-        return "attention" if _inside_attention(event) else "matmul"
-    if name in CONVOLUTIONS:
-        return "convolution"
-    if name in NORMS:
-        return "norm"
-    if name in COPIES:
-        return "copy"
-    if name in VIEWS or not name.startswith("aten::"):
-        return "compiled" if "cpp_fused" in name or name.startswith("graph_") else "dispatch"
-    return "elementwise"
-
-
-def operand_bytes(event: Any) -> int:
-    """Bytes of the tensors an operator reads, plus its largest operand's once more for what it writes (an
-    estimate: an elementwise result is the size of its largest input)."""
-    sizes = []
-    for shape, dtype in zip(event.input_shapes or [], event.input_dtypes or [], strict=False):
-        if isinstance(shape, list) and shape and all(isinstance(d, int) for d in shape):
-            sizes.append(math.prod(shape) * DTYPE_BYTES.get(dtype, 4))
-    return sum(sizes) + max(sizes, default=0)
-
-
-def attention_flops(event: Any) -> int:
-    """The flash kernels' FLOPs from their operand shapes (``4 b h s_q s_k d`` forward, 2.5x that backward)."""
-    shapes = event.input_shapes
-    if FLASH.get(event.name) == "forward":
-        return int(sdpa_flop_count(shapes[0], shapes[1], shapes[2]))
-    if FLASH.get(event.name) == "backward":
-        return int(sdpa_backward_flop_count(shapes[0], shapes[1], shapes[2], shapes[3]))
-    return int(event.flops or 0)
 
 
 def attribute(events: Iterable[Any]) -> dict[str, Any]:
@@ -245,64 +97,6 @@ def attribute(events: Iterable[Any]) -> dict[str, Any]:
         "table": table,
         "shapes": dict(shapes),
         "operators": [{"op": name, "category": cat, "us": us} for (name, cat), us in top],
-    }
-
-
-def _operands(name: str, shapes: Sequence[Any], dtypes: Sequence[str]) -> list[torch.Tensor] | None:
-    """Fresh contiguous operands for one matmul call as the profiler recorded it, or None if it cannot be rebuilt."""
-    g = torch.Generator().manual_seed(0)
-    tensors = []
-    for shape, dtype in zip(shapes, dtypes, strict=False):
-        if not (isinstance(shape, list) and shape):
-            continue
-        tensors.append(torch.randn(*shape, generator=g, dtype=TORCH_DTYPES.get(dtype, torch.float32)))
-    expected = {"aten::mm": 2, "aten::bmm": 2, "aten::addmm": 3, "aten::baddbmm": 3, "aten::addbmm": 3}
-    return tensors if len(tensors) == expected.get(name, -1) else None
-
-
-def shape_rate(name: str, shapes: Sequence[Any], dtypes: Sequence[str], repeats: int) -> float | None:
-    """GFLOP/s of one matmul shape alone (the best of ``repeats`` after a warm-up), or None if not rebuilt."""
-    operands = _operands(name, shapes, dtypes)
-    if operands is None:
-        return None
-    op = getattr(torch, name.removeprefix("aten::"))
-    if name in ("aten::mm", "aten::bmm"):
-        m, k = operands[0].shape[-2:]
-        n = operands[1].shape[-1]
-        batch = operands[0].shape[0] if name == "aten::bmm" else 1
-    else:
-        m, k = operands[1].shape[-2:]
-        n = operands[2].shape[-1]
-        batch = operands[1].shape[0] if name == "aten::baddbmm" else 1
-    flops = 2 * batch * m * k * n
-    op(*operands)
-    best = math.inf
-    calls = max(1, int(2e8 // max(flops, 1)))  # about 0.5 ms of work a timing at least
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            op(*operands)
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return flops / best / 1e9
-
-
-def per_shape_ceiling(shapes: Mapping[tuple[str, str, str], Mapping[str, float]], repeats: int) -> dict[str, Any]:
-    """The rate (GFLOP/s) the iteration's matmul FLOPs reach if each shape runs at its own rate alone, with each
-    shape's rate (the shapes that could not be rebuilt, and their FLOPs' share, are named)."""
-    rows, seconds, counted, skipped = [], 0.0, 0, 0
-    for (name, shapes_json, dtypes_json), use in sorted(shapes.items(), key=lambda kv: -kv[1]["flops"]):
-        rate = shape_rate(name, json.loads(shapes_json), json.loads(dtypes_json), repeats)
-        if rate is None or use["flops"] == 0:
-            skipped += int(use["flops"])
-            continue
-        seconds += use["flops"] / (rate * 1e9)
-        counted += int(use["flops"])
-        rows.append({"op": name, "shapes": shapes_json, "dtypes": dtypes_json, "calls": use["calls"], "gflops": rate})
-    total = counted + skipped
-    return {
-        "gflops": counted / seconds / 1e9 if seconds else 0.0,
-        "shapes": rows,
-        "skipped_flops_share": skipped / total if total else 0.0,
     }
 
 

@@ -92,12 +92,17 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     )
 
 
-def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
+def _timed(iterations: int, warmup: int = 0, **iteration: Any) -> dict[str, float]:
     """Iteration 0 warms up with its FLOPs counted per phase (:func:`benchmarks.flops.counted_iteration`);
     ``iterations`` more are timed. Returns their median seconds per phase, the FLOPs, gradient steps and this
     process's peak RSS."""
-    _, flops = counted_iteration(**iteration, iteration=0)
-    rows = [train_iteration(**iteration, iteration=it).metrics for it in range(1, iterations + 1)]
+    # A FLOP counter (a dispatch mode) active at a compiled model's first call leaves it uncompiled for good (dynamo
+    # skips the frame): the counted iteration runs eagerly, the same operators, before anything compiles.
+    with torch.compiler.set_stance("force_eager"):
+        _, flops = counted_iteration(**iteration, iteration=0)
+    for it in range(1, warmup + 1):  # compiled: the graphs of every batch size and grad mode built before timing
+        train_iteration(**iteration, iteration=it)
+    rows = [train_iteration(**iteration, iteration=it).metrics for it in range(warmup + 1, warmup + iterations + 1)]
     out = summarize(rows, flops)
     out["gradient_steps"] = rows[0]["gradient_steps"]
     # memory_bounded: auto's choice, as the update logged it
@@ -108,7 +113,7 @@ def _timed(iterations: int, **iteration: Any) -> dict[str, float]:
 
 def run_pipeline(method: str, args: argparse.Namespace) -> dict[str, float]:
     """:func:`pipeline_iteration`, timed."""
-    return _timed(args.iterations, **pipeline_iteration(method, args))
+    return _timed(args.iterations, args.warmup, **pipeline_iteration(method, args))
 
 
 def pipeline_iteration(method: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -189,6 +194,9 @@ def pipeline_iteration(method: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="untimed iterations after the counted warm-up (compiled models)"
+    )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)
@@ -217,7 +225,7 @@ def main() -> None:
     results = {}
     for method in args.only:
         cmd = [sys.executable, "-m", "benchmarks.step_time", "--method", method] + [
-            f"--{k}={getattr(args, k)}" for k in ("iterations", "prompts", "group", "steps", "layers")
+            f"--{k}={getattr(args, k)}" for k in ("iterations", "warmup", "prompts", "group", "steps", "layers")
         ]
         if args.pipeline:
             cmd.append(f"--pipeline={args.pipeline}")

@@ -11,7 +11,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.flops import count_flops
-from benchmarks.profile import CATEGORIES, PHASES, attribute, category, per_shape_ceiling, summarize
+from benchmarks.operator_categories import CATEGORIES, category
+from benchmarks.profile import PHASES, attribute, summarize
+from benchmarks.shape_ceiling import per_shape_ceiling
 from tests.algorithms.helpers import PROMPTS, make_config, make_policy
 from vgrpo.algorithms import build_algorithm
 from vgrpo.demo import toy_reward

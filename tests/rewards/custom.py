@@ -109,3 +109,10 @@ class HalfReward(Reward):
     """A Reward subclass that forgot ``score``: abstract, cannot be built."""
 
     name = "half"
+
+
+def trl_prompts_first(prompts: list[str], completions: list[np.ndarray], **kwargs: Any) -> list[float]:
+    """trl's ``reward_funcs`` signature with the prompts first, reading a prompt-row column (``tag``) as trl passes
+    a dataset column: a list over the samples, by keyword."""
+    assert len(completions) == len(prompts) == len(kwargs["tag"])
+    return [float(redness(image[None], prompts[:1], None)[0]) for image in completions]

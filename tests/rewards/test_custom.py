@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.rewards.custom import redness, trl_prompts_first
 from tests.tiny_world import write_tiny_world
 from vgrpo.config import StageConfig
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
-from vgrpo.rewards.registry import ENTRY_POINT_GROUP, build_reward
+from vgrpo.rewards.registry import ENTRY_POINT_GROUP, build_reward, function_problem
 
 IMAGES = np.stack([np.full((8, 8, 3), 255, np.uint8), np.zeros((8, 8, 3), np.uint8)])
 IMAGES[1, ..., 0] = 255  # white, then red
@@ -55,6 +56,22 @@ def test_trl_and_flow_grpo_reward_functions_are_adapted() -> None:
     for name in ("tests.rewards.custom:trl_redness", "tests.rewards.custom:flow_grpo_redness"):
         np.testing.assert_allclose(build_reward(name)(IMAGES, ["a", "b"]).scores, expected, rtol=1e-12)
     assert list(expected.round(6)) == [0.333333, 1.0]
+
+
+def test_trl_functions_get_prompts_and_the_rows_columns_by_keyword_in_any_order() -> None:
+    """trl calls ``reward_funcs`` by keyword: ``prompts``, ``completions`` and each dataset column; a function
+    written so (prompts first, a column through ``**kwargs``) passes the params check and scores as trl would call
+    it; a misspelt option is refused naming the signatures accepted."""
+    name = "tests.rewards.custom:trl_prompts_first"
+    assert RewardConfig(name=name).resolved_key == "trl_prompts_first"
+    assert function_problem(trl_prompts_first, name, {}) is None
+    reward = build_reward(name)
+    assert reward.reads_metadata  # a stage hands it the prompt rows
+    rows = [{"prompt": "a", "tag": "colors"}, {"prompt": "b", "tag": "ocr"}]
+    expected = build_reward("tests.rewards.custom:redness")(IMAGES, ["a", "b"]).scores
+    np.testing.assert_allclose(reward(IMAGES, ["a", "b"], rows).scores, expected, rtol=1e-12)
+    problem = function_problem(redness, "tests.rewards.custom:redness", {"chanel": 1})
+    assert problem is not None and "the signatures accepted: fn(images, prompts, metadata" in problem
 
 
 @pytest.mark.parametrize(
@@ -107,3 +124,30 @@ def test_a_stage_trains_on_a_users_reward(tmp_path: Path) -> None:
     assert {"reward/Brightness_mean", "reward/redness_mean"} <= set(result.history[-1])
     assert (world / "lora" / "pytorch_lora_weights.safetensors").is_file()
     assert "tests.rewards.custom" in sys.modules
+
+
+def test_a_stage_trains_on_a_trl_reward_function_through_the_trainer(tmp_path: Path) -> None:
+    """``Trainer(rewards=...)`` with a function written for trl (``f(prompts, completions, **kwargs)``): it gets the
+    stage's prompt rows' columns and the stage trains and exports."""
+    from vgrpo.trainer import Trainer
+
+    world = write_tiny_world(tmp_path)
+    config = StageConfig.model_validate(
+        {
+            "name": "trl",
+            "prompts": "train.jsonl",
+            "iterations": 2,
+            "checkpoint_every": 2,
+            "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
+            "algorithm": {"name": "vgrpo", "n_mc": 2},
+            "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
+            "rewards": [{"name": "tests.rewards.custom:redness"}],
+        }
+    )
+    trainer = Trainer(
+        config, work_dir=world / "run", pipeline=Path("base"), root=world, rewards={"red": trl_prompts_first}
+    )
+    result = trainer.train(final_evaluation=False)
+    assert [h["guard/skipped"] for h in result.history] == [0.0, 0.0]
+    assert "reward/red_mean" in result.history[-1]
+    assert (world / "run" / "export" / "pytorch_lora_weights.safetensors").is_file()

@@ -195,6 +195,12 @@ class Reward(ABC):
     summarised_sub_scores: ClassVar[tuple[str, ...]] = ()
     """Sub-scores that :meth:`summarise` reports in its own way; evaluation tables leave out their plain means."""
 
+    @property
+    def reads_metadata(self) -> bool:
+        """Whether :meth:`score` reads the prompt rows when they are given (a caller gives them when any of its
+        rewards reads them); every reward that :attr:`needs_metadata` does."""
+        return self.needs_metadata
+
     @classmethod
     def check_prompts(cls, rows: Sequence[Metadata], path: str | Path, options: Mapping[str, Any]) -> list[str]:
         """What is wrong with prompt rows ``rows`` (read from ``path``) for this reward built with ``options``:

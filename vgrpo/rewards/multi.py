@@ -158,7 +158,8 @@ class MultiReward:
 
     @property
     def needs_metadata(self) -> bool:
-        return any(term.reward.needs_metadata for term in self.terms.values())
+        """Whether the callers pass the prompt rows: some reward reads them (:attr:`Reward.reads_metadata`)."""
+        return any(term.reward.reads_metadata for term in self.terms.values())
 
     def __call__(
         self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None

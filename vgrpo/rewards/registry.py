@@ -60,8 +60,8 @@ mine = "my_package.rewards:MyReward"``; params files then say ``name: mine``."""
 
 FUNCTION_SIGNATURES = (
     "fn(images, prompts, metadata, **options) -> N scores (vgrpo's; flow_grpo's returns (scores, metadata))",
-    "fn(completions, **kwargs) -> list[float] (trl's reward_funcs; completions: the N images, prompts= and "
-    "metadata= by keyword)",
+    "fn(completions, **kwargs) -> list[float] (trl's reward_funcs: the N images as completions=, prompts= and each "
+    "prompt-row column by keyword, in any order)",
 )
 """The reward function signatures accepted, as a refusal names them."""
 
@@ -103,12 +103,33 @@ def function_problem(fn: Callable[..., Any], name: str, options: Mapping[str, An
         return None
     try:
         if style == "trl":
-            signature.bind(completions=None, **options)
+            signature.bind(completions=None, **_trl_keywords(signature, [], None, options), **options)
         else:
             signature.bind(None, None, None, **options)
     except TypeError as exc:
-        return f"reward {name!r}: options {sorted(options)}: {exc}"
+        expected = "; or ".join(FUNCTION_SIGNATURES)
+        return f"reward {name!r}: options {sorted(options)}: {exc} (the signatures accepted: {expected})"
     return None
+
+
+TRL_RESERVED = frozenset({"completions", "prompts", "metadata"})
+
+
+def _trl_keywords(
+    signature: inspect.Signature,
+    prompts: Sequence[str],
+    metadata: Sequence[Metadata] | None,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The keywords a trl-style reward function gets besides ``completions``, as trl's ``GRPOTrainer`` passes them:
+    ``prompts``, and every column of the prompt rows as a list over the samples (trl passes its dataset's columns
+    so); vgrpo's ``metadata`` (the rows themselves) too. Each only where the function takes it (by name, or through
+    ``**kwargs``) and no option of the same name is set."""
+    given: dict[str, Any] = {"prompts": list(prompts), "metadata": metadata}
+    rows = list(metadata or [])
+    columns = sorted({key for row in rows for key in row} - TRL_RESERVED) if rows else []
+    given.update({column: [row.get(column) for row in rows] for column in columns})
+    return {k: v for k, v in given.items() if _accepts(signature, k) and k not in options}
 
 
 class FunctionReward(Reward):
@@ -124,6 +145,15 @@ class FunctionReward(Reward):
         self.style = function_style(fn, name)
         setattr(self, "name", name)  # noqa: B010 -- per instance: Reward declares the registry name a ClassVar
 
+    @property
+    def reads_metadata(self) -> bool:
+        """A trl-style function that takes more than ``completions`` and ``prompts`` (the rows' columns, by name or
+        through ``**kwargs``) reads the prompt rows; vgrpo's style gets them when another reward reads them."""
+        if self.style != "trl":
+            return False
+        params = inspect.signature(self.fn).parameters
+        return any(name not in ("completions", "prompts") for name in params)
+
     @classmethod
     def headline_columns(cls, key: str, options: Mapping[str, Any]) -> tuple[HeadlineColumn, ...]:
         """The mean ``eval/KEY``, named ``key`` (by default the function's name)."""
@@ -131,9 +161,7 @@ class FunctionReward(Reward):
 
     def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
         if self.style == "trl":
-            signature = inspect.signature(self.fn)
-            given = {"prompts": list(prompts), "metadata": metadata}
-            keywords = {k: v for k, v in given.items() if _accepts(signature, k) and k not in self.options}
+            keywords = _trl_keywords(inspect.signature(self.fn), prompts, metadata, self.options)
             out = self.fn(completions=list(images), **keywords, **self.options)
         else:
             out = self.fn(images, list(prompts), metadata, **self.options)
