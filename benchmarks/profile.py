@@ -38,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.common import METHODS as COMPARED
 from benchmarks.flops import ceilings
 from benchmarks.operator_categories import CATEGORIES, attention_flops, category, operand_bytes
+from benchmarks.provenance import cpu_model
 from benchmarks.shape_ceiling import per_shape_ceiling
 from vgrpo.training.iteration import PHASE_LABEL, train_iteration
 
@@ -111,6 +112,9 @@ def summarize(
     for phase in (*PHASES, "iteration"):
         phases = PHASES if phase == "iteration" else (phase,)
         wall = sum(timed["wall_us"].get(p, 0.0) for p in phases) / 1e6 / iterations
+        # compiled: most elementwise, norm and copy work runs inside fused kernels, so their bytes (counted eagerly)
+        # have no time of their own to divide by
+        fused = any(timed["table"][p]["compiled"]["us"] for p in phases)
         cats: dict[str, dict[str, float | None]] = {}
         for cat in CATEGORIES:
             seconds = sum(timed["table"][p][cat]["us"] for p in phases) / 1e6 / iterations
@@ -122,7 +126,7 @@ def summarize(
             rate: float | None = None
             if seconds and cat in ("matmul", "attention", "convolution"):
                 rate = flops / seconds / 1e9
-            elif seconds and cat in ("elementwise", "norm", "copy"):
+            elif seconds and cat in ("elementwise", "norm", "copy") and not fused:
                 rate = data / seconds / 1e9
             cats[cat] = {"seconds": seconds, "share": seconds / wall if wall else 0.0, "rate": rate}
         model_flops = sum(
@@ -158,7 +162,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         + f"); square `torch.mm`: fp32 {squares['fp32']:.0f}, bf16 {squares['bf16']:.0f} GFLOP/s.",
         "",
         "Each cell: the category's share of the phase's time, and its rate (GFLOP/s for matmul, attention, "
-        "convolution; GB/s of operands for elementwise, norm, copy).",
+        "convolution; GB/s of operands for elementwise, norm, copy, none where fused kernels hold that work).",
         "",
         "| phase | s | GFLOP/s (of per-shape ceiling) | " + " | ".join(CATEGORIES) + " |",
         "|---|---:|---:|" + "---:|" * len(CATEGORIES),
@@ -184,13 +188,6 @@ def markdown(report: Mapping[str, Any]) -> str:
     lines += ["", "The matmul shapes by FLOPs (the first 8): rate alone, GFLOP/s", ""]
     lines += [f"- `{r['op']}` {r['shapes']} {r['dtypes']}: {r['gflops']:.0f}" for r in ceiling["shapes"][:8]]
     return "\n".join(lines) + "\n"
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = per_shape_ceiling(counted["shapes"], args.shape_repeats)
     report = {
         "command": " ".join(["python -m benchmarks.profile", *(argv if argv is not None else sys.argv[1:])]),
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "threads": args.threads,
         "method": args.method,
         "precision": precision,
