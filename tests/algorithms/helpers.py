@@ -8,8 +8,10 @@ import torch
 
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import TrainConfig, load_config
+from vgrpo.demo import toy_reward
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
+from vgrpo.training.iteration import build_optimizer
 
 PROMPTS, GROUP = 2, 3
 
@@ -64,3 +66,21 @@ def prepared(config: TrainConfig, policy: torch.nn.Module, advantages: torch.Ten
 
 def grads(policy: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in policy.parameters() if p.requires_grad and p.grad is not None]
+
+
+def iteration_kwargs(config: TrainConfig, seed: int = 0) -> dict[str, Any]:
+    """The keyword arguments of ``train_iteration``'s first iteration on a fresh tiny policy under ``config``: the
+    tiny conditioning of ``PROMPTS`` prompts, the toy reward, a generator seeded ``seed``."""
+    policy = make_policy(config)
+    return {
+        "policy": policy,
+        "algorithm": build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE),
+        "optimizer": build_optimizer(policy, config.optim),
+        "reward_fn": toy_reward,
+        "prompts": [f"p{i}" for i in range(PROMPTS)],
+        "cond": tiny_conditioning(PROMPTS),
+        "config": config,
+        "latent_shape": TINY_LATENT_SHAPE,
+        "generator": torch.Generator().manual_seed(seed),
+        "iteration": 0,
+    }

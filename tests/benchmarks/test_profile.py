@@ -14,11 +14,8 @@ from benchmarks.flops import count_flops
 from benchmarks.operator_categories import CATEGORIES, category
 from benchmarks.profile import PHASES, attribute, summarize
 from benchmarks.shape_ceiling import per_shape_ceiling
-from tests.algorithms.helpers import PROMPTS, make_config, make_policy
-from vgrpo.algorithms import build_algorithm
-from vgrpo.demo import toy_reward
-from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from tests.algorithms.helpers import iteration_kwargs, make_config
+from vgrpo.training.iteration import train_iteration
 
 
 def _event(name: str, parent: Any = None) -> Any:
@@ -41,20 +38,7 @@ def test_categories_by_operator_and_by_what_encloses_it() -> None:
 
 
 def _iteration(seed: int) -> dict[str, Any]:
-    config = make_config({"name": "vgrpo", "n_mc": 2})
-    policy = make_policy(config)
-    return {
-        "policy": policy,
-        "algorithm": build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE),
-        "optimizer": build_optimizer(policy, config.optim),
-        "reward_fn": toy_reward,
-        "prompts": [f"p{i}" for i in range(PROMPTS)],
-        "cond": tiny_conditioning(PROMPTS),
-        "config": config,
-        "latent_shape": TINY_LATENT_SHAPE,
-        "generator": torch.Generator().manual_seed(seed),
-        "iteration": 0,
-    }
+    return iteration_kwargs(make_config({"name": "vgrpo", "n_mc": 2}), seed)
 
 
 def test_the_profiled_iteration_counts_the_flop_counters_flops_in_its_phases() -> None:

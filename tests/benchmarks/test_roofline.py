@@ -12,11 +12,9 @@ from torch import nn
 from benchmarks.common import ROOT
 from benchmarks.flops import count_flops, counted_iteration, matmul_ceiling
 from benchmarks.roofline import PHASES, markdown, median_repeat, relative_cost_table, relative_costs, roofline
-from tests.algorithms.helpers import GROUP, PROMPTS, make_config, make_policy
-from vgrpo.algorithms import build_algorithm
-from vgrpo.demo import toy_reward
+from tests.algorithms.helpers import GROUP, PROMPTS, iteration_kwargs, make_config
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.training.iteration import train_iteration
 
 
 def test_linear_and_cpu_attention_match_hand_counts() -> None:
@@ -72,20 +70,8 @@ def test_counted_iteration_is_the_plain_iteration(algorithm: str) -> None:
     config = make_config({"name": algorithm})
     runs = []
     for counted in (False, True):
-        policy = make_policy(config)
-        built = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
-        kwargs = {
-            "policy": policy,
-            "algorithm": built,
-            "optimizer": build_optimizer(policy, config.optim),
-            "reward_fn": toy_reward,
-            "prompts": [f"p{i}" for i in range(PROMPTS)],
-            "cond": tiny_conditioning(PROMPTS),
-            "config": config,
-            "latent_shape": TINY_LATENT_SHAPE,
-            "generator": torch.Generator().manual_seed(0),
-            "iteration": 0,
-        }
+        kwargs = iteration_kwargs(config)
+        policy = kwargs["policy"]
         if counted:
             record, flops = counted_iteration(**kwargs)
         else:

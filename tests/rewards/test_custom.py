@@ -103,21 +103,28 @@ def test_a_reward_registered_by_another_package_under_the_entry_point_group(
     np.testing.assert_allclose(build_reward("bright", {"gain": 3.0})(IMAGES, ["a", "b"]).scores, [3.0, 1.0])
 
 
-def test_a_stage_trains_on_a_users_reward(tmp_path: Path) -> None:
-    from vgrpo.training.stage import run_stage
-
-    world = write_tiny_world(tmp_path)
-    config = StageConfig.model_validate(
+def _two_iteration_stage(name: str, rewards: list[dict[str, str]]) -> StageConfig:
+    """A two-iteration LoRA stage on the tiny world's train prompts with ``rewards``."""
+    return StageConfig.model_validate(
         {
-            "name": "custom",
+            "name": name,
             "prompts": "train.jsonl",
             "iterations": 2,
             "checkpoint_every": 2,
             "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
             "algorithm": {"name": "vgrpo", "n_mc": 2},
             "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
-            "rewards": [{"name": "tests.rewards.custom:Brightness"}, {"name": "tests.rewards.custom:redness"}],
+            "rewards": rewards,
         }
+    )
+
+
+def test_a_stage_trains_on_a_users_reward(tmp_path: Path) -> None:
+    from vgrpo.training.stage import run_stage
+
+    world = write_tiny_world(tmp_path)
+    config = _two_iteration_stage(
+        "custom", [{"name": "tests.rewards.custom:Brightness"}, {"name": "tests.rewards.custom:redness"}]
     )
     result = run_stage(config, pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora", root=world)
     assert [h["guard/skipped"] for h in result.history] == [0.0, 0.0]
@@ -132,18 +139,7 @@ def test_a_stage_trains_on_a_trl_reward_function_through_the_trainer(tmp_path: P
     from vgrpo.trainer import Trainer
 
     world = write_tiny_world(tmp_path)
-    config = StageConfig.model_validate(
-        {
-            "name": "trl",
-            "prompts": "train.jsonl",
-            "iterations": 2,
-            "checkpoint_every": 2,
-            "rollout": {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None},
-            "algorithm": {"name": "vgrpo", "n_mc": 2},
-            "lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]},
-            "rewards": [{"name": "tests.rewards.custom:redness"}],
-        }
-    )
+    config = _two_iteration_stage("trl", [{"name": "tests.rewards.custom:redness"}])
     trainer = Trainer(
         config, work_dir=world / "run", pipeline=Path("base"), root=world, rewards={"red": trl_prompts_first}
     )
