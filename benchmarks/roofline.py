@@ -215,6 +215,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "merged_lora": {"merged_lora": True},
     "compile": {"compile": True},
     "compile_gelu": {"compile": True, "gelu": "sigmoid"},
+    "compile_gelu_merged": {"compile": True, "gelu": "sigmoid", "merged_lora": True},
     "bf16": {"autocast": "bf16"},
     "bf16_base": BF16_BASE,
     "bf16_base_math": {**BF16_BASE, "attention": "math"},
@@ -223,7 +224,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 """The levers measured side by side on the embedded base (``precision`` settings; ``default`` is the shipped one):
 ``bf16`` autocasts over float32 weights (a cast of every weight in every call), ``bf16_base`` keeps the frozen base
 in bf16 (the LoRA in float32), ``_math`` restricts attention to the unfused kernel (the CPU's bf16 flash backward is
-slow), ``compile_gelu`` adds the sigmoid form of GELU to ``torch.compile``, ``fast`` is all of them."""
+slow), ``compile_gelu`` adds the sigmoid form of GELU to ``torch.compile`` (``_merged``: and the merged LoRA, the
+fastest fp32 setting), ``fast`` is all of the bf16 ones."""
 
 
 def main(argv: list[str] | None = None) -> int:
