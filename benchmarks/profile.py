@@ -40,18 +40,19 @@ from benchmarks.flops import ceilings
 from benchmarks.operator_categories import CATEGORIES, attention_flops, category, operand_bytes
 from benchmarks.provenance import cpu_model
 from benchmarks.shape_ceiling import per_shape_ceiling
+from vgrpo.errors import ConfigError
 from vgrpo.training.iteration import PHASE_LABEL, train_iteration
 
 PHASES = tuple(PHASE_LABEL)
+PHASE_OF_LABEL = {label: phase for phase, label in PHASE_LABEL.items()}
 
 
 def _phase_of(event: Any) -> str | None:
     """The phase whose region encloses ``event`` (walking its CPU parents), or None."""
-    labels = {label: phase for phase, label in PHASE_LABEL.items()}
     node = event.cpu_parent
     while node is not None:
-        if node.name in labels:
-            return labels[node.name]
+        if node.name in PHASE_OF_LABEL:
+            return PHASE_OF_LABEL[node.name]
         node = node.cpu_parent
     return None
 
@@ -66,10 +67,9 @@ def attribute(events: Iterable[Any]) -> dict[str, Any]:
     }
     shapes: dict[tuple[str, str, str], dict[str, float]] = defaultdict(lambda: {"calls": 0, "flops": 0})
     operators: dict[tuple[str, str], float] = defaultdict(float)
-    labels = {label: phase for phase, label in PHASE_LABEL.items()}
     for event in events:
-        if event.name in labels:
-            wall[labels[event.name]] += event.cpu_time_total
+        if event.name in PHASE_OF_LABEL:
+            wall[PHASE_OF_LABEL[event.name]] += event.cpu_time_total
             continue
         phase = _phase_of(event)
         if phase is None:
@@ -224,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         precision=json.dumps(precision),
     )
-    iteration = pipeline_iteration(args.method, setup)
+    try:  # the params' errors name the key, before the pipeline loads
+        iteration = pipeline_iteration(args.method, setup)
+    except ConfigError as exc:
+        parser.error(f"--precision: {exc}")
     if precision.get("compile"):  # inductor's C++ kernels as profiler events of their own
         import torch._inductor.config as inductor_config
 

@@ -251,19 +251,20 @@ def update_policy(
     params = trainable_parameters(policy)
     per_step: dict[str, list[float]] = {}
     schedule = minibatch_schedule(num_samples, optim.minibatches, optim.gradient_steps, batch.generator)
-    for step, idx in enumerate(schedule):
-        optimizer.zero_grad(set_to_none=True)
-        with record_function(PHASE_LABEL["update"]):
-            step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, prepared, idx, step))
-        dist.average_gradients(params)  # before clipping, so every rank clips and steps the same gradient
-        grad_norm = clip_gradients(params, optim)
-        if not torch.isfinite(grad_norm):  # no step: this iteration is skipped (vgrpo.training.guards)
+    with record_function(PHASE_LABEL["update"]):  # the region time/update_s measures
+        for step, idx in enumerate(schedule):
             optimizer.zero_grad(set_to_none=True)
-            bad = {k: v for k, v in step_metrics.items() if not math.isfinite(v)}
-            raise NonFiniteError("loss" if bad else "gradients", {"step": step, "grad_norm": grad_norm.item(), **bad})
-        optimizer.step()
-        _accumulate(per_step, {**step_metrics, "grad_norm": grad_norm.item()})
-    end_metrics = algorithm.end_iteration(policy, batch.iteration)
+            step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, prepared, idx, step))
+            dist.average_gradients(params)  # before clipping, so every rank clips and steps the same gradient
+            grad_norm = clip_gradients(params, optim)
+            if not torch.isfinite(grad_norm):  # no step: this iteration is skipped (vgrpo.training.guards)
+                optimizer.zero_grad(set_to_none=True)
+                bad = {k: v for k, v in step_metrics.items() if not math.isfinite(v)}
+                details = {"step": step, "grad_norm": grad_norm.item(), **bad}
+                raise NonFiniteError("loss" if bad else "gradients", details)
+            optimizer.step()
+            _accumulate(per_step, {**step_metrics, "grad_norm": grad_norm.item()})
+        end_metrics = algorithm.end_iteration(policy, batch.iteration)
     t4 = _clock(device)
 
     metrics: dict[str, float] = {"iteration": float(batch.iteration), **adv.metrics, **prepared.metrics, **end_metrics}
