@@ -21,7 +21,6 @@ params' ``held_out_pairs``) and the rest.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 from collections.abc import Sequence
@@ -30,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from vgrpo.atomic import write_json_atomic
+from vgrpo.atomic import file_sha256, write_json_atomic
 from vgrpo.evaluation.stats import bootstrap_ci, stratified_mean
 from vgrpo.params_file import load_params
+from vgrpo.splits import tuning_prompt_problems
 from vgrpo.world.config import PretrainConfig
 
 COLOUR_TAGS = ("colors", "color_attr")
@@ -82,16 +82,12 @@ def paired_row(run: dict[str, Any], base: dict[str, Any], held_out: Sequence[tup
     return row
 
 
-TEST_SPLIT = "test.jsonl"
-"""The file name of the split only the final report reads."""
-
-
 def base_split(base_scores: Path) -> dict[str, Any]:
     """The prompt file a base's per-prompt scores (``X.scores.json``) were evaluated on, from its table ``X.json``,
     with the file's SHA-256 when it is there."""
     table = base_scores.with_name(base_scores.name.replace(".scores.json", ".json"))
     prompts = json.loads(table.read_text()).get("prompt_file") if table.is_file() else None
-    digest = hashlib.sha256(Path(prompts).read_bytes()).hexdigest() if prompts and Path(prompts).is_file() else None
+    digest = file_sha256(Path(prompts)) if prompts and Path(prompts).is_file() else None
     return {"prompt_file": prompts, "sha256": digest}
 
 
@@ -111,11 +107,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--final-report", action="store_true", help="allow a base evaluated on the test split")
     args = parser.parse_args(argv)
     split = base_split(args.base)
-    if split["prompt_file"] and Path(split["prompt_file"]).name == TEST_SPLIT and not args.final_report:
-        raise SystemExit(
-            f"{args.base}: evaluated on {split['prompt_file']}, the test split; recipe selection reads validation "
-            "(metrics/base_validation.scores.json), and only the final report reads test (--final-report)"
+    if split["prompt_file"] and not args.final_report:
+        problems = tuning_prompt_problems(
+            {f"--base {args.base}: evaluated on": split["prompt_file"]},
+            ["data/world/test.jsonl"],
+            final_report="--final-report; the validation base is metrics/base_validation.scores.json",
         )
+        if problems:
+            raise SystemExit(problems[0])
     base = json.loads(args.base.read_text())
     held_out = load_params([args.pretrain_params], section="pretrain", schema=PretrainConfig).held_out_pairs
     rows: dict[str, Any] = {}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT
-from tasks.store import file_sha256
+from vgrpo.atomic import file_sha256
 
 REGISTRIES = ("vgrpo.algorithms.", "vgrpo.rewards.", "vgrpo.models.")
 """Packages whose modules the library's registries import by name (``importlib``): every one is in the code."""

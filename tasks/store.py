@@ -23,7 +23,6 @@ folder; one PUT on an object store). Nothing here unpickles: the store holds JSO
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,8 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from vgrpo.atomic import file_sha256
 
 __all__ = ["COMPLETE", "Store", "StoreError", "check_results_stay_local", "checked_key", "file_sha256"]
 
@@ -52,15 +53,6 @@ def checked_key(key: str, what: str = "key") -> str:
     if any(part in ("", ".", "..") for part in parts):
         raise StoreError(f"{what} {key!r} has an empty, '.' or '..' part")
     return key
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file's bytes, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Store:

@@ -7,6 +7,7 @@ mistake for a finished result.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,7 +16,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_dir", "dir_size_mb", "publish_dir", "temporary_dir", "write_json_atomic", "write_text_atomic"]
+__all__ = [
+    "atomic_dir",
+    "dir_size_mb",
+    "file_sha256",
+    "publish_dir",
+    "temporary_dir",
+    "write_json_atomic",
+    "write_text_atomic",
+]
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file's bytes, read in chunks (what records name the files they read by)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
