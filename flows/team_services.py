@@ -36,9 +36,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flows.services import QUIET_ENV, ServiceError, wait_healthy
+from flows.team_checks import check_team_settings
 from flows.team_config import HOST, TLS, TeamServices, write_private
 from flows.team_postgres import start_postgres, stop_postgres
 from tasks.process_group import stop_recorded_group, write_pid_file
+from vgrpo.errors import UserError
 
 __all__ = ["TLS", "TeamSecrets", "TeamServices", "client_secrets", "team_down", "team_env", "team_secrets", "team_up"]
 
@@ -286,15 +288,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.database_url and urllib.parse.urlsplit(args.database_url).password:
         parser.error("--database-url carries a password, which every local user sees in ps: set VGRPO_DATABASE_URL")
     database_url = os.environ.get("VGRPO_DATABASE_URL") or args.database_url
+    database_from = "VGRPO_DATABASE_URL" if os.environ.get("VGRPO_DATABASE_URL") else "--database-url"
     store = args.store if "://" in args.store else str(Path(args.store).resolve())
     ports = (args.pg_port, args.prefect_port, args.mlflow_port)
     tls = None
-    if args.tls_cert or args.tls_key:
+    if args.tls_cert or args.tls_key or args.tls_ca:
         if not (args.tls_cert and args.tls_key):
-            parser.error("--tls-cert and --tls-key go together")
+            parser.error("--tls-cert and --tls-key go together (and --tls-ca with them)")
         tls = TLS(args.tls_cert, args.tls_key, args.tls_ca or args.tls_cert)
     services = TeamServices(args.root, store, args.host, *ports, database_url, tls)
-    team_up(services)
+    try:
+        check_team_settings(services, database_from)  # before anything is made or started
+        team_up(services)
+    except UserError as exc:  # a setting: the message names its flag or variable, as `vgrpo train` does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ServiceError as exc:  # a server that did not come up: its log tail names why; what started is stopped
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
     root = args.root.resolve()
     print(f"services up; on every machine: . {root / 'team.env'}; . {root / CLIENT_SECRETS_FILE}")
     print(f"  ({CLIENT_SECRETS_FILE} holds the team's credentials: copy it only over a channel the team alone reads)")
