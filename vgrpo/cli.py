@@ -96,9 +96,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 def cmd_edit_set(args: argparse.Namespace) -> None:
     from vgrpo.counting_edit import write_edit_set
-    from vgrpo.outputs import Output, check_outputs
 
-    check_outputs([Output("--out", Path(args.out), replaced=False)], {"--sources": args.sources})
     written = write_edit_set(args.sources, args.out, seed=args.seed)
     print(f"{args.out}: " + ", ".join(f"{n} {name}" for name, n in written.items()) + " counting edits")
 
@@ -253,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     summary = "a counting-edit set (an editing family's prompts) from a model's samples of GenEval counting prompts"
     p = command("edit-set", summary)
     p.add_argument("--sources", required=True, help="an `evaluate --images` result of GenEval counting prompts")
-    p.add_argument("--out", required=True, help="folder of train/validation/test.jsonl and images/")
+    p.add_argument("--out", required=True, help="folder of train/validation/test.jsonl and images/ (replaced whole)")
     p.add_argument("--seed", type=int, default=0, help="seed of the target counts and the split")
     p.set_defaults(func=cmd_edit_set)
     return parser

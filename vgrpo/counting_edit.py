@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +105,75 @@ def counting_prompts(names: Sequence[str], counts: Sequence[int] = (2, 3, 4)) ->
     ]
 
 
+@dataclass(frozen=True)
+class _Sources:
+    """An evaluation's counting samples, read and checked: its prompt rows, credit marks and images folder."""
+
+    rows: list[dict[str, Any]]
+    credited: list[list[Any]]
+    images_dir: Path
+    inputs: dict[str, Path]
+    """What it was read from, by label: no output may overwrite these."""
+
+
+def _read_sources(sources: Path) -> _Sources:
+    """The evaluation at ``sources`` (UserError naming ``--sources`` when it, its scores or its prompt file do not
+    read as ``vgrpo evaluate --images`` writes them)."""
+    from vgrpo.evaluation.report import read_evaluation, scores_path
+    from vgrpo.prompts import load_prompts
+
+    table = read_evaluation(sources, label="--sources")
+    images_dir, prompt_file = table.get("images_dir"), table.get("prompt_file")
+    credited = table["per_prompt"].get("credited")
+    if not isinstance(images_dir, str) or not isinstance(credited, list) or not isinstance(prompt_file, str):
+        raise UserError(f"--sources {sources}: an evaluation written with --images and a GenEval reward is needed")
+    if not all(isinstance(marks, list) for marks in credited):
+        raise UserError(f"--sources {sources}: its scores' `credited` is not a list of per-sample marks per prompt")
+    try:
+        rows = load_prompts(prompt_file)
+    except UserError as exc:
+        raise UserError(f"--sources {sources} names the prompt file {prompt_file}: {exc}") from exc
+    if len(rows) < len(credited):
+        raise UserError(
+            f"--sources {sources}: {len(credited)} prompts scored, but {prompt_file} has {len(rows)} rows (changed?)"
+        )
+    inputs = {"--sources": sources, "--sources scores": scores_path(sources)}
+    inputs["--sources prompt file"] = Path(prompt_file)
+    inputs["--sources images folder"] = Path(images_dir)  # the sources are copied from here: --out stays apart
+    return _Sources(rows[: len(credited)], credited, Path(images_dir), inputs)
+
+
+def _edited(source: _Sources) -> list[tuple[int, int]]:
+    """``(row, sample)`` of every sample an edit is made of: credited, of a counting row."""
+    return [
+        (i, k)
+        for i, (row, marks) in enumerate(zip(source.rows, source.credited, strict=True))
+        if row.get("tag") == "counting"
+        for k, mark in enumerate(marks)
+        if mark is True
+    ]
+
+
+def _source_problems(sources: Path, source: _Sources) -> list[str]:
+    """Every counting row that is not GenEval's, and every source image that is missing, does not open as an image or
+    is not the size most of them have (one evaluation samples one size)."""
+    from vgrpo.evaluation.report import sample_png_name
+    from vgrpo.image_files import image_problem, image_size, summarised
+
+    out = []
+    for i, row in enumerate(source.rows):
+        if row.get("tag") == "counting":
+            try:
+                source_clause(row)
+            except (ValueError, KeyError, TypeError) as exc:
+                out.append(f"--sources {sources}: prompt row {i} of its prompt file: {exc}")
+    paths = [source.images_dir / sample_png_name(i, k) for i, k in _edited(source)]
+    sizes = Counter(found for path in paths if (found := image_size(path)) is not None)
+    size = sizes.most_common(1)[0][0] if sizes else None  # the evaluation's, which a stray file does not outvote
+    images = [f"--sources {sources}: source image {p} {why}" for p in paths if (why := image_problem(p, size))]
+    return out + summarised(images, "source images")
+
+
 def write_edit_set(sources: str | Path, out: str | Path, *, seed: int = 0) -> dict[str, int]:
     """A real model's counting-edit set from its samples of GenEval counting prompts.
 
@@ -112,46 +183,53 @@ def write_edit_set(sources: str | Path, out: str | Path, *, seed: int = 0) -> di
     split by :data:`SPLITS` (the samples of one prompt stay in one split) into ``out/<split>.jsonl``. Returns the
     rows per split, and ``dropped``: the samples GenEval does not credit or that are not of a counting row.
 
-    Raises:
-        UserError: ``sources`` missing, written without ``--images`` or without per-image credit marks.
-    """
-    from vgrpo.evaluation.report import read_evaluation, sample_png_name, scores_path
-    from vgrpo.prompts import load_prompts
+    Everything is checked before anything is written (every source image opened; ``out`` apart from every input,
+    the images folder included), and ``out`` is written whole in a temporary folder renamed over it, so a failed
+    command leaves no partial set.
 
-    for path in (Path(sources), scores_path(sources)):
-        if not path.is_file():
-            raise UserError(f"--sources {sources}: {path} does not exist (written by `vgrpo evaluate --out {sources}`)")
-    table = read_evaluation(sources)
-    images_dir, prompt_file = table.get("images_dir"), table.get("prompt_file")
-    credited = table["per_prompt"].get("credited")
-    if images_dir is None or credited is None:
-        raise UserError(f"--sources {sources}: an evaluation written with --images and a GenEval reward is needed")
-    metadata = load_prompts(str(prompt_file))[: len(credited)]
+    Raises:
+        UserError: ``sources`` missing or malformed, written without ``--images`` or without per-image credit marks,
+            a source image that does not read, or an ``out`` that overlaps an input; every problem in one message.
+    """
+    from vgrpo.atomic import atomic_dir
+    from vgrpo.evaluation.report import sample_png_name, scores_path
+    from vgrpo.outputs import Output, output_problems
+    from vgrpo.training.preflight import PreflightError, Problem
+
+    sources, out = Path(sources), Path(out)
+    inputs = {"--sources": sources, "--sources scores": scores_path(sources)}
+    source: _Sources | None = None
+    try:
+        source = _read_sources(sources)
+    except UserError as exc:
+        problems = str(exc).splitlines()
+    else:
+        inputs, problems = source.inputs, _source_problems(sources, source)
+    problems += output_problems([Output("--out", out)], inputs)
+    if problems or source is None:
+        raise PreflightError([Problem(p) for p in problems])
     rng = np.random.default_rng(seed)
-    out = Path(out)
-    (out / "images").mkdir(parents=True, exist_ok=True)
-    edits: list[list[dict[str, Any]]] = []
-    dropped = 0
-    for i, (row, marks) in enumerate(zip(metadata, credited, strict=True)):
-        edits.append([])
-        if row.get("tag") != "counting":
-            dropped += len(marks)
-            continue
-        source_count = source_clause(row)[1]
+    edits: list[list[tuple[str, dict[str, Any]]]] = [[] for _ in source.rows]
+    for i, k in _edited(source):
+        row = source.rows[i]
         name = row["prompt"].split(" ", 4)[-1]  # after "a photo of <count>": the plural, "wine glasses"
-        for k, mark in enumerate(marks):
-            if mark is not True:
-                dropped += 1
-                continue
-            image = f"images/{sample_png_name(i, k)}"
-            shutil.copyfile(Path(images_dir) / sample_png_name(i, k), out / image)
-            edits[i].append(counting_edit_row(row, draw_target(source_count, rng), image, name))
+        image = f"images/{sample_png_name(i, k)}"
+        edits[i].append((image, counting_edit_row(row, draw_target(source_clause(row)[1], rng), image, name)))
     order = rng.permutation(len(edits))
+    images_dir = source.images_dir
+
+    def write(tmp: Path) -> None:
+        (tmp / "images").mkdir()
+        for image, _ in (edit for row_edits in edits for edit in row_edits):
+            shutil.copyfile(images_dir / Path(image).name, tmp / image)
+        start = 0
+        for n, (split, share) in enumerate(SPLITS.items()):
+            end = len(edits) if n == len(SPLITS) - 1 else start + round(share * len(edits))
+            rows = [row for i in sorted(int(j) for j in order[start:end]) for _, row in edits[i]]
+            write_text_atomic(tmp / f"{split}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+            written[split], start = len(rows), end
+
     written: dict[str, int] = {}
-    start = 0
-    for n, (split, share) in enumerate(SPLITS.items()):
-        end = len(edits) if n == len(SPLITS) - 1 else start + round(share * len(edits))
-        rows = [row for i in sorted(int(j) for j in order[start:end]) for row in edits[i]]
-        write_text_atomic(out / f"{split}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-        written[split], start = len(rows), end
+    atomic_dir(out, write)
+    dropped = sum(len(marks) for marks in source.credited) - sum(len(e) for e in edits)
     return written | {"dropped": dropped}

@@ -40,18 +40,21 @@ def scores_path(out: str | Path) -> Path:
     return Path(out).with_suffix(".scores.json")
 
 
-def read_evaluation(path: str | Path) -> dict[str, Any]:
-    """An evaluation written by :func:`evaluate_to_files`, with its per-prompt scores put back."""
+def read_evaluation(path: str | Path, label: str = "--baseline") -> dict[str, Any]:
+    """An evaluation written by :func:`evaluate_to_files`, with its per-prompt scores put back; errors name it as
+    ``label`` (the flag the user gave it with)."""
     scores = scores_path(path)
     for f in (Path(path), scores):
         if not f.is_file():
-            raise UserError(f"--baseline {path}: {f} does not exist (written by `evaluate --out {path}`)")
+            raise UserError(f"{label} {path}: {f} does not exist (written by `evaluate --out {path}`)")
     try:
         table = json.loads(Path(path).read_text())
-        table["per_prompt"] = json.loads(scores.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--baseline {path}: not JSON ({exc})") from exc
-    return dict(table)
+        per_prompt = json.loads(scores.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{label} {path}: not JSON ({exc})") from exc
+    if not isinstance(table, dict) or not isinstance(per_prompt, dict):
+        raise UserError(f"{label} {path}: not an evaluation (expected JSON objects in {path} and {scores})")
+    return table | {"per_prompt": per_prompt}
 
 
 def evaluate_to_files(
