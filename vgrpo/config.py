@@ -36,7 +36,7 @@ from vgrpo.params_file import (
 )
 from vgrpo.rewards.config import RewardConfig, check_unique_keys
 from vgrpo.training.ema import EMAConfig
-from vgrpo.training.hold import HoldConfig
+from vgrpo.training.hold import HoldConfig, unknown_held_problem
 from vgrpo.training.optim import OptimConfig
 
 __all__ = [
@@ -188,6 +188,8 @@ class StageConfig(TrainConfig):
                 raise ValueError("hold: checks run in one process; a launched or sharded stage cannot hold yet")
             if self.hold.reference == "base" and self.lora is None:
                 raise ValueError("hold.reference: base needs lora (a full fine-tune keeps no base weights apart)")
+            if problem := unknown_held_problem(self.hold, self.evaluation.rewards, self.rewards):
+                raise ValueError(problem)
 
         rollout = self.rollout
         self.launch.check_fits(
@@ -217,6 +219,12 @@ class CurriculumConfig(FrozenConfig):
         (),
         description="Params files merged after each stage's file (e.g. params/embedded/validation.yaml: evaluate "
         "on the validation split, as recipe selection must).",
+    )
+    choices: tuple[str, ...] = Field(
+        (),
+        description="The tuning records (JSON files that say which prompts they read: their 'split') this recipe's "
+        "settings were chosen on. A final report on the test split refuses a curriculum without them, or with one "
+        "that read test (vgrpo.splits.choice_record_problems).",
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from tests.tiny_world import WORLD_PICK, Recorder, tiny_stage_config, write_tiny_world
@@ -166,6 +167,26 @@ def test_a_held_name_the_evaluation_lacks_is_refused_before_any_update(world: Pa
     with pytest.raises(HoldError, match=r"hold.rewards.hps: not a number of the hold evaluation .*'world_pickscore'"):
         _run(world, config, "unknown", seen)
     assert seen.logged == []
+
+
+def test_a_held_name_no_check_computes_is_a_config_error_naming_the_file_and_key(tmp_path: Path) -> None:
+    """Known from the params alone (the checks score evaluation.rewards), so it is refused when they are loaded,
+    not at the first check after the pipeline has loaded; the names the checks can read pass."""
+    from vgrpo.config import load_stage
+    from vgrpo.errors import ConfigError
+
+    stage = tmp_path / "stage.yaml"
+    hold = {"every": 1, "prompts": "validation.jsonl", "rewards": {"pickscore": 0.1, "hps": 0.1, "geneval_strict": 0}}
+    stage.write_text(yaml.safe_dump(tiny_stage_config().model_dump(mode="json") | {"hold": hold}))
+    with pytest.raises(ConfigError) as refused:
+        load_stage([stage])
+    assert str(stage) in str(refused.value)
+    assert "hold.rewards.hps, hold.rewards.pickscore: not computed by the hold checks" in str(refused.value)
+    assert "evaluation.rewards (geneval)" in str(refused.value)
+    assert "pickscore is trained on (rewards): add it to evaluation.rewards" in str(refused.value)
+    hold["rewards"] = {"geneval_strict": 0.0, "geneval": 0.0, "geneval_geneval_partial": 0.0, "geneval_exact": 0.0}
+    stage.write_text(yaml.safe_dump(tiny_stage_config().model_dump(mode="json") | {"hold": hold}))
+    assert load_stage([stage]).hold is not None
 
 
 def test_hold_config_errors() -> None:

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from vgrpo.config_base import MAX_GROUP_SIZE, MAX_ITERATIONS, MAX_PROMPTS, FrozenConfig
 
-__all__ = ["HoldConfig", "HoldError", "check_holds", "held_values", "kept_check"]
+if TYPE_CHECKING:
+    from vgrpo.rewards.config import RewardConfig
+
+__all__ = ["HoldConfig", "HoldError", "check_holds", "held_values", "kept_check", "unknown_held_problem"]
 
 HOLD_DIR = "hold"
 """Folder of ``work_dir`` where every check's adapter is kept (``iter-NNNNN``)."""
@@ -65,6 +68,38 @@ class HoldConfig(FrozenConfig):
         if bad:
             raise ValueError(f"hold.rewards: {bad}: a name and a finite tolerance >= 0 each")
         return self
+
+
+def unknown_held_problem(
+    hold: HoldConfig, evaluation: Sequence[RewardConfig], training: Sequence[RewardConfig]
+) -> str | None:
+    """Why some of ``hold.rewards`` can never be read from a check, known from the params alone: the checks score the
+    stage's ``evaluation.rewards`` (:func:`vgrpo.training.holding.hold_evaluator`), so a held name must be one of
+    their keys, a headline column (``geneval_strict``), or ``KEY_...`` of one of them (a sub-score or a tag's
+    number, which only a check's table shows: :func:`held_values` still reads it then); None when all can be."""
+    keys = [reward.resolved_key for reward in evaluation]
+    numbers = set(keys)
+    for reward in evaluation:
+        for column in reward.headline_columns():
+            if not column.gain:  # a gain needs a baseline evaluation, which a check has not
+                metric = column.metric.removeprefix("eval/")
+                numbers |= {metric, metric.removeprefix(f"{reward.resolved_key}_")}
+    unknown = [
+        name for name in hold.rewards if name not in numbers and not name.startswith(tuple(f"{k}_" for k in keys))
+    ]
+    if not unknown:
+        return None
+    trained = [name for name in unknown if name in {reward.resolved_key for reward in training}]
+    return (
+        f"{', '.join(f'hold.rewards.{name}' for name in unknown)}: not computed by the hold checks, which score the "
+        f"stage's evaluation.rewards ({', '.join(keys)}): their numbers are {', '.join(sorted(numbers))}, or "
+        "KEY_NAME for a sub-score"
+        + (
+            f"; {', '.join(trained)} is trained on (rewards): add it to evaluation.rewards to hold it"
+            if trained
+            else ""
+        )
+    )
 
 
 def held_values(flat: Mapping[str, float], keys: Sequence[str], names: Sequence[str]) -> dict[str, float]:
