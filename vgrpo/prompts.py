@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from vgrpo.errors import UserError, read_user_text
+from vgrpo.image_files import image_problem, summarised
 
 __all__ = ["CONDITION_IMAGE_KEY", "MAX_PROMPT_FILE_BYTES", "PromptFileError", "load_prompts"]
 
 CONDITION_IMAGE_KEY = "image"
 """The ``.jsonl`` row key naming an editing model's condition (source) image, a path relative to the prompt file
-(Flow-GRPO's editing datasets use the same key); :func:`load_prompts` makes it absolute and checks it exists."""
+(Flow-GRPO's editing datasets use the same key); :func:`load_prompts` makes it absolute and checks it exists (and,
+with ``open_images``, that it opens as an image)."""
 
 MAX_PROMPT_FILE_BYTES = 64 * 2**20
 """Larger prompt files are refused (Pick-a-Pic's 25k training prompts take 3 MB)."""
@@ -29,16 +31,21 @@ class PromptFileError(UserError, ValueError):
     """A prompt file is missing, too large, empty or has a bad line; the message names the file and line."""
 
 
-def load_prompts(path: str | Path, *, max_bytes: int = MAX_PROMPT_FILE_BYTES) -> list[dict[str, Any]]:
+def load_prompts(
+    path: str | Path, *, max_bytes: int = MAX_PROMPT_FILE_BYTES, open_images: bool = False
+) -> list[dict[str, Any]]:
     """Metadata rows (each with a ``prompt``) from ``path``.
 
     ``.jsonl``: one JSON object per line with a non-empty string ``prompt`` (GenEval clauses and the world's
     fields are kept as they are; a :data:`CONDITION_IMAGE_KEY` path is resolved against the file's folder and must
-    name a file). Any other suffix: one prompt per non-blank line, as ``{"prompt": line}``.
+    name a file; with ``open_images`` the file is also read as an image, as the preflight does). Any other suffix:
+    one prompt per non-blank line, as ``{"prompt": line}``. Every row's condition-image problem is listed in one
+    error, a line each.
     """
     p = Path(path)
     text = read_user_text(p, "prompt file", max_bytes, PromptFileError)
     rows: list[dict[str, Any]] = []
+    bad_images: list[str] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -50,22 +57,26 @@ def load_prompts(path: str | Path, *, max_bytes: int = MAX_PROMPT_FILE_BYTES) ->
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
                 raise PromptFileError(f"{p}:{lineno}: expected a JSON object with a non-empty string 'prompt'")
             if CONDITION_IMAGE_KEY in row:
-                row[CONDITION_IMAGE_KEY] = _condition_image(p, lineno, row[CONDITION_IMAGE_KEY])
+                given = row[CONDITION_IMAGE_KEY]
+                image = _condition_image(p, lineno, given)
+                row[CONDITION_IMAGE_KEY] = str(image)
+                problem = image_problem(image) if open_images else None if image.is_file() else "not found"
+                if problem:
+                    bad_images.append(f"{p}:{lineno}: condition image {given!r} {problem} (looked for {image})")
         else:
             row = {"prompt": line.strip()}
         if len(row["prompt"]) > MAX_PROMPT_CHARS:
             raise PromptFileError(f"{p}:{lineno}: prompt of {len(row['prompt'])} characters (limit {MAX_PROMPT_CHARS})")
         rows.append(row)
+    if bad_images:
+        raise PromptFileError("\n".join(summarised(bad_images, "condition images")))
     if not rows:
         raise PromptFileError(f"{p}: prompt file is empty")
     return rows
 
 
-def _condition_image(path: Path, lineno: int, value: Any) -> str:
+def _condition_image(path: Path, lineno: int, value: Any) -> Path:
     """A row's condition-image path, absolute (relative ones are relative to the prompt file's folder)."""
     if not isinstance(value, str) or not value.strip():
         raise PromptFileError(f"{path}:{lineno}: {CONDITION_IMAGE_KEY!r} must be a non-empty path string")
-    image = (path.parent / value).resolve()
-    if not image.is_file():
-        raise PromptFileError(f"{path}:{lineno}: condition image {value!r} not found (looked for {image})")
-    return str(image)
+    return (path.parent / value).resolve()

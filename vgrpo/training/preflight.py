@@ -5,9 +5,9 @@ It checks what the inputs say, not only that they exist:
 * pipelines (a stage's ``pipeline``, the evaluation's ``base_pipeline``): ``model_index.json``, a folder for every
   component it names, and the header of every safetensors file in them, so a truncated or corrupt file is named
   with its path instead of surfacing as a library traceback mid-stage;
-* prompt files (``prompts``, ``eval_prompts``), read as the stage reads them, and checked by each reward that reads
-  them (:meth:`vgrpo.rewards.base.Reward.check_prompts`: GenEval's clauses, and every class and colour they name
-  against the vocabulary of the detector that will score them);
+* prompt files (``prompts``, ``eval_prompts``), read as the stage reads them (an editing row's source image opened
+  and read through), and checked by each reward that reads them (:meth:`vgrpo.rewards.base.Reward.check_prompts`:
+  GenEval's clauses, and every class and colour they name against the detector's vocabulary);
 * reward models: every ``path`` / ``*_path`` / ``*_file`` option opened (safetensors headers; a torch ``.pth`` as a
   zip archive, never unpickled; an mmdet config compiled, never run), every ``*url`` option a well-formed http(s)
   URL (reached, with ``connect``), and each reward's options against its constructor;
@@ -176,11 +176,11 @@ class _Findings:
             if done not in self._done:
                 try:
                     path = self.root / file
-                    self._done[done] = prompt_problems(rewards, load_prompts(path), path)
+                    self._done[done] = prompt_problems(rewards, load_prompts(path, open_images=True), path)
                     if not self._done[done]:
                         read()  # what else the stage refuses: a prompt_tags filter that keeps nothing, ...
                 except (UserError, ValueError) as exc:
-                    self._done[done] = [str(exc)]
+                    self._done[done] = str(exc).splitlines()  # a bad condition image a line
             self.add(self._done[done], used_by)
 
     def problems(self) -> list[Problem]:
@@ -313,9 +313,10 @@ def preflight_evaluation(
             findings.add(adapter_fit_problems(Path(lora), shapes=transformer_shapes(Path(pipeline))), "--lora")
     findings.inputs.setdefault("--prompts", Path(prompts))
     try:
-        findings.add(prompt_problems(config.rewards, load_prompts(Path(prompts)), prompts), "--prompts")
+        rows = load_prompts(Path(prompts), open_images=True)
+        findings.add(prompt_problems(config.rewards, rows, prompts), "--prompts")
     except (UserError, ValueError) as exc:
-        findings.add([str(exc)], "--prompts")
+        findings.add(str(exc).splitlines(), "--prompts")
     findings.rewards(config.rewards, "evaluation", "rewards")
     for side_of in (pipeline, config.base_pipeline):
         geometry = read_geometry(Path(side_of)) if side_of else None
