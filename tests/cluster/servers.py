@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from flows.services import ServiceError, wait_healthy
+from flows.team_checks import check_team_settings
 from flows.team_postgres import pg_bin
 from flows.team_services import TLS, TeamServices, team_down, team_up
 from tasks.launch import free_port
@@ -178,6 +179,7 @@ def team_services(store: Path) -> Iterator[Team]:
         tls=TLS(*self_signed_tls(root / "tls")),
     )
     try:
+        check_team_settings(services)  # what `up` checks first: the good settings pass it
         yield Team(services, team_up(services))
     finally:
         team_down(services.root)
