@@ -18,7 +18,8 @@ it against the CA, ``verify-full``) (:class:`TLS`). Every secret reaches a
 server through its environment or a 0600 file, never its command line. Prefect's result storage (the cached
 tasks' pickled results and cache records) stays on each machine: a stage done on another machine comes from the
 store as JSON and safetensors (:mod:`tasks.store`). The one-machine default stays what it was: sqlite files, no
-servers, no credentials.
+servers, no credentials. Before making or starting anything, ``up`` checks every setting and names each bad one
+by its flag or variable, exit status 2 (:mod:`flows.team_checks`).
 """
 
 from __future__ import annotations
