@@ -47,11 +47,12 @@ def test_a_final_report_needs_every_choice_on_record_on_validation(tmp_path: Pat
     on_test = {"split": {"prompt_file": "data/world/test.jsonl", "sha256": "cd"}}
     _write(tmp_path / "good.json", json.dumps(good))
     _write(tmp_path / "runs.json", json.dumps([good, good]))  # a list of run records, each with its split
+    _write(tmp_path / "table.json", json.dumps({"prompt_file": "data/world/validation.jsonl"}))  # an evaluation
     _write(tmp_path / "test.json", json.dumps(on_test))
     _write(tmp_path / "silent.json", json.dumps([good, {"seed": 0}]))
     _write(tmp_path / "broken.json", "{")
     field = "curriculum.choices (c.yaml)"
-    assert choice_record_problems(["good.json", "runs.json"], field=field, root=tmp_path) == []
+    assert choice_record_problems(["good.json", "runs.json", "table.json"], field=field, root=tmp_path) == []
     assert choice_record_problems([], field=field, root=tmp_path) == [
         f"{field}: empty; a final report needs the tuning records its recipe was chosen on"
     ]

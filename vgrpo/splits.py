@@ -66,10 +66,12 @@ def split_record(path: str | Path, role: str) -> dict[str, Any]:
 
 def _record_split_file(record: Any) -> str | None:
     """The prompt file a choice record's numbers were read from: its ``split`` (:func:`split_record`, or the
-    ``paired_gain`` table's ``{prompt_file, sha256}``), in the record or in each of its runs."""
-    if isinstance(record, dict) and isinstance(record.get("split"), dict):
+    ``paired_gain`` table's ``{prompt_file, sha256}``) or, for an evaluation table, its ``prompt_file``."""
+    if not isinstance(record, dict):
+        return None
+    if isinstance(record.get("split"), dict):
         return str(record["split"].get("prompt_file") or "") or None
-    return None
+    return str(record["prompt_file"]) if isinstance(record.get("prompt_file"), str) else None
 
 
 def choice_record_problems(choices: Sequence[str | Path], *, field: str, root: str | Path = ".") -> list[str]:
