@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -374,7 +375,11 @@ def _break_newest_state(work: Path) -> Path:
 
 
 def test_a_checkpoint_that_does_not_parse_is_set_aside_by_the_cli(
-    world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    world: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.chdir(world)
     (tmp_path / "stage.yaml").write_text(
@@ -392,15 +397,15 @@ def test_a_checkpoint_that_does_not_parse_is_set_aside_by_the_cli(
     assert main([*argv, "--out", str(tmp_path / "first")]) == 0
     broken = _break_newest_state(tmp_path / "work")
     capsys.readouterr()
-    with pytest.warns(UserWarning, match="history"):
-        code = main([*argv, "--out", str(tmp_path / "second"), "--metrics", str(tmp_path / "m.json")])
+    code = main([*argv, "--out", str(tmp_path / "second"), "--metrics", str(tmp_path / "m.json")])
+    assert "state.json: no field 'history'" in caplog.text  # on stderr outside pytest: tests/test_console_warnings.py
     assert code == 0 and "Traceback" not in capsys.readouterr().err
     assert json.loads((tmp_path / "m.json").read_text())["resumed_from"] == 1
     assert broken.exists() and list((tmp_path / "work" / "checkpoints").glob(".corrupt-iter-2*"))  # set aside, redone
 
 
 def test_a_checkpoint_that_does_not_parse_is_set_aside_by_the_trainer(
-    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.chdir(world)
 
@@ -412,8 +417,9 @@ def test_a_checkpoint_that_does_not_parse_is_set_aside_by_the_trainer(
 
     trainer("first").train()
     _break_newest_state(tmp_path / "work")
-    with pytest.warns(UserWarning, match=r"state\.json.*history"):
+    with caplog.at_level(logging.WARNING, logger="vgrpo"):
         assert trainer("second").train().resumed_from == 1
+    assert "state.json: no field 'history'" in caplog.text
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,6 +5,8 @@ with a message naming the file and the field."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -139,7 +141,7 @@ def _set(key: str, value: Any) -> Callable[[dict[str, Any]], Any]:
     ],
 )
 def test_a_checkpoint_whose_state_lacks_a_field_or_has_a_wrong_type_is_set_aside(
-    tmp_path: Path, spoil: Callable[[dict[str, Any]], Any], message: str
+    tmp_path: Path, spoil: Callable[[dict[str, Any]], Any], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     older, newer = json.loads(OLD_STATE.read_text()), json.loads(OLD_STATE.read_text())
     older["iteration"] = 1
@@ -149,8 +151,12 @@ def test_a_checkpoint_whose_state_lacks_a_field_or_has_a_wrong_type_is_set_aside
     run = ResumableRun(tmp_path, FINGERPRINT, None, keep=2)
     assert run.peek() == TrainingState.from_json(older)  # what the restore below resumes
     live = _live(7)
-    with pytest.warns(UserWarning, match=message + r".*; moved to .corrupt-iter-2, resuming from an older checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="vgrpo"):
         state = run.restore(live, Distributed())
+    moved = rf"; moved to {re.escape(str(tmp_path / '.corrupt-iter-2'))}; "
+    resumes = rf"the stage resumes from the older checkpoint {re.escape(str(tmp_path / 'iter-1'))} \(iteration 1\)"
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert re.search(message + ".*" + moved + resumes, caplog.records[0].getMessage())
     assert state == TrainingState.from_json(older)
     assert all(torch.equal(a, b) for a, b in zip(_tensors(live), _tensors(_live(1)), strict=True))
     assert sorted(p.name for p in tmp_path.iterdir()) == [".corrupt-iter-2", "iter-1"]
@@ -165,14 +171,15 @@ def test_a_checkpoint_whose_state_lacks_a_field_or_has_a_wrong_type_is_set_aside
     ],
 )
 def test_a_malformed_state_changes_no_weight_and_the_stage_starts_over(
-    tmp_path: Path, state: Any, message: str
+    tmp_path: Path, state: Any, message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     _checkpoint(tmp_path, 2, state)
     run = ResumableRun(tmp_path, FINGERPRINT, None, keep=2)
     assert run.peek() is None
     live = _live(7)
     before = _tensors(live)
-    with pytest.warns(UserWarning, match=message):
+    with caplog.at_level(logging.WARNING, logger="vgrpo"):
         assert run.restore(live, Distributed()) is None
+    assert re.search(message + ".*; the stage starts over from iteration 0", caplog.text)
     assert all(torch.equal(a, b) for a, b in zip(_tensors(live), before, strict=True))
     assert (tmp_path / ".corrupt-iter-2").is_dir()

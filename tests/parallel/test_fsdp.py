@@ -5,6 +5,7 @@ sharded checkpoints (no pickle, checked before loading) and the export of a whol
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 from pathlib import Path
 
@@ -205,7 +206,7 @@ def test_a_sharded_checkpoint_round_trips_and_loads_no_pickle(tmp_path, monkeypa
     assert int(next(iter(live.optimizer.state.values()))["step"]) == 1
 
 
-def test_a_corrupt_sharded_checkpoint_is_set_aside_and_an_older_one_resumed(tmp_path):
+def test_a_corrupt_sharded_checkpoint_is_set_aside_and_an_older_one_resumed(tmp_path, caplog):
     _save(tmp_path / "iter-1", seed=1)
     _save(tmp_path / "iter-2", seed=2)
     shard = next((tmp_path / "iter-2" / "shards").iterdir())
@@ -219,7 +220,8 @@ def test_a_corrupt_sharded_checkpoint_is_set_aside_and_an_older_one_resumed(tmp_
     assert all(torch.equal(p, b) for p, b in zip(live.module.parameters(), before, strict=True))  # untouched
     run = ResumableRun(tmp_path, "", None, keep=2, sharded=True)
     run.owns = lambda checkpoint: True
-    with pytest.warns(UserWarning, match="resuming from an older checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="vgrpo"):
         state = run.restore(live, Distributed())
+    assert f"the stage resumes from the older checkpoint {tmp_path / 'iter-1'} (iteration 1)" in caplog.text
     assert state == _state(1)
     assert (tmp_path / ".corrupt-iter-2").is_dir()

@@ -4,6 +4,7 @@ ends (bit-identical adapter, same history and evaluation on CPU); a half-written
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -94,16 +95,21 @@ def test_a_half_written_checkpoint_is_left_aside(world: Path) -> None:
     assert resumed.resumed_from == 0
 
 
-def test_a_corrupt_checkpoint_is_set_aside_and_an_older_one_resumed(world: Path, reference: dict[str, Any]) -> None:
+def test_a_corrupt_checkpoint_is_set_aside_and_an_older_one_resumed(
+    world: Path, reference: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = _config(keep_checkpoints=3)
     run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "corrupt", out_dir=world / "corrupt-first", root=world)
     ckpts = world / "corrupt" / "checkpoints"
     weights = ckpts / "iter-3" / "trainable.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated, as by a full disk
-    with pytest.warns(UserWarning, match=r"iter-3/trainable.safetensors: unreadable"):
+    with caplog.at_level(logging.WARNING, logger="vgrpo"):
         resumed = run_stage(
             cfg, pipeline_dir=Path("base"), work_dir=world / "corrupt", out_dir=world / "corrupt-lora", root=world
         )
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "iter-3/trainable.safetensors: unreadable" in warned[0], warned
+    assert f"the stage resumes from the older checkpoint {ckpts / 'iter-2'} (iteration 2)" in warned[0]
     assert resumed.resumed_from == 2
     assert (ckpts / ".corrupt-iter-3").is_dir()  # kept for inspection, never loaded again
     assert (world / "corrupt-lora" / LORA).read_bytes() == reference["lora"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +30,12 @@ from vgrpo.checkpoints.state import (
     quarantine,
     save_training_state,
 )
+from vgrpo.logs import get_logger
 from vgrpo.parallel.distributed import Distributed
 
 __all__ = ["EVALUATION_FIELDS", "ResumableRun", "TrainingState", "adapter_hash", "training_hash"]
+
+logger = get_logger(__name__)
 
 EVALUATION_FIELDS = frozenset({"eval_prompts", "evaluation", "eval_every", "eval_at_start"})
 """Stage fields that decide what is measured, never what is trained: left out of the training fingerprint, so a
@@ -167,6 +169,18 @@ def _read_state(checkpoint: Path) -> TrainingState:
         raise CheckpointError(f"{file}: {exc}") from exc
 
 
+def _warn_set_aside(set_aside: list[str], resumed: tuple[Path, int] | None) -> None:
+    """One WARNING per checkpoint set aside as corrupt (``set_aside``: what was wrong and where it was moved), saying
+    what the stage resumes from instead: the iterations after it are lost and trained again, which the user must
+    be told even at ``vgrpo train -q``."""
+    if resumed is None:
+        outcome = "the stage starts over from iteration 0 (no older checkpoint of this run loads)"
+    else:
+        outcome = f"the stage resumes from the older checkpoint {resumed[0]} (iteration {resumed[1]})"
+    for what in set_aside:
+        logger.warning("corrupt checkpoint set aside: %s; %s", what, outcome)
+
+
 class ResumableRun:
     """The checkpoints of one run under ``root``: ``iter-N`` directories whose ``state.json`` carries the run's
     fingerprint and starting adapter hash; others (other params) are left alone. ``sharded``: every rank writes
@@ -214,17 +228,22 @@ class ResumableRun:
     def restore(self, live: Checkpointed, dist: Distributed) -> TrainingState | None:
         """Load the newest checkpoint of this run that loads whole (rank 0 chooses, setting corrupt ones aside:
         unreadable or mismatched tensors, a ``state.json`` that lacks a field); the other ranks load what it chose.
-        Returns its state, or ``None`` to start from iteration 0."""
+        Returns its state, or ``None`` to start from iteration 0. Each checkpoint set aside is logged as a WARNING
+        naming the file, what was wrong, where it was moved and what the stage resumes from instead."""
+        set_aside: list[str] = []  # rank 0's
         if self.sharded:  # every rank loads its shards, trying the checkpoints rank 0 lists in turn
             listed = self.owned() if dist.is_main else None
             for candidate in dist.broadcast_object(listed):
                 try:
-                    return self._load(candidate, live, dist)
+                    state = self._load(candidate, live, dist)
                 except CheckpointError as exc:  # raised on every rank alike
                     if dist.is_main:
-                        moved = quarantine(candidate)
-                        warnings.warn(f"{exc}; moved to {moved.name}, resuming from an older checkpoint", stacklevel=2)
+                        set_aside.append(f"{exc}; moved to {quarantine(candidate)}")
                     dist.barrier()
+                    continue
+                _warn_set_aside(set_aside, (candidate, state.iteration))
+                return state
+            _warn_set_aside(set_aside, None)
             return None
         found: tuple[Path, TrainingState] | None = None
         if dist.is_main:
@@ -233,8 +252,8 @@ class ResumableRun:
                     found = candidate, self._load(candidate, live, dist)
                     break
                 except CheckpointError as exc:
-                    moved = quarantine(candidate)
-                    warnings.warn(f"{exc}; moved to {moved.name}, resuming from an older checkpoint", stacklevel=2)
+                    set_aside.append(f"{exc}; moved to {quarantine(candidate)}")
+            _warn_set_aside(set_aside, None if found is None else (found[0], found[1].iteration))
         path = dist.broadcast_object(None if found is None else found[0])
         if path is None:
             return None
