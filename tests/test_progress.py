@@ -55,5 +55,19 @@ def test_off_a_terminal_the_view_writes_when_due_and_at_the_end(tmp_path: Path) 
     ]
     saved = Progress.from_json(json.loads(state.read_text()))
     assert saved.done == 4 and saved.times == [2.0] * 4 and saved.line() == out.getvalue().splitlines()[-1]
+    written = out.getvalue()
     view.on_skip({"iteration": 4, "quantity": "loss", "count": 1, "of": 8})
-    assert out.getvalue().splitlines()[-1] == "s1 iteration 4: skipped, non-finite loss (1 of 8); no update applied"
+    assert out.getvalue() == written  # the stage's WARNING says why (tests/test_console_warnings.py)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_a_skip_ends_the_redrawn_line_for_the_warning_that_follows() -> None:
+    out = _Terminal()
+    view = ProgressView("s1", 4, stream=out)
+    view.on_log({"reward/total_mean": 0.5, "time/iteration_s": 2.0}, 0)
+    view.on_skip({"iteration": 1, "quantity": "loss", "count": 1, "of": 8})
+    assert out.getvalue().endswith("\x1b[K\n")

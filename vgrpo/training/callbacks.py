@@ -76,7 +76,7 @@ class FanOut(StageCallbacks):
 
 class ProgressView(StageCallbacks):
     """The stage's live progress as one line (:class:`vgrpo.progress_line.Progress`: stage k of n, iteration i of m,
-    seconds per iteration, ETA, the last rewards), and why an iteration was skipped.
+    seconds per iteration, ETA, the last rewards); why an iteration was skipped is the stage's WARNING log.
 
     On a terminal the line is redrawn in place; elsewhere (a log file) a new line is written at most every
     ``every_s`` seconds and at the stage's last iteration, so a long stage leaves a few dozen lines. With
@@ -122,13 +122,12 @@ class ProgressView(StageCallbacks):
         out.flush()
 
     def on_skip(self, event: dict[str, Any]) -> None:
+        """Ends the line a terminal redraws in place, so that the stage's WARNING about the skip (the one line that
+        says why, on the console at any verbosity) starts a line of its own."""
         out = self._out()
-        out.write(
-            ("\n" if out.isatty() else "")
-            + f"{self.progress.stage} iteration {event['iteration']}: skipped, non-finite {event['quantity']} "
-            f"({event.get('count', '?')} of {event.get('of', '?')}); no update applied\n"
-        )
-        out.flush()
+        if out.isatty():
+            out.write("\n")
+            out.flush()
 
     def _note(self, text: str) -> None:
         """A line of its own beside the progress line (which a terminal redraws in place)."""

@@ -234,6 +234,17 @@ def run_stage(
             if dist.is_main:
                 report.on_log(metrics, iteration)
                 report.on_skip(event)
+                logger.warning(  # on the console at any verbosity: these iterations train nothing
+                    "stage %s, iteration %d skipped (no update applied): non-finite %s, %s of %s values; "
+                    "%d in a row of max_consecutive_skips %d",
+                    config.name,
+                    iteration,
+                    exc.quantity,
+                    event.get("count", "?"),
+                    event.get("of", "?"),
+                    consecutive_skips,
+                    config.max_consecutive_skips,
+                )
             if consecutive_skips >= config.max_consecutive_skips:
                 recent = result.skipped[-consecutive_skips:]
                 raise TrainingDiverged(
