@@ -154,13 +154,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def configure_logging(verbosity: int) -> None:
     """The command line's logging: the library's ``vgrpo`` loggers at INFO (``-q``: WARNING, ``-v``: DEBUG) on
-    stderr; diffusers and transformers at ERROR without their progress bars (their per-save shard bars and
+    stderr, so that its warnings (a corrupt checkpoint set aside, an iteration skipped) show at every verbosity;
+    diffusers and transformers at ERROR without their progress bars (their per-save shard bars and
     expected notices, such as "text_encoder_3=None cannot be saved" for the embedded default, would bury the
     training progress) unless ``-v``."""
     level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("vgrpo").setLevel(level)
-    logging.captureWarnings(True)  # the library's warnings (a corrupt checkpoint moved aside) in the same stream
+    logging.captureWarnings(True)  # warnings.warn's (a library's deprecation notice) in the same stream and format
     if verbosity > 0:
         return
     from diffusers.utils import logging as diffusers_logging
