@@ -230,6 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     compare.add_argument("--stage", required=True, help="the stage compared")
     compare.add_argument("--threads", type=int, default=1, help="the thread count paired")
     args = parser.parse_args(argv)
+    if args.command in ("grid", "one"):
+        from vgrpo.cli import configure_logging
+        from vgrpo.errors import UserError
+
+        configure_logging(-1)  # as `vgrpo -q`, before diffusers is imported: its notices would bury the message
+        from benchmarks.robustness_checks import check_runs
+
+        try:  # every bad argument or stage in one message, before a run's process starts or computes
+            check_runs(args)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "compare":
         changed = [record for path in args.setting for record in read_records(path)]
         reference = [record for path in args.reference for record in read_records(path)]
@@ -256,7 +268,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         merge_record(args.out, record)
         print(f"seed {args.seed}, {args.threads} threads: {json.dumps(record['rewards'])} -> {args.out}")
         return 0
-    overrides_from_pairs(args.set)  # a malformed --set fails here, not in every run
     done = {(r["seed"], r["threads"]) for r in read_records(args.out)}
     failed = []
     for seed in args.seeds:

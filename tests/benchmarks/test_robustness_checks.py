@@ -1,0 +1,120 @@
+"""``python -m benchmarks.robustness grid`` refuses bad arguments and curricula that cannot run before it starts a
+run's process: exit 2, one message naming every problem, nothing written (:mod:`benchmarks.robustness_checks`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from benchmarks import robustness
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny world with a two-stage curriculum (``curriculum.yaml``) and its test evaluation's params, as the
+    grid test of tests/benchmarks/test_robustness.py runs them; ``bad-hold.yaml``'s second stage holds a reward
+    its checks do not compute."""
+    from tests.tiny_world import WORLD_PICK, tiny_stage_config, write_tiny_world
+    from vgrpo.world.prompts import make_splits, make_validation, write_jsonl
+
+    root = write_tiny_world(tmp_path_factory.mktemp("robustness"))
+    _, test = make_splits(0, 40, 8)
+    write_jsonl(root / "validation.jsonl", [md for md, _ in make_validation(0, 8, [md["prompt"] for md, _ in test])])
+    pick = {"name": "pickscore", "key": "world_pickscore", "options": {"path": str(WORLD_PICK)}}
+    evaluation = {"group_size": 1, "num_steps": 2, "seed": 1, "rewards": [{"name": "geneval"}, pick]}
+    for i in (1, 2):
+        stage = tiny_stage_config(name=f"s{i}", iterations=2, eval_every=2, eval_prompts="validation.jsonl")
+        data = {**stage.model_dump(mode="json"), "pipeline": "base", "evaluation": evaluation}
+        (root / f"s{i}.yaml").write_text(yaml.safe_dump(data))
+    hold = {"rewards": {"hps": 0.1}, "every": 1, "prompts": "validation.jsonl"}
+    (root / "s2-hold.yaml").write_text(yaml.safe_dump({**yaml.safe_load((root / "s2.yaml").read_text()), "hold": hold}))
+    (root / "empty.yaml").write_text("{}\n")
+    for name, stages in (("curriculum", ["s1.yaml", "s2.yaml"]), ("bad-hold", ["s1.yaml", "s2-hold.yaml"])):
+        spec = {"name": "tiny", "base": [], "model": "empty.yaml", "stages": stages}
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
+    (root / "evaluate.yaml").write_text(yaml.safe_dump({"evaluation": {**evaluation, "seed": 0}}))
+    return root
+
+
+def _args(world: Path, written: Path, **changed: str) -> list[str]:
+    """The grid's arguments on ``world``, writing under ``written``; ``changed`` replaces some (``test_prompts=``)."""
+    given = {
+        "--root": str(world),
+        "--curriculum": "curriculum.yaml",
+        "--evaluate-params": "evaluate.yaml",
+        "--test-prompts": "test.jsonl",
+        "--validation-prompts": "validation.jsonl",
+        "--run-root": str(written / "runs"),
+        "--out": str(written / "runs.json"),
+    } | {f"--{k.replace('_', '-')}": v for k, v in changed.items()}
+    return [part for flag, value in given.items() for part in (flag, value)]
+
+
+@pytest.fixture
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The run processes the grid starts, recorded instead of started."""
+    started: list[list[str]] = []
+
+    def run(cmd: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        started.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(robustness.subprocess, "run", run)
+    return started
+
+
+def test_bad_arguments_exit_2_with_one_message_naming_each_before_any_run(world: Path, tmp_path: Path) -> None:
+    args = _args(world, tmp_path, curriculum="nowhere.yaml", test_prompts="missing.jsonl")
+    cmd = [sys.executable, "-m", "benchmarks.robustness", "grid", "--seeds", "-1", "0", "--threads", "0", "2", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([*cmd, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and out.stderr.startswith("error: preflight found 5 problems")
+    for part in ("--seeds -1: each must be >= 0", "--threads 0: each must be >= 1", "--threads 2: given twice"):
+        assert part in out.stderr, (part, out.stderr)
+    assert f"{world / 'nowhere.yaml'}: params file not found" in out.stderr
+    assert f"{world / 'missing.jsonl'}: prompt file not found (--test-prompts)" in out.stderr
+    assert "running" not in out.stdout and sorted(tmp_path.iterdir()) == []  # no run started, nothing written
+
+
+def test_a_stage_that_cannot_run_is_refused_naming_its_file_and_key(
+    world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], spawned: list[list[str]]
+) -> None:
+    assert (
+        robustness.main(["grid", "--seeds", "0", "--threads", "1", *_args(world, tmp_path, curriculum="bad-hold.yaml")])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert str(world / "s2-hold.yaml") in err and "hold.rewards.hps: not computed by the hold checks" in err, err
+    assert "(--curriculum)" in err and "Traceback" not in err
+    assert spawned == [] and sorted(tmp_path.iterdir()) == []
+
+
+def test_outputs_over_inputs_and_a_missing_pipeline_are_refused(
+    world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], spawned: list[list[str]]
+) -> None:
+    (tmp_path / "root").mkdir()
+    for file in world.iterdir():  # the world without its base pipeline
+        if file.name != "base":
+            (tmp_path / "root" / file.name).symlink_to(file)
+    args = _args(tmp_path / "root", tmp_path, out=str(tmp_path / "root" / "validation.jsonl"))
+    assert robustness.main(["one", "--seed", "0", "--threads", "1", *args]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'root' / 'base'}: pipeline directory not found (s1: pipeline" in err, err
+    assert "--out" in err and "is an input (--validation-prompts)" in err, err
+    assert spawned == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_good_grid_passes_every_check_and_starts_one_process_per_run(
+    world: Path, tmp_path: Path, spawned: list[list[str]]
+) -> None:
+    assert robustness.main(["grid", "--seeds", "0", "1", "--threads", "1", *_args(world, tmp_path)]) == 0
+    assert [cmd[cmd.index("--seed") + 1] for cmd in spawned] == ["0", "1"]
