@@ -36,7 +36,7 @@ from vgrpo.parallel.distributed import Distributed
 from vgrpo.rewards.base import Reward
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward, RewardTerm
-from vgrpo.rewards.registry import FunctionReward
+from vgrpo.rewards.registry import FunctionReward, refuse_reward_class
 from vgrpo.training.phases import evaluate_adapter
 from vgrpo.training.preflight import check_or_raise
 from vgrpo.training.stage import (
@@ -65,19 +65,30 @@ def _import_path(obj: Any) -> str:
 def _reward_set(config: StageConfig, rewards: Mapping[str, RewardLike]) -> tuple[StageConfig, MultiReward]:
     """The rewards as a :class:`MultiReward`, and ``config`` with ``rewards`` naming them, so the training
     fingerprint (which decides what a checkpoint may resume) and the tracked params say which rewards trained."""
+    if not isinstance(rewards, Mapping):  # trl's reward_funcs is a list; here each reward needs its key
+        raise ConfigError(f"rewards: a mapping of key -> reward ({{'mine': MyReward()}}), got {type(rewards).__name__}")
     if not rewards:
         raise ConfigError("rewards: give at least one reward")
     terms: dict[str, RewardTerm] = {}
     specs: list[RewardConfig] = []
     for key, given in rewards.items():
-        term = (
-            given
-            if isinstance(given, RewardTerm)
-            else RewardTerm(given if isinstance(given, Reward) else FunctionReward(given, key))
-        )
+        refuse_reward_class(given, f"rewards[{key!r}]")
+        try:
+            term = (
+                given
+                if isinstance(given, RewardTerm)
+                else RewardTerm(given if isinstance(given, Reward) else FunctionReward(given, key))
+            )
+        except TypeError as exc:  # a function no caller can call (vgrpo.rewards.registry.function_style)
+            raise ConfigError(f"rewards[{key!r}]: {exc}") from exc
         inner = term.reward.fn if isinstance(term.reward, FunctionReward) else term.reward
         name = _import_path(inner)
-        if "<" in name:  # <locals>, <lambda>: no import path reaches it
+        if "<lambda>" in name:
+            raise ConfigError(
+                f"rewards[{key!r}]: {name} is a lambda, which no import path reaches; the stage's params and "
+                "checkpoints name each reward by its import path, so define it with def at module level"
+            )
+        if "<" in name:  # <locals>: no import path reaches it
             raise ConfigError(
                 f"rewards[{key!r}]: {name} is defined inside a function; define the reward at module "
                 "level, so the stage's params and checkpoints can name it"

@@ -147,3 +147,38 @@ def test_a_stage_trains_on_a_trl_reward_function_through_the_trainer(tmp_path: P
     assert [h["guard/skipped"] for h in result.history] == [0.0, 0.0]
     assert "reward/red_mean" in result.history[-1]
     assert (world / "run" / "export" / "pytorch_lora_weights.safetensors").is_file()
+
+
+module_lambda = lambda images, prompts, metadata: [0.0] * len(images)  # noqa: E731 -- what the refusal names
+
+
+def test_a_reward_class_where_an_instance_goes_is_a_user_error_saying_to_build_it() -> None:
+    """``Trainer(rewards=...)``, a :class:`RewardTerm` and a :class:`MultiReward` take reward objects: the class
+    itself (``Brightness`` for ``Brightness()``) is refused with the project's user error, not a bare TypeError."""
+    from tests.rewards.custom import Brightness, NotAReward, one_image_reward
+    from vgrpo.errors import ConfigError, UserError
+    from vgrpo.rewards.multi import RewardTerm
+    from vgrpo.trainer import Trainer
+
+    config = _two_iteration_stage("api", [{"name": "tests.rewards.custom:redness"}])
+    build = "Brightness is a Reward class; pass an instance: Brightness\\(\\)"
+    with pytest.raises(UserError, match=rf"rewards\['light'\]: {build}"):
+        Trainer(config, work_dir=Path("unused"), rewards={"light": Brightness})
+    with pytest.raises(ConfigError, match=rf"RewardTerm.reward: {build}"):
+        Trainer(config, work_dir=Path("unused"), rewards={"light": RewardTerm(Brightness, weight=0.5)})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"rewards: a mapping of key -> reward .*got list"):
+        Trainer(config, work_dir=Path("unused"), rewards=[Brightness])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=rf"terms\['light'\]: {build}"):
+        MultiReward({"light": Brightness})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match=r"terms\['light'\]: a RewardTerm, got Brightness"):
+        MultiReward({"light": Brightness()})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match=r"rewards\['zero'\]: tests.rewards.test_custom:<lambda> is a lambda"):
+        Trainer(config, work_dir=Path("unused"), rewards={"zero": module_lambda})
+    with pytest.raises(
+        ConfigError, match=r"rewards\['one'\]: reward 'one': one_image_reward\(image.* is not a reward fun"
+    ):
+        Trainer(config, work_dir=Path("unused"), rewards={"one": one_image_reward})
+    with pytest.raises(ConfigError, match=r"rewards\['other'\]: NotAReward is a class; pass a Reward instance or a"):
+        Trainer(config, work_dir=Path("unused"), rewards={"other": NotAReward})
+    built = Trainer(config, work_dir=Path("unused"), rewards={"light": Brightness(), "red": RewardTerm(Brightness())})
+    assert [r.name for r in built.config.rewards] == ["tests.rewards.custom:Brightness"] * 2

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vgrpo.errors import ConfigError
 from vgrpo.rewards.base import (
     Metadata,
     NonFiniteRewardError,
@@ -39,7 +40,7 @@ from vgrpo.rewards.base import (
     describe_raised,
 )
 from vgrpo.rewards.config import RewardConfig, check_unique_keys
-from vgrpo.rewards.registry import FunctionReward, build_reward
+from vgrpo.rewards.registry import FunctionReward, build_reward, refuse_reward_class
 from vgrpo.rewards.video import PerFrameMean, check_videos
 
 __all__ = ["MultiReward", "MultiRewardOutput", "RewardTerm", "import_name"]
@@ -67,6 +68,12 @@ class RewardTerm:
     scale: float = 1.0
 
     def __post_init__(self) -> None:
+        refuse_reward_class(self.reward, "RewardTerm.reward")
+        if not isinstance(self.reward, Reward):  # a function is wrapped first, as Trainer(rewards=...) does
+            raise ConfigError(
+                f"RewardTerm.reward: a Reward instance, got {type(self.reward).__name__} (a reward function: "
+                "FunctionReward(fn, key))"
+            )
         if self.scale <= 0:
             raise ValueError(f"reward {self.reward.name!r}: scale must be > 0, got {self.scale}")
 
@@ -135,6 +142,10 @@ class MultiReward:
     def __init__(self, terms: Mapping[str, RewardTerm], sources: Mapping[str, str] | None = None):
         if not terms:
             raise ValueError("a reward set needs at least one reward")
+        for key, term in terms.items():
+            if not isinstance(term, RewardTerm):  # a Reward (or its class) given where its term goes
+                refuse_reward_class(term, f"terms[{key!r}]")
+                raise ConfigError(f"terms[{key!r}]: a RewardTerm, got {type(term).__name__}: RewardTerm(reward)")
         self.terms = dict(terms)
         self.sources = {key: (sources or {}).get(key) or import_name(term.reward) for key, term in self.terms.items()}
         self._executor: ThreadPoolExecutor | None = None

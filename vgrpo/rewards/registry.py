@@ -23,6 +23,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
+from vgrpo.errors import ConfigError
 from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward, RewardOutput, plain_scores
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "function_problem",
     "function_style",
     "get_reward_class",
+    "refuse_reward_class",
     "resolve_reward",
     "reward_class",
     "reward_key",
@@ -112,6 +114,16 @@ def function_problem(fn: Callable[..., Any], name: str, options: Mapping[str, An
     return None
 
 
+def refuse_reward_class(given: Any, where: str) -> None:
+    """A :class:`ConfigError` naming ``where`` when ``given`` is a class where a reward object goes: a class is
+    callable, so ``MyReward`` passed for ``MyReward()`` would be taken for a reward function and refused for its
+    constructor's signature, or called with images as its constructor's arguments."""
+    if isinstance(given, type):
+        if issubclass(given, Reward):
+            raise ConfigError(f"{where}: {given.__name__} is a Reward class; pass an instance: {given.__name__}()")
+        raise ConfigError(f"{where}: {given.__name__} is a class; pass a Reward instance or a reward function")
+
+
 TRL_RESERVED = frozenset({"completions", "prompts", "metadata"})
 
 
@@ -141,6 +153,7 @@ class FunctionReward(Reward):
     what it returned."""
 
     def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None):
+        refuse_reward_class(fn, f"reward {name!r}")
         self.fn, self.options = fn, dict(options or {})
         self.style = function_style(fn, name)
         setattr(self, "name", name)  # noqa: B010 -- per instance: Reward declares the registry name a ClassVar
