@@ -131,7 +131,7 @@ def test_moved_broken_or_resized_sources_are_refused_before_anything_is_written(
     (samples / "00002-0.png").write_text("not an image")  # not credited: never read
     before = _tree(tmp_path)
     code, err = _edit_set(capsys, sources, tmp_path / "out" / "set")
-    assert code == 2 and "Traceback" not in err and "preflight found 3 problems" in err
+    assert code == 2 and "Traceback" not in err and "edit-set found 3 problems before writing anything" in err
     assert f"source image {samples / '00000-0.png'} not found" in err
     assert f"source image {broken} is not an image that opens" in err
     assert f"source image {samples / '00003-0.png'} is 12x12 pixels, expected 8x8" in err

@@ -194,7 +194,6 @@ def write_edit_set(sources: str | Path, out: str | Path, *, seed: int = 0) -> di
     from vgrpo.atomic import atomic_dir
     from vgrpo.evaluation.report import sample_png_name, scores_path
     from vgrpo.outputs import Output, output_problems
-    from vgrpo.training.preflight import PreflightError, Problem
 
     sources, out = Path(sources), Path(out)
     inputs = {"--sources": sources, "--sources scores": scores_path(sources)}
@@ -207,7 +206,9 @@ def write_edit_set(sources: str | Path, out: str | Path, *, seed: int = 0) -> di
         inputs, problems = source.inputs, _source_problems(sources, source)
     problems += output_problems([Output("--out", out)], inputs)
     if problems or source is None:
-        raise PreflightError([Problem(p) for p in problems])
+        # vgrpo.training.preflight's wording without its imports, which would make this DVC stage depend on training
+        count = f"{len(problems)} problem{'' if len(problems) == 1 else 's'}"
+        raise UserError(f"edit-set found {count} before writing anything:\n" + "\n".join(f"  - {p}" for p in problems))
     rng = np.random.default_rng(seed)
     edits: list[list[tuple[str, dict[str, Any]]]] = [[] for _ in source.rows]
     for i, k in _edited(source):
