@@ -14,12 +14,13 @@ from safetensors import safe_open
 
 from vgrpo.checkpoints.state import LORA_FILE
 from vgrpo.models.pipeline import PIPELINE_COMPONENTS
-from vgrpo.models.registry import UnknownFamilyError, family_for_pipeline
+from vgrpo.models.registry import UnknownFamilyError, family_for_pipeline, family_for_transformer
 
 __all__ = [
     "PICKLE_SUFFIXES",
     "adapter_fit_problems",
     "adapter_problems",
+    "family_problems",
     "folder_problems",
     "lora_target_problems",
     "pipeline_problems",
@@ -112,6 +113,55 @@ def pipeline_problems(path: Path) -> list[str]:
     for k in named:
         if k not in missing:
             out += folder_problems(path / k, safetensors_only=True)
+    return out + family_problems(path, index)
+
+
+def _config_class(folder: Path) -> str | None:
+    """``_class_name`` of a diffusers model folder's ``config.json``; None without one (a scheduler's, a text encoder's
+    from transformers) or when it does not read (:func:`folder_problems` names a bad file)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("_class_name") if isinstance(config, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _family_of(transformer_class: str) -> str:
+    try:
+        return f" (the {family_for_transformer(transformer_class).name} family's)"
+    except UnknownFamilyError:
+        return ""
+
+
+def family_problems(path: Path, index: dict[str, Any]) -> list[str]:
+    """Whether a pipeline folder's components belong to the family of its pipeline class (``index``: its
+    ``model_index.json``): the transformer ``model_index.json`` names and the one its ``config.json`` names are the
+    family's transformer class, and each other diffusers model's ``config.json`` names the class ``model_index.json``
+    gives it. diffusers builds each component as ``model_index.json`` says from whatever config the folder holds, so a
+    mixed folder (a FLUX transformer in an SD3 folder) fails later, on a weight shape, without naming the folder."""
+    try:
+        entry = family_for_pipeline(str(index.get("_class_name")))
+    except UnknownFamilyError:  # pipeline_problems names the class
+        return []
+    family = f"{entry.pipeline_class} (the {entry.name} family)"
+    out = []
+    for name, spec in index.items():
+        if name.startswith("_") or not isinstance(spec, list) or len(spec) != 2 or spec[0] != "diffusers":
+            continue
+        listed = str(spec[1])
+        expected = entry.transformer_class if name == "transformer" else listed
+        if listed != expected:
+            out.append(
+                f"{path / 'model_index.json'}: transformer is {listed}{_family_of(listed)}, but {family} "
+                f"holds {expected}"
+            )
+        found = _config_class(path / name)
+        if found is not None and found != expected:
+            of = _family_of(found) if name == "transformer" else ""
+            out.append(
+                f"{path / name / 'config.json'}: _class_name is {found}{of}, but {family} takes {expected} as {name}"
+            )
     return out
 
 
