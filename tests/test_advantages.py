@@ -159,3 +159,25 @@ def test_a_group_no_reward_scores_and_a_partly_scored_group_are_errors() -> None
         compute_advantages({"a": torch.tensor([1.0, nan, 0.0, 1.0])}, group_size=2)
     with pytest.raises(ValueError, match="reward 'a' has non-finite"):
         compute_advantages({"a": torch.tensor([1.0, float("inf"), 0.0, 1.0])}, group_size=2)
+
+
+def test_compute_advantages_reports_the_size_the_clips_take() -> None:
+    # Groups of 4: [0, 0, 0, 1] -> A = -1/sqrt(3) x3, sqrt(3); [0, 1, 0, 1] -> A = -1, 1, -1, 1; [2, 2, 2, 2] -> 0.
+    r = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    res = compute_advantages({"r": r}, group_size=4, delta=0.0, soft_clip_eta=1.5, clamp=0.9)
+    m = res.metrics
+    assert m["advantage/abs_mean_before_clip"] == pytest.approx((2 * 3**0.5 + 4) / 12)  # 0.6220
+    # only sqrt(3) = 1.732 reaches eta = 1.5
+    assert m["advantage/soft_clip_saturated_frac"] == pytest.approx(1 / 12)
+    # the clamp sees the soft-clipped values: 1.5 tanh(sqrt(3) / 1.5) = 1.228 > 0.9, 1.5 tanh(1 / 1.5) = 0.874 < 0.9
+    assert m["advantage/clamped_frac"] == pytest.approx(1 / 12)
+    # after both: 1.5 tanh(1 / (1.5 sqrt(3))) = 0.550433 x3, the clamp 0.9, 0.874174 x4
+    assert m["advantage/abs_mean"] == pytest.approx((3 * 0.550433 + 0.9 + 4 * 0.874174) / 12, rel=1e-5)  # 0.5040
+    assert m["advantage/zero_variance_frac"] == pytest.approx(1 / 3)
+
+
+def test_compute_advantages_without_clips_has_no_clip_shares() -> None:
+    r = torch.tensor([0.0, 1.0, 0.0, 3.0])
+    m = compute_advantages({"r": r}, group_size=2, delta=0.0).metrics
+    assert m["advantage/abs_mean"] == m["advantage/abs_mean_before_clip"] == pytest.approx(1.0)
+    assert "advantage/soft_clip_saturated_frac" not in m and "advantage/clamped_frac" not in m

@@ -126,3 +126,11 @@ def test_nft_gradients_of_positive_and_negative_branches_oppose_at_old_policy():
         loss, _ = nft_loss(v_theta=v, v_old=v_old, x0=x0, eps=eps, t=t, reward_weight=torch.full((2,), r))
         grads.append(torch.autograd.grad(loss, v)[0])
     torch.testing.assert_close(grads[0], -grads[1])
+
+
+def test_ratio_metrics_report_the_ratios_spread() -> None:
+    from vgrpo.losses import ratio_metrics
+
+    m = ratio_metrics(torch.tensor([0.5, 1.0, 1.5]), clip_range=0.2)
+    assert m["ratio_std"] == pytest.approx((0.5 / 3) ** 0.5)  # population std: sqrt((0.25 + 0 + 0.25) / 3)
+    assert ratio_metrics(torch.ones(4), clip_range=None)["ratio_std"] == 0.0

@@ -16,6 +16,7 @@ from torch import Tensor
 __all__ = [
     "AdvantageResult",
     "clamp_advantages",
+    "clipping_metrics",
     "compute_advantages",
     "group_normalize",
     "scored_samples",
@@ -107,6 +108,24 @@ def scored_samples(rewards: Tensor, group_size: int, name: str = "reward") -> Te
     return ~unscored
 
 
+def clipping_metrics(
+    raw: Tensor, before_clamp: Tensor, clipped: Tensor, *, soft_clip_eta: float | None, clamp: float | None
+) -> dict[str, float]:
+    """How much of the advantages' size the clipping takes: mean ``|A|`` before (``raw``) and after (``clipped``),
+    and the share of samples past each clip's knee: soft-clip, ``|A| >= eta`` before it (where ``tanh`` has shrunk
+    ``A`` by at least 24%); clamp, ``|A| > max_abs`` on what reaches it (``before_clamp``). A clip that is off
+    has no share."""
+    metrics = {
+        "advantage/abs_mean_before_clip": raw.detach().abs().mean().item(),
+        "advantage/abs_mean": clipped.detach().abs().mean().item(),
+    }
+    if soft_clip_eta is not None:
+        metrics["advantage/soft_clip_saturated_frac"] = (raw.detach().abs() >= soft_clip_eta).float().mean().item()
+    if clamp is not None:
+        metrics["advantage/clamped_frac"] = (before_clamp.detach().abs() > clamp).float().mean().item()
+    return metrics
+
+
 @dataclass(frozen=True)
 class AdvantageResult:
     """Advantages and what they were made from.
@@ -192,9 +211,10 @@ def compute_advantages(
         adv = normalize(total)
     else:
         raise ValueError(f"aggregation must be 'normalize_then_sum' or 'sum_then_normalize', got {aggregation!r}")
-    raw_abs_max = adv.abs().max().item()
+    raw = adv
     if soft_clip_eta is not None:
         adv = soft_clip_advantages(adv, soft_clip_eta)
+    before_clamp = adv
     if clamp is not None:
         adv = clamp_advantages(adv, clamp)
     flat = zero_variance_groups(total, group_size)
@@ -204,9 +224,10 @@ def compute_advantages(
             "reward/total_std": total.std(unbiased=False).item(),
             "advantage/mean": adv.mean().item(),
             "advantage/std": adv.std(unbiased=False).item(),
-            "advantage/abs_max_before_clip": raw_abs_max,
+            "advantage/abs_max_before_clip": raw.abs().max().item(),
             "advantage/abs_max": adv.abs().max().item(),
             "advantage/zero_variance_frac": flat.float().mean().item(),
+            **clipping_metrics(raw, before_clamp, adv, soft_clip_eta=soft_clip_eta, clamp=clamp),
         }
     )
     return AdvantageResult(advantages=adv, total_reward=total, zero_variance=flat, metrics=metrics)

@@ -267,3 +267,22 @@ def test_shared_group_noise_starts_a_group_from_one_noise_and_the_sde_separates_
 def test_an_ode_rollout_refuses_shared_group_noise(name):
     with pytest.raises(ValueError, match=rf"rollout.group_noise=shared: algorithm.name={name} samples by ODE"):
         make_config({"name": name}, rollout={"group_noise": "shared"})
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_method_logs_the_plateau_diagnostics(name):
+    policy, before, records, _ = _run(name, iterations=1)
+    m = records[0].metrics
+    for key in ("advantage/abs_mean", "advantage/zero_variance_frac", "train/grad_norm", "update/norm_rel"):
+        assert key in m, key
+    # update/norm is the distance the optimizer steps moved the trainable weights, measured here from the outside
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    after = policy.state_dict()
+    moved = sum(float((after[k].float() - before[k].float()).pow(2).sum()) for k in trainable if k in after)
+    assert len([k for k in trainable if k in after]) == len(trainable)
+    assert m["update/norm"] == pytest.approx(moved**0.5, rel=1e-4) and m["update/norm"] > 0
+    if name == "diffusion_nft":  # no ratio: its reward weight's saturation stands in for the clip's
+        assert "train/ratio_std" not in m and 0.0 <= m["nft/reward_weight_saturated_frac"] <= 1.0
+    else:  # the first step's ratio is the rollout's (1, up to recomputation), the last sees the first step's update
+        assert m["train/ratio_std_first"] == pytest.approx(0.0, abs=1e-4)
+        assert m["train/ratio_std_last"] > m["train/ratio_std_first"]

@@ -84,7 +84,10 @@ class DiffusionNFT(Algorithm[DiffusionNFTPayload]):
                     v_old[pos, j] = policy(z, t, cond.index(mb)).float().cpu()
         r = nft_reward_weight(scored.advantages, self.config.adv_max)
         payload = DiffusionNFTPayload(pairs=pairs, v_old=v_old, reward_weight=r)
-        return payload, {"nft/reward_weight_mean": self.dist.gather(r).mean().item()}
+        weights = self.dist.gather(r)
+        # r at 0 or 1 is A at or past +-adv_max: those samples' advantages are cut, like a clamp's
+        saturated = ((weights == 0) | (weights == 1)).float().mean().item()
+        return payload, {"nft/reward_weight_mean": weights.mean().item(), "nft/reward_weight_saturated_frac": saturated}
 
     def accumulate_gradients(
         self, policy: nn.Module, batch: DiffusionNFTBatch, idx: Tensor, step: int

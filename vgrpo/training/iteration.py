@@ -30,6 +30,7 @@ from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import Conditioning, trainable_parameters
 from vgrpo.training.guards import NonFiniteError, check_finite, nonfinite_summary
 from vgrpo.training.optim import OptimConfig, build_adamw, clip_gradients
+from vgrpo.training.update_stats import step_summary, update_norms, weights_before
 
 __all__ = [
     "IterationRecord",
@@ -53,8 +54,8 @@ class IterationRecord:
 
     Attributes:
         metrics: flat dict of floats: rewards, advantages, surrogate CV, ratio/clip/KL statistics
-            (averaged over gradient steps; ``*_first`` / ``*_last`` keep the ends), grad norm,
-            seconds per phase and NFE.
+            (averaged over gradient steps; ``*_first`` / ``*_last`` keep the ends), grad norm, the norm of the
+            weights' change (``update/*``), seconds per phase and NFE.
         rewards: name -> ``(N,)`` the iteration's raw rewards (the global batch's, gathered from every rank).
         samples: ``(N / W, *S)`` the rollout's final latents (this rank's samples).
     """
@@ -246,9 +247,10 @@ def update_policy(
     with record_function(PHASE_LABEL["prepare"]):
         prepared = algorithm.prepare(policy, batch.rollout, batch.sample_cond, adv.advantages[samples], batch.generator)
     _check_prepared(prepared.payload, dist)
+    params = trainable_parameters(policy)
+    before = weights_before(params)
     t3 = _clock(device)
 
-    params = trainable_parameters(policy)
     per_step: dict[str, list[float]] = {}
     schedule = minibatch_schedule(num_samples, optim.minibatches, optim.gradient_steps, batch.generator)
     with record_function(PHASE_LABEL["update"]):  # the region time/update_s measures
@@ -268,12 +270,7 @@ def update_policy(
     t4 = _clock(device)
 
     metrics: dict[str, float] = {"iteration": float(batch.iteration), **adv.metrics, **prepared.metrics, **end_metrics}
-    for key, values in per_step.items():
-        metrics[f"train/{key}"] = sum(values) / len(values)
-    for key in ("ratio_mean", "ratio_max", "ratio_min", "clip_frac"):
-        if key in per_step:
-            metrics[f"train/{key}_first"] = per_step[key][0]
-            metrics[f"train/{key}_last"] = per_step[key][-1]
+    metrics.update({**step_summary(per_step), **update_norms(before, params)})
     metrics.update(
         {
             "time/rollout_s": batch.seconds,
