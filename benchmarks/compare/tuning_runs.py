@@ -1,0 +1,64 @@
+"""Running a tuning sweep (:mod:`benchmarks.compare.tuning`, :mod:`benchmarks.compare.tuning_v4`): its command
+line, and its rounds of cells until its plan has nothing left to run (each round's finished rungs may add edge
+extensions), then its report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.compare import cell_runs
+from benchmarks.compare.analysis import load_records
+from benchmarks.compare.plan import RunSpec, Sizes, eval_prompt_file
+from benchmarks.compare.rungs import Sweep
+from vgrpo.atomic import write_text_atomic
+
+
+def parser(prog: str, description: str, out: Path, docs: Path) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--out", type=Path, default=out, help="records folder")
+    parser.add_argument("--docs", type=Path, default=docs)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--allow-load", action="store_true", help="start cells while other processes load the cores")
+    parser.add_argument("--report-only", action="store_true")
+    return parser
+
+
+def committed_records(args: argparse.Namespace) -> Path:
+    """The committed records of the sweep: ``<docs>/tuning/cells.jsonl``."""
+    return Path(args.docs) / "tuning" / "cells.jsonl"
+
+
+def run(
+    sweep: Sweep, args: argparse.Namespace, report: Callable[[dict[str, dict[str, Any]], list[RunSpec]], str]
+) -> int:
+    """Run (or resume) the sweep's cells in ``args.out``, writing them back to the committed records after each,
+    then write ``report(records, planned)`` to ``<docs>/tuning.md`` (only that with ``--report-only``)."""
+    args.quick, args.rerun_loaded, args.grid = False, False, "v2"  # the cells run at the v2 grid's sizes
+    args.records = committed_records(args)
+    args.records.parent.mkdir(parents=True, exist_ok=True)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cell_runs.sync_records(out, args.records, export=False)
+    started = time.perf_counter()
+    args.started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
+    sizes = Sizes()
+    eval_prompt_file(out, "geneval", "val", sizes)  # written once here, not by two cells at once
+    while not args.report_only:
+        todo = [s for s in sweep.plan(load_records(out)) if not (out / f"{s.name}.json").is_file()]
+        if not todo:
+            break
+        cell_runs.run_phase(todo, args, sizes, out, started)
+        if all(not (out / f"{s.name}.json").is_file() for s in todo):
+            print("no cell of this round finished; see the logs", file=sys.stderr)
+            return 1
+    records = load_records(out)
+    write_text_atomic(args.docs / "tuning.md", report(records, sweep.plan(records)))
+    print(json.dumps({m: (c.recipe, c.lr) if c else None for m, c in sweep.choose(records).items()}))
+    return 0
