@@ -94,6 +94,8 @@ def ablation_sweep(
     ablations = list(ablations or [])
     if not ablations:
         raise ConfigError("ablations: give at least one ablation params file")
+    if devices < 1:  # a limit of no slots would leave every cell waiting for one, forever
+        raise ConfigError(f"devices: {devices}: at least 1 (the cells training at once)")
     overrides = overrides or {}
     check_flow_paths(root, run_root, curriculum, ablations)
     cells = load_cells(curriculum, overrides, ablations, root, run_root)

@@ -39,6 +39,9 @@ def test_a_sweep_flow_run_with_a_path_outside_the_project_is_refused(tmp_path: P
         ablation_sweep.fn(curriculum="c.yaml", ablations=["a.yaml"], run_root="../x", root=str(tmp_path))
     with pytest.raises(ConfigError, match=r"^ablations: 'a/\.\./\.\./b\.yaml'"):
         ablation_sweep.fn(curriculum="c.yaml", ablations=["a/../../b.yaml"], root=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^devices: 0: at least 1"):
+        ablation_sweep.fn(curriculum="c.yaml", ablations=["a.yaml"], root=str(tmp_path), devices=0)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("key", "value"), [("run_root", "../../home"), ("init_lora", "/etc"), ("run_root", "/")])
