@@ -11,34 +11,11 @@ import pytest
 
 from benchmarks.compare import tuning
 from benchmarks.compare.plan import Sizes, stage_config
-
-
-def _record(spec, curve: list[float], diverged: bool = False) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    from benchmarks.common import GENEVAL_TAGS
-
-    def point(i: int, s: float) -> dict[str, Any]:  # one prompt of each tag, every one scoring s
-        it = 10.0 * (i + 1)
-        axes = {"iteration": it, "train_s": 3.0 * it, "gradient_steps": 2.0 * it, "nfe": 100.0 * it}
-        return {**axes, "score": s, "per_prompt": [s] * 6, "tags": list(GENEVAL_TAGS)}
-
-    return {
-        "name": spec.name,
-        "spec": asdict(spec),
-        "curve": [point(i, s) for i, s in enumerate(curve)],
-        "diverged": "nan" if diverged else None,
-        "gradient_steps_per_iteration": 2.0,
-    }
+from tests.benchmarks.compare.tuning_records import sweep_records
 
 
 def _records(curves: dict[tuple[str, str, float], list[list[float]]], base: float = 0.40) -> dict[str, Any]:
-    records = {tuning.BASE.name: _record(tuning.BASE, [base])}
-    for (method, recipe, lr), per_seed in curves.items():
-        for s, curve in enumerate(per_seed):
-            spec = tuning.tuning_spec(method, recipe, lr, s)
-            records[spec.name] = _record(spec, curve)
-    return records
+    return sweep_records(tuning.V3, curves, base)
 
 
 def test_every_candidate_recipe_builds_a_stage_config(tmp_path: Path) -> None:

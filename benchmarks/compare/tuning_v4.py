@@ -1,0 +1,194 @@
+"""Benchmark v4's tuning sweep, as pre-registered in docs/benchmarks-v4/tuning-preregistration.md.
+
+V-GRPO's recipe candidates and the baselines' at benchmark v4's horizon (160 iterations), scored on the validation
+prompts (the pre-registration gives the candidates' sources and reasons; the rule is v3's,
+:mod:`benchmarks.compare.rungs`).
+
+    python -m benchmarks.compare.tuning_v4 --workers 1 --threads 2   # resumable: run it again to continue
+    python -m benchmarks.compare.tuning_v4 --report-only             # docs/benchmarks-v4/tuning.md from the records
+
+Every cell runs on the CPU model and thread count of the sweep's first record: the runner refuses to start on
+another (exit 2), so no choice compares cells of two machine types. The report gives each rung's cost beside its
+score (transformer evaluations and seconds per iteration), since N_MC, the gradient steps and the group change it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any
+
+from benchmarks.common import ROOT
+from benchmarks.compare import tuning_runs
+from benchmarks.compare.analysis import load_records
+from benchmarks.compare.plan import RunSpec
+from benchmarks.compare.rungs import Rung, Sweep
+from benchmarks.compare.tuning_report import Column, ReportText
+from benchmarks.compare.tuning_report import report as sweep_report
+from benchmarks.provenance import cpu_model
+
+_MIX_OFFICIAL = {"window_size": 2, "shift_interval": 32}  # starts 0..4 over 160 iterations: v3's 16 over 80
+_FLOW_OFFICIAL = {"kl_coef": 0.004, "timestep_order": "first"}  # v3's `official` (its KL scaled to 10 steps)
+
+# name -> overrides on the grid's own (benchmarks.compare.plan.METHOD_OVERRIDES: MixGRPO's window every 3
+# iterations, which each MixGRPO recipe replaces); the pre-registration's tables give each one's source.
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "vgrpo": {
+        "v3": {},
+        "nmc10": {"algorithm": {"n_mc": 10}},
+        "one-step": {"optim": {"gradient_steps": 1, "minibatches": 1}},
+        "four-step-clip": {
+            "optim": {"gradient_steps": 4, "minibatches": 4},
+            "algorithm": {"clip_range": 0.01},
+            "advantage": {"soft_clip_eta": 2},
+        },
+        "kl-behaviour": {"algorithm": {"kl_coef": 0.3}},
+        "eta1": {"advantage": {"soft_clip_eta": 1}},
+        "group16": {"rollout": {"group_size": 16, "prompts_per_iteration": 4}},
+    },
+    "naive_elbo": {"v2": {}},
+    "flow_grpo": {
+        "official-clip8e-4": {"algorithm": {**_FLOW_OFFICIAL, "clip_range": 8e-4}},
+        "official-nocfg": {
+            "algorithm": {"kl_coef": 0, "noise_level": 0.8, "clip_range": 8e-5, "timestep_fraction": 0.3},
+            "advantage": {"std_scope": "global"},
+        },
+    },
+    "mixgrpo": {
+        "official": {"algorithm": {**_MIX_OFFICIAL}, "rollout": {"group_noise": "shared"}},
+        "official-clip8e-4": {"algorithm": {**_MIX_OFFICIAL, "clip_range": 8e-4}, "rollout": {"group_noise": "shared"}},
+        # starts 0..1 over 160 iterations: steps 0-2, sigma 1 to 0.7, the high-noise part the official run trains
+        "official-window": {
+            "algorithm": {"window_size": 2, "shift_interval": 80},
+            "rollout": {"group_noise": "shared"},
+        },
+    },
+    "diffusion_nft": {
+        "official": {
+            "algorithm": {"n_mc": 9, "timestep_sampling": "stratified", "ema_decay_rate": 0.002},
+            "advantage": {"std_scope": "global"},
+        },
+    },
+}
+RATES: dict[str, tuple[float, ...]] = {  # a factor 2 apart around each method's v3 choice
+    "vgrpo": (2e-4, 4e-4, 8e-4),
+    "naive_elbo": (1e-4, 2e-4, 4e-4),
+    "flow_grpo": (8e-4, 1.6e-3, 3.2e-3),
+    "mixgrpo": (4e-4, 8e-4, 1.6e-3),
+    "diffusion_nft": (4e-4, 8e-4, 1.6e-3),
+}
+# V-GRPO's recipes first (the question), then the baselines' new candidates, then the v3 choices at the horizon.
+ORDER = (
+    *(("vgrpo", r) for r in RECIPES["vgrpo"]),
+    ("flow_grpo", "official-nocfg"),
+    ("mixgrpo", "official-clip8e-4"),
+    ("mixgrpo", "official-window"),
+    ("naive_elbo", "v2"),
+    ("flow_grpo", "official-clip8e-4"),
+    ("mixgrpo", "official"),
+    ("diffusion_nft", "official"),
+)
+V4 = Sweep(
+    recipes=RECIPES,
+    rates=RATES,
+    order=ORDER,
+    rate_bounds=(1e-4, 1.28e-2),
+    seed0=1600,  # fresh: no v2 or v3 cell used 1600-1699
+    seeds=2,
+    iterations=160,
+    eval_every=20,
+    drop_margin=0.08,  # v3's margins, so the choices compare
+    collapse_margin=0.10,
+)
+DEVIATIONS: tuple[str, ...] = ()
+"""Departures from the pre-registration, each a sentence: listed at the top of the report."""
+COMMAND = "python -m benchmarks.compare.tuning_v4"
+
+
+def costs(records: dict[str, dict[str, Any]]) -> dict[tuple[str, str, float], tuple[float | None, list[float], int]]:
+    """Each rung's seed-mean transformer evaluations per training iteration (the curve's last point: evaluations
+    are not counted), its cells' training seconds per iteration that ran without other load, and its cells."""
+    out: dict[tuple[str, str, float], tuple[float | None, list[float], int]] = {}
+    for key, cells in V4.cells_by_rung(records).items():
+        last = [c["curve"][-1] for c in cells if c["curve"] and c["curve"][-1]["iteration"] > 0]
+        nfe = statistics.mean(p["nfe"] / p["iteration"] for p in last) if last else None
+        seconds = [
+            c["time_split_s"]["iteration"]
+            for c in cells
+            if not c.get("machine", {}).get("under_load") and (c.get("time_split_s") or {}).get("iteration")
+        ]
+        out[key] = (nfe, seconds, len(cells))
+    return out
+
+
+def cost_columns(records: dict[str, dict[str, Any]]) -> tuple[Column, Column]:
+    table = costs(records)
+
+    def nfe(r: Rung) -> str:
+        value = table[(r.method, r.recipe, r.lr)][0]
+        return "" if value is None else f"{value:.0f}"
+
+    def seconds(r: Rung) -> str:
+        _, values, n = table[(r.method, r.recipe, r.lr)]
+        if not values:
+            return "n/a"
+        return f"{statistics.mean(values):.2f}" + (f" ({len(values)} of {n} seeds)" if len(values) < n else "")
+
+    return Column("NFE / iteration", nfe), Column("s / iteration", seconds)
+
+
+def machine_line(records: dict[str, dict[str, Any]]) -> str:
+    """The CPU models and thread counts of the records, and how many tuning cells ran under load."""
+    models = sorted({r["machine"]["cpu"] for r in records.values() if "cpu" in r.get("machine", {})})
+    threads = sorted({r["threads"] for r in records.values() if "threads" in r})
+    cells = V4.tuning_cells(records)
+    loaded = sum(1 for r in cells if r.get("machine", {}).get("under_load"))
+    return (
+        f"Machine: {', '.join(models) or 'none yet'}, {', '.join(map(str, threads)) or '-'} threads per cell."
+        " *NFE / iteration*: transformer evaluations (batch rows) per training iteration, evaluations not counted,"
+        " seed mean. *s / iteration*: training seconds per iteration (rollout, reward, update; evaluations not"
+        f" counted), the mean over the seeds that ran without other load ({loaded} of the {len(cells)} cells ran"
+        " under load: their scores count, their seconds are left out)."
+    )
+
+
+def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: str) -> str:
+    deviations = "; ".join(DEVIATIONS) or "none"
+    text = ReportText(
+        "v4",
+        "`docs/benchmarks-v4/tuning-preregistration.md` states the recipes, the rates and the rule; "
+        "`benchmarks/compare/tuning_v4.py` runs them",
+        "benchmark v4's horizon",
+        (f"Deviations from the pre-registration: {deviations}.", machine_line(records)),
+    )
+    return sweep_report(V4, text, records, planned, command, cost_columns(records))
+
+
+def other_machine(args: argparse.Namespace) -> str | None:
+    """Why this machine may not run the sweep's cells (None when it may): the records so far (the records folder
+    and the committed ones) ran on another CPU model or at another thread count."""
+    records = {**load_records(tuning_runs.committed_records(args)), **load_records(args.out)}
+    ran = {(r["machine"]["cpu"], r.get("threads")) for r in records.values() if "cpu" in r.get("machine", {})}
+    here = (cpu_model(), args.threads)
+    if not ran or ran == {here}:
+        return None
+    theirs = "; ".join(f"{cpu} at {threads} threads" for cpu, threads in sorted(ran, key=str))
+    return (
+        f"refusing to start: the sweep's records ran on {theirs}, this machine is {here[0]} at --threads {here[1]};"
+        " every cell of the sweep runs on the CPU model and thread count of its first record"
+        " (docs/benchmarks-v4/tuning-preregistration.md): run it on that machine with that --threads"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    docs, out = ROOT / "docs" / "benchmarks-v4", ROOT / "runs" / "bench" / "v4-tuning"
+    args = tuning_runs.parser(COMMAND, __doc__.splitlines()[0], out, docs).parse_args(argv)
+    if not args.report_only and (why := other_machine(args)):
+        print(why, file=sys.stderr)
+        return 2
+    return tuning_runs.run(V4, args, lambda records, planned: report(records, planned, COMMAND))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
