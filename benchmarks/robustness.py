@@ -8,13 +8,21 @@
 A run trains every stage of the curriculum (default ``params/curricula/embedded-validation.yaml``: the shipped
 stages, each evaluated on the validation split) with training ``seed`` S on T torch threads (1 and 2 threads sum
 floats in other orders, as another CPU does) in its own process, under ``runs/robustness/seedS-threadsT``. It then
-evaluates the base and the last stage's adapter on the test split (``params/embedded/evaluate.yaml``: 560 prompts x
-4, seed 0), pairs them image by image (:func:`vgrpo.evaluation.tables.compare`: each gain with its paired 95%
-bootstrap interval), and measures clutter on validation (:mod:`benchmarks.clutter`), both on the same machine and
-threads as the training. The records and their tables are :mod:`benchmarks.curriculum_runs`.
+evaluates the base and the last stage's adapter on the validation split (``params/embedded/evaluate.yaml`` with
+``params/embedded/validation.yaml``: 560 prompts x 4, seed 1), pairs them image by image
+(:func:`vgrpo.evaluation.tables.compare`: each gain with its paired 95% bootstrap interval), and measures clutter on
+validation (:mod:`benchmarks.clutter`), both on the same machine and threads as the training. The records and their
+tables are :mod:`benchmarks.curriculum_runs`.
 
-Each finished run adds its record to ``--out`` (``metrics/curriculum_runs.json``), atomically: ``seed``,
-``threads``, ``cpu``, ``commit`` (and ``code_dirty``), ``wall_s``, per headline reward (``geneval_strict``,
+Runs that tune read validation only (:mod:`vgrpo.splits`): a stage that evaluates on the test split, or a
+``--validation-prompts`` that is the test split, is refused before any run starts. ``--final-report`` evaluates the
+last adapter on the test split instead (``--test-prompts``, seed 0), and only for a curriculum whose ``choices`` are
+all tuning records that read validation, none of them ``--out``. Every record says which prompts its gains read
+(``split``: role, file and SHA-256).
+
+Each finished run adds its record to ``--out`` (tuning: ``metrics/tuning/curriculum-runs.json``; the final report:
+``metrics/curriculum_runs.json``), atomically: ``seed``, ``threads``, ``cpu``, ``commit`` (and ``code_dirty``),
+``wall_s``, ``split``, per headline reward (``geneval_strict``,
 ``geneval_partial``, ``ocr``, ``world_clipscore``, ``world_pickscore``) its ``base``, ``final``, ``gain``, ``lo`` and
 ``hi``, each stage's validation numbers (``stages``, the base first) and the clutter of the base and after each
 stage. Resumable by run: a run whose record is in ``--out`` is skipped (``--redo`` runs it again), and a killed run
@@ -49,6 +57,7 @@ from benchmarks.curriculum_runs import (
     stages_table,
 )
 from vgrpo.atomic import write_json_atomic
+from vgrpo.splits import split_record
 
 __all__ = ["main", "reusable_stage", "run_one"]
 
@@ -78,11 +87,13 @@ def run_one(
     validation_prompts: Path,
     overrides: Mapping[str, Any],
     reuse: Path | None = None,
+    validation_params: Path = Path("params/embedded/validation.yaml"),
+    final_report: bool = False,
 ) -> dict[str, Any]:
     """One run (this process, ``threads`` torch threads): the curriculum's stages (kept when finished, resumed when
     not, or copied from ``reuse``'s run of the same seed and threads when that one trained the same stage from the
-    same start: :func:`reusable_stage`), the headline evaluation paired with the base's on the test split, clutter on
-    validation; its record."""
+    same start: :func:`reusable_stage`), the headline evaluation paired with the base's on the validation split (the
+    test split with ``final_report``), clutter on validation; its record."""
     from benchmarks.clutter import measure
     from benchmarks.provenance import cpu_model
     from tasks.stage import dir_hash, output_is_intact, run_tracked_stage, stage_dirs
@@ -130,13 +141,16 @@ def run_one(
             {"stage": cfg.name, "kept_iteration": done["kept_iteration"], "hold": done.get("hold"), **done["final"]}
         )
         init = str(out_dir)
-    evaluation = load_config([root / evaluate_params], section="evaluation", schema=EvaluationConfig)
+    role, prompts = ("test", test_prompts) if final_report else ("validation", validation_prompts)
+    params = [root / evaluate_params] + ([] if final_report else [root / validation_params])
+    evaluation = load_config(params, section="evaluation", schema=EvaluationConfig)
     pipeline = root / stages[0].pipeline
-    base_eval = run_dir / "base_eval.json"
+    suffix = "" if final_report else ".validation"  # a final report's files keep the names earlier runs wrote
+    base_eval = run_dir / f"base_eval{suffix}.json"
     if not base_eval.is_file():  # the base on this machine and threads: its images pair with the run's
-        evaluate_to_files(evaluation, pipeline, root / test_prompts, base_eval)
+        evaluate_to_files(evaluation, pipeline, root / prompts, base_eval)
     final = evaluate_to_files(
-        evaluation, pipeline, root / test_prompts, run_dir / "eval.json", lora=init, baseline=base_eval
+        evaluation, pipeline, root / prompts, run_dir / f"eval{suffix}.json", lora=init, baseline=base_eval
     )
     clutter = measure(run_dir, root / curriculum, root / validation_prompts, root)
     return {
@@ -148,6 +162,7 @@ def run_one(
         "curriculum": str(curriculum),
         "overrides": dict(overrides),
         "wall_s": round(time.perf_counter() - started, 1),
+        "split": split_record(root / prompts, role),
         "rewards": headline_gains(final, json.loads(base_eval.read_text())),
         "stages": numbers,
         "give_backs": give_backs(numbers),
@@ -188,7 +203,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evaluate-params", type=Path, default=Path("params/embedded/evaluate.yaml"))
     parser.add_argument("--test-prompts", type=Path, default=Path("data/world/test.jsonl"))
     parser.add_argument("--validation-prompts", type=Path, default=Path("data/world/validation.jsonl"))
-    parser.add_argument("--out", type=Path, default=Path("metrics/curriculum_runs.json"))
+    parser.add_argument(
+        "--validation-params",
+        type=Path,
+        default=Path("params/embedded/validation.yaml"),
+        help="merged after --evaluate-params for the validation evaluation (its noise seed)",
+    )
+    parser.add_argument(
+        "--final-report",
+        action="store_true",
+        help="evaluate the last adapter on the test split (a curriculum whose choices are on record on validation)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="the records file (default: metrics/tuning/curriculum-runs.json; with --final-report "
+        "metrics/curriculum_runs.json)",
+    )
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of every stage")
     parser.add_argument(
         "--reuse",
@@ -203,6 +234,7 @@ def _forward(args: argparse.Namespace) -> list[str]:
     out = ["--curriculum", str(args.curriculum), "--run-root", str(args.run_root), "--root", str(args.root)]
     out += ["--evaluate-params", str(args.evaluate_params), "--test-prompts", str(args.test_prompts)]
     out += ["--validation-prompts", str(args.validation_prompts), "--out", str(args.out)]
+    out += ["--validation-params", str(args.validation_params)] + (["--final-report"] if args.final_report else [])
     out += ["--reuse", str(args.reuse)] if args.reuse else []
     return out + (["--set", *args.set] if args.set else [])
 
@@ -230,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     compare.add_argument("--stage", required=True, help="the stage compared")
     compare.add_argument("--threads", type=int, default=1, help="the thread count paired")
     args = parser.parse_args(argv)
+    if args.command in ("grid", "one") and args.out is None:
+        args.out = Path("metrics/curriculum_runs.json" if args.final_report else "metrics/tuning/curriculum-runs.json")
     if args.command in ("grid", "one"):
         from vgrpo.cli import configure_logging
         from vgrpo.errors import UserError
@@ -264,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             validation_prompts=args.validation_prompts,
             overrides=overrides_from_pairs(args.set),
             reuse=args.reuse,
+            validation_params=args.validation_params,
+            final_report=args.final_report,
         )
         merge_record(args.out, record)
         print(f"seed {args.seed}, {args.threads} threads: {json.dumps(record['rewards'])} -> {args.out}")

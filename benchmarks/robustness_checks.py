@@ -1,9 +1,11 @@
 """What ``python -m benchmarks.robustness grid`` and ``one`` check before a run's process starts or computes, all
 reported in one :class:`vgrpo.training.preflight.PreflightError` (the command exits 2): the seeds and thread counts,
 ``--root``, ``--set``, ``--reuse``, every stage of the curriculum loaded and preflighted as ``vgrpo train`` does
-(:func:`vgrpo.training.preflight.preflight`), the test evaluation's params and inputs
+(:func:`vgrpo.training.preflight.preflight`), the headline evaluation's params and inputs
 (:func:`vgrpo.training.preflight.preflight_evaluation`), the validation prompts clutter reads, the records file
-``--out``, and the outputs (``--run-root``, ``--out``) against every input."""
+``--out``, the outputs (``--run-root``, ``--out``) against every input, and the split rule (:mod:`vgrpo.splits`):
+no stage and no tuning evaluation reads the test split, and a final report's curriculum has its choices on record
+on validation."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from vgrpo.errors import UserError
 from vgrpo.evaluation.config import EvaluationConfig
 from vgrpo.outputs import Output, output_problems
 from vgrpo.prompts import load_prompts
+from vgrpo.splits import choice_record_problems, tuning_prompt_problems
 from vgrpo.training.preflight import PreflightError, Problem, preflight, preflight_evaluation
 
 __all__ = ["check_runs"]
@@ -44,6 +47,30 @@ def _records_problem(out: Path) -> str | None:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return f"--out {out}: not a JSON records file ({exc})"
     return None if isinstance(data, list) else f"--out {out}: expected a JSON list of run records"
+
+
+FINAL_REPORT = "python -m benchmarks.robustness grid --final-report"
+
+
+def _split_problems(args: argparse.Namespace, curriculum: CurriculumConfig, stages: list[StageConfig]) -> list[str]:
+    """The split rule: no stage evaluates on the test split (its hold checks and kept checkpoints are choices),
+    clutter's and a tuning run's validation prompts are not the test split, and a final report's curriculum cites
+    tuning records that read validation, none of them the final report's own ``--out``."""
+    root: Path = args.root
+    read = {
+        f"{args.curriculum}: {cfg.name}: eval_prompts": root / cfg.eval_prompts for cfg in stages if cfg.eval_prompts
+    }
+    read["--validation-prompts"] = root / args.validation_prompts
+    problems = tuning_prompt_problems(read, [root / args.test_prompts], final_report=FINAL_REPORT)
+    if args.final_report:
+        field = f"curriculum.choices ({args.curriculum})"
+        problems += choice_record_problems(curriculum.choices, field=field, root=root)
+        problems += [
+            f"{field}: {choice}: is --out; the final report's records are not a choice of its recipe"
+            for choice in curriculum.choices
+            if (root / choice).resolve() == args.out.resolve()
+        ]
+    return problems
 
 
 def check_runs(args: argparse.Namespace) -> None:
@@ -72,12 +99,16 @@ def check_runs(args: argparse.Namespace) -> None:
         curriculum, stages = load_curriculum(root / args.curriculum, {**overrides, "seed": seeds[0]}, root=root)
     except UserError as exc:
         problems.append(Problem(str(exc), "--curriculum"))
+    headline = root / (args.test_prompts if args.final_report else args.validation_prompts)
+    evaluation_files = [root / args.evaluate_params] + ([] if args.final_report else [root / args.validation_params])
     try:
-        evaluation = load_config([root / args.evaluate_params], section="evaluation", schema=EvaluationConfig)
+        evaluation = load_config(evaluation_files, section="evaluation", schema=EvaluationConfig)
     except UserError as exc:
         problems.append(Problem(str(exc), "--evaluate-params"))
-    for flag, prompts in (("--test-prompts", args.test_prompts), ("--validation-prompts", args.validation_prompts)):
-        try:  # read as the evaluation and clutter read them (the test file's rewards' checks: below)
+    prompt_files = [("--validation-prompts", args.validation_prompts)]
+    prompt_files += [("--test-prompts", args.test_prompts)] if args.final_report else []
+    for flag, prompts in prompt_files:
+        try:  # read as the evaluation and clutter read them (the headline file's rewards' checks: below)
             load_prompts(root / prompts)
         except (UserError, ValueError) as exc:
             problems.append(Problem(str(exc), flag))
@@ -85,6 +116,7 @@ def check_runs(args: argparse.Namespace) -> None:
     inputs: dict[str, str | Path] = {
         "--curriculum": root / args.curriculum,
         "--evaluate-params": root / args.evaluate_params,
+        "--validation-params": root / args.validation_params,
         "--test-prompts": root / args.test_prompts,
         "--validation-prompts": root / args.validation_prompts,
     }
@@ -92,9 +124,11 @@ def check_runs(args: argparse.Namespace) -> None:
         files = (*curriculum.base, curriculum.model, *curriculum.stages, *curriculum.overlays)
         inputs |= {f"{args.curriculum}: {file}": root / file for file in files}
         problems += preflight(stages, root, checkpoint_dir=args.run_root, outputs=outputs, inputs=inputs)
+        problems += [Problem(p, "the split rule") for p in _split_problems(args, curriculum, stages)]
         if evaluation is not None:
-            test = preflight_evaluation(evaluation, root / stages[0].pipeline, root / args.test_prompts)
-            problems += [Problem(p.message, f"test evaluation: {p.used_by}") for p in test]
+            checked = preflight_evaluation(evaluation, root / stages[0].pipeline, headline)
+            role = "test" if args.final_report else "validation"
+            problems += [Problem(p.message, f"{role} evaluation: {p.used_by}") for p in checked]
     else:
         problems += [Problem(p, "outputs") for p in output_problems(outputs, inputs)]
     unique: dict[str, Problem] = {}  # a pipeline's or prompt file's problem is found by two checks alike

@@ -13,7 +13,7 @@ its bytes are those of a known test split (a renamed copy is still the test spli
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def is_test_split(path: str | Path, known_test_files: Iterable[str | Path] = ())
 
 
 def tuning_prompt_problems(
-    prompt_files: dict[str, str | Path], known_test_files: Iterable[str | Path] = (), *, final_report: str
+    prompt_files: Mapping[str, str | Path], known_test_files: Iterable[str | Path] = (), *, final_report: str
 ) -> list[str]:
     """One problem per prompt file (keyed by what names it: a flag, a params key) that is the test split, for a
     command that tunes. ``final_report`` says how to read test instead (the command that may)."""

@@ -106,8 +106,10 @@ def test_the_grid_on_a_tiny_curriculum_records_each_run_and_resumes(tmp_path: Pa
     spec = {"name": "tiny", "base": [], "model": "empty.yaml", "stages": ["s1.yaml", "s2.yaml"]}
     (root / "curriculum.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
     (root / "evaluate.yaml").write_text(yaml.safe_dump({"evaluation": {**evaluation, "seed": 0}}))
+    (root / "validation-eval.yaml").write_text(yaml.safe_dump({"evaluation": {"seed": 1}}))
     out, runs = tmp_path / "runs.json", tmp_path / "runs"
     args = ["--root", str(root), "--curriculum", "curriculum.yaml", "--evaluate-params", "evaluate.yaml"]
+    args += ["--validation-params", "validation-eval.yaml"]
     args += ["--test-prompts", "test.jsonl", "--validation-prompts", "validation.jsonl"]
     args += ["--run-root", str(runs), "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -121,6 +123,7 @@ def test_the_grid_on_a_tiny_curriculum_records_each_run_and_resumes(tmp_path: Pa
     (record,) = read_records(out)
     assert (record["seed"], record["threads"], record["overrides"]) == (0, 1, {})
     assert record["cpu"] and record["commit"]
+    assert record["split"]["role"] == "validation" and record["split"]["prompt_file"] == str(root / "validation.jsonl")
     assert set(record["rewards"]) == {"geneval_strict", "geneval_partial", "world_pickscore"}
     pick_row = record["rewards"]["world_pickscore"]
     assert pick_row["lo"] <= pick_row["gain"] <= pick_row["hi"]
@@ -241,7 +244,7 @@ def test_the_tuning_table_refuses_the_test_split_and_records_commit_and_split(
     scores = json.loads((REPO / "metrics/base_eval.scores.json").read_text())
     run = tmp_path / "run.json"
     run.write_text(json.dumps({"per_prompt": scores}))
-    with pytest.raises(SystemExit, match="the test split; recipe selection reads validation"):
+    with pytest.raises(SystemExit, match="the test split; recipe selection reads the validation split"):
         paired_gain.main([str(run), "--base", str(REPO / "metrics/base_eval.scores.json")])
     # The same scores as a validation evaluation: accepted, and recorded with the split's file and hash.
     split = tmp_path / "validation.jsonl"

@@ -3,6 +3,7 @@ run's process: exit 2, one message naming every problem, nothing written (:mod:`
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,6 +42,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
         spec = {"name": "tiny", "base": [], "model": "empty.yaml", "stages": stages}
         (root / f"{name}.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
     (root / "evaluate.yaml").write_text(yaml.safe_dump({"evaluation": {**evaluation, "seed": 0}}))
+    (root / "validation-eval.yaml").write_text(yaml.safe_dump({"evaluation": {"seed": 1}}))
+    # A stage that evaluates on the test split, and curricula for the final report: without choices, with a choice
+    # that read validation, and with one that is the report's own records file.
+    on_test = {**yaml.safe_load((root / "s2.yaml").read_text()), "eval_prompts": "test.jsonl"}
+    (root / "s2-on-test.yaml").write_text(yaml.safe_dump(on_test))
+    (root / "choice.json").write_text(json.dumps({"split": {"prompt_file": "validation.jsonl", "sha256": "-"}}))
+    for name, extra in (
+        ("on-test", {"stages": ["s1.yaml", "s2-on-test.yaml"]}),
+        ("chosen", {"choices": ["choice.json"]}),
+        ("chosen-on-out", {"choices": ["choice.json", "records.json"]}),
+    ):
+        spec = {"name": "tiny", "base": [], "model": "empty.yaml", "stages": ["s1.yaml", "s2.yaml"]} | extra
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
     return root
 
 
@@ -50,6 +64,7 @@ def _args(world: Path, written: Path, **changed: str) -> list[str]:
         "--root": str(world),
         "--curriculum": "curriculum.yaml",
         "--evaluate-params": "evaluate.yaml",
+        "--validation-params": "validation-eval.yaml",
         "--test-prompts": "test.jsonl",
         "--validation-prompts": "validation.jsonl",
         "--run-root": str(written / "runs"),
@@ -72,7 +87,7 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
 
 def test_bad_arguments_exit_2_with_one_message_naming_each_before_any_run(world: Path, tmp_path: Path) -> None:
-    args = _args(world, tmp_path, curriculum="nowhere.yaml", test_prompts="missing.jsonl")
+    args = _args(world, tmp_path, curriculum="nowhere.yaml", validation_prompts="missing.jsonl")
     cmd = [sys.executable, "-m", "benchmarks.robustness", "grid", "--seeds", "-1", "0", "--threads", "0", "2", "2"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([*cmd, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -81,7 +96,7 @@ def test_bad_arguments_exit_2_with_one_message_naming_each_before_any_run(world:
     for part in ("--seeds -1: each must be >= 0", "--threads 0: each must be >= 1", "--threads 2: given twice"):
         assert part in out.stderr, (part, out.stderr)
     assert f"{world / 'nowhere.yaml'}: params file not found" in out.stderr
-    assert f"{world / 'missing.jsonl'}: prompt file not found (--test-prompts)" in out.stderr
+    assert f"{world / 'missing.jsonl'}: prompt file not found (--validation-prompts)" in out.stderr
     assert "running" not in out.stdout and sorted(tmp_path.iterdir()) == []  # no run started, nothing written
 
 
@@ -118,3 +133,33 @@ def test_a_good_grid_passes_every_check_and_starts_one_process_per_run(
 ) -> None:
     assert robustness.main(["grid", "--seeds", "0", "1", "--threads", "1", *_args(world, tmp_path)]) == 0
     assert [cmd[cmd.index("--seed") + 1] for cmd in spawned] == ["0", "1"]
+
+
+def test_a_tuning_grid_refuses_the_test_split_before_any_run(
+    world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], spawned: list[list[str]]
+) -> None:
+    args = _args(world, tmp_path, curriculum="on-test.yaml", validation_prompts="test.jsonl")
+    assert robustness.main(["grid", "--seeds", "0", "--threads", "1", *args]) == 2
+    err = capsys.readouterr().err
+    rule = "the test split; recipe selection reads the validation split, and only the final report reads test"
+    assert f"on-test.yaml: s2: eval_prompts {world / 'test.jsonl'}: {rule}" in err, err
+    assert f"--validation-prompts {world / 'test.jsonl'}: {rule}" in err, err
+    assert spawned == [] and sorted(tmp_path.iterdir()) == []
+
+
+def test_a_final_report_needs_its_recipes_choices_on_record_on_validation(
+    world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], spawned: list[list[str]]
+) -> None:
+    grid = ["grid", "--seeds", "0", "--threads", "1", "--final-report"]
+    assert robustness.main([*grid, *_args(world, tmp_path)]) == 2  # the curriculum names no choice
+    assert "curriculum.choices (curriculum.yaml): empty; a final report needs the tuning records" in (
+        capsys.readouterr().err
+    )
+    out = str(world / "records.json")  # the report's own records named as a choice
+    assert robustness.main([*grid, *_args(world, tmp_path, curriculum="chosen-on-out.yaml", out=out)]) == 2
+    err = capsys.readouterr().err
+    assert "curriculum.choices (chosen-on-out.yaml): records.json: is --out; the final report's records" in err, err
+    assert spawned == [] and sorted(tmp_path.iterdir()) == []
+    # Choices on record on validation: the runs start, each told it is the final report.
+    assert robustness.main([*grid, *_args(world, tmp_path, curriculum="chosen.yaml")]) == 0
+    assert [cmd[cmd.index("--seed") + 1] for cmd in spawned] == ["0"] and "--final-report" in spawned[0]
