@@ -22,7 +22,7 @@ def test_the_first_screen_is_short_and_says_the_verdict_first() -> None:
     assert "tiny pipelines only" in box[1]
     assert "No paper result is reproduced yet" in box[2]
     assert "docs/benchmarks-v3/grid/README.md#the-papers-claims" in box[2]
-    assert "The curriculum over seeds and CPUs" in box[3] and "docs/embedded.md#" in box[3]
+    assert "The curriculum over seeds and thread counts" in box[3] and "docs/embedded.md#" in box[3]
     assert "<!-- curriculum-runs -->\nOver " in first  # the table over runs (tests/benchmarks/test_robustness.py)
     for path in re.findall(r"`((?:vgrpo|tasks|flows)/[\w/]+\.py)`", first):  # the tables' files exist
         assert (REPO / path).is_file(), path
