@@ -1,6 +1,7 @@
 """One cell of the comparison grid, trained (or, for the base, evaluated) in this process: its record is the
 held-out curve against training wall time, gradient steps and transformer evaluations, the per-prompt scores of
-every evaluation point, the per-iteration time split, peak memory and surrogate-CV statistics."""
+every evaluation point, the per-iteration time split, peak memory, surrogate-CV statistics and the per-iteration
+diagnostics of :mod:`benchmarks.compare.series`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from diffusers import SD3Transformer2DModel
 
 from benchmarks.common import ROOT
 from benchmarks.compare.plan import REWARDS, RunSpec, Sizes, eval_prompt_file, stage_config
+from benchmarks.compare.series import NEW_SERIES
 from benchmarks.provenance import MachineClock, cell_key, code_hash, git_state
 from vgrpo.evaluation.evaluator import Sampling, evaluate
 from vgrpo.models.pipeline import build_adapter, load_pipeline
@@ -179,6 +181,8 @@ def train_cell(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
         "surrogate_mean_per_iteration": [h.get("surrogate/mean") for h in history],
         "surrogate_cv_per_iteration": [h.get("surrogate/cv") for h in ok],
         "surrogate_cv_within_group_per_iteration": [h.get("surrogate/cv_within_group") for h in ok],
+        # the plateau diagnosis's series, one value per logged iteration (None where it did not log the metric)
+        **{d.record_key: [h.get(d.metric) for h in history] for d in NEW_SERIES},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "config": config.model_dump(mode="json"),
     }
