@@ -44,12 +44,14 @@ def _add_kl(
 
 
 def ratio_metrics(ratio: Tensor, clip_range: float | None) -> dict[str, float]:
-    """Ratio diagnostics: mean/min/max, the spread (population std over the ratios; sharded, the mean of the ranks'
-    stds), k3 approximate KL ``E[(r - 1) - log r]``, clip fractions."""
+    """Ratio diagnostics: mean/min/max, the spread (population std, and ``ratio_dev_sq`` ``E[(r - 1)^2]``, which
+    averages exactly over ranks, so the batch's std can be rebuilt from it and the mean when sharded:
+    :func:`vgrpo.training.update_stats.step_summary`), k3 approximate KL ``E[(r - 1) - log r]``, clip fractions."""
     r = ratio.detach().float()
     metrics = {
         "ratio_mean": r.mean().item(),
         "ratio_std": r.std(correction=0).item(),
+        "ratio_dev_sq": (r - 1).pow(2).mean().item(),
         "ratio_min": r.min().item(),
         "ratio_max": r.max().item(),
         "approx_kl": ((r - 1) - torch.log(r)).mean().item(),

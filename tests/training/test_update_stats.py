@@ -35,3 +35,17 @@ def test_update_norms_of_zero_weights_and_of_no_weights() -> None:
     zero = [nn.Parameter(torch.zeros(3))]
     assert update_norms(weights_before(zero), zero)["update/norm_rel"] == 0.0
     assert update_norms([], [])["update/norm"] == 0.0
+
+
+def test_the_ratio_std_is_rebuilt_from_moments_that_average_exactly_over_ranks() -> None:
+    from vgrpo.losses import ratio_metrics
+
+    # the batch [0.5, 1.0, 1.5, 1.0] split over two ranks: their stds are 0.25 each, the batch's is sqrt(0.125)
+    halves = [ratio_metrics(torch.tensor(h), clip_range=None) for h in ([0.5, 1.0], [1.5, 1.0])]
+    assert [h["ratio_std"] for h in halves] == [0.25, 0.25]
+    reduced = {key: [(halves[0][key] + halves[1][key]) / 2] for key in ("ratio_mean", "ratio_dev_sq", "ratio_std")}
+    m = step_summary(reduced)
+    assert m["train/ratio_std"] == pytest.approx(0.125**0.5) and "train/ratio_dev_sq" not in m
+    # two steps: on-policy (r = 1), then mean 1.1 and E[(r - 1)^2] = 0.02, so std^2 = 0.02 - 0.01
+    two = step_summary({"ratio_mean": [1.0, 1.1], "ratio_dev_sq": [0.0, 0.02], "ratio_std": [0.0, 0.0]})
+    assert two["train/ratio_std_first"] == 0.0 and two["train/ratio_std_last"] == pytest.approx(0.1)

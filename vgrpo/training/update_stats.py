@@ -4,6 +4,7 @@ a random generator, so logging them changes no number of the run."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -19,7 +20,14 @@ last step shows how far the policy has moved off it within the iteration."""
 
 def step_summary(per_step: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """``train/<key>``: each per-step metric's mean over the iteration's gradient steps; ``train/<key>_first`` and
-    ``_last`` for the keys of :data:`ENDS` a method reports (one without a ratio, DiffusionNFT, has none)."""
+    ``_last`` for the keys of :data:`ENDS` a method reports (one without a ratio, DiffusionNFT, has none).
+
+    Each step's ratio std is rebuilt from the step's ratio mean and ``ratio_dev_sq`` (``E[(r - 1)^2]``), which the
+    ranks' means reduce exactly where their stds do not: ``std^2 = E[(r - 1)^2] - (E[r] - 1)^2``."""
+    per_step = dict(per_step)
+    if "ratio_dev_sq" in per_step and "ratio_mean" in per_step:
+        pairs = zip(per_step.pop("ratio_dev_sq"), per_step["ratio_mean"], strict=True)
+        per_step["ratio_std"] = [math.sqrt(max(0.0, dev_sq - (mean - 1) ** 2)) for dev_sq, mean in pairs]
     metrics = {f"train/{key}": sum(values) / len(values) for key, values in per_step.items()}
     for key in ENDS:
         if key in per_step:
