@@ -121,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--phase", default="methods", help="the grid phase whose methods to compare")
     parser.add_argument("--out", type=Path, help="the markdown page to write (default: print the tables)")
     args = parser.parse_args(argv)
+    if not args.records.exists():  # load_records reads a missing path as no records: say which file instead
+        parser.error(f"records: {args.records}: no such file or folder")
     records = list(load_records(args.records).values())
     block = diagnosis_lines(records, args.phase)
     if args.out is None:
