@@ -82,7 +82,7 @@ def main() -> None:
     rewards = MultiReward.from_configs([RewardConfig.model_validate(s) for s in specs])
     rows = []
     for key, term in rewards.terms.items():
-        mask = [term.reward.applies_to(p, md) for p, md in zip(prompts, metadata, strict=True)]
+        mask = [term.applies_to(p, md) for p, md in zip(prompts, metadata, strict=True)]
         idx = [i for i, m in enumerate(mask) if m]
         sub_images, sub_prompts, sub_md = images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx]
         term.reward(sub_images[:2], sub_prompts[:2], sub_md[:2])  # warm-up (engine start, caches)

@@ -34,7 +34,7 @@ from vgrpo.params_file import (
     read_params,
     unset_variables,
 )
-from vgrpo.rewards.config import RewardConfig, check_unique_keys
+from vgrpo.rewards.config import RewardConfig, check_unique_keys, unrewarded_tags
 from vgrpo.training.ema import EMAConfig
 from vgrpo.training.hold import HoldConfig, unknown_held_problem
 from vgrpo.training.optim import OptimConfig
@@ -200,6 +200,12 @@ class StageConfig(TrainConfig):
         )
         if self.prompt_tag_weights is not None and any(w <= 0 for w in self.prompt_tag_weights.values()):
             raise ValueError(f"prompt_tag_weights must all be > 0, got {self.prompt_tag_weights}")
+        drawn = self.prompt_tags if self.prompt_tags is not None else tuple(self.prompt_tag_weights or ())
+        if unscored := unrewarded_tags(self.rewards, drawn):
+            raise ValueError(
+                f"prompt tags {unscored} would be scored by no reward: every reward's prompt_tags leaves them out "
+                "(name them in one, or leave them out of the stage's prompt_tags)"
+            )
         if self.advantage.weights:
             raise ValueError("a stage weights its rewards with rewards[].weight; leave advantage.weights empty")
         return self

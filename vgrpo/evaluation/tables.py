@@ -43,10 +43,11 @@ def summarise(
     (``group_size`` consecutive samples per prompt).
 
     Per reward key: ``mean`` of the raw score over the images the reward applies to
-    (:meth:`vgrpo.rewards.base.Reward.applies_to`) with ``mean_ci``, its 95% bootstrap interval over prompts
-    (:mod:`vgrpo.evaluation.stats`), the mean of each sub-score (but those the reward summarises itself), the image
-    count and ``varied_group_frac`` (prompts whose samples do not all score the same: GRPO learns nothing from the
-    others); then what the reward's class adds (:meth:`vgrpo.rewards.base.Reward.summarise`).
+    (:meth:`vgrpo.rewards.multi.RewardTerm.applies_to`: the reward's own rule and its prompt tags) with ``mean_ci``,
+    its 95% bootstrap interval over prompts (:mod:`vgrpo.evaluation.stats`), the mean of each sub-score (but those
+    the reward summarises itself), the image count and ``varied_group_frac`` (prompts whose samples do not all score
+    the same: GRPO learns nothing from the others); then what the reward's class adds
+    (:meth:`vgrpo.rewards.base.Reward.summarise`).
 
     ``per_prompt`` holds what paired comparisons (:func:`compare`) and image grids need: each prompt, its tag,
     each reward's per-prompt mean score and sub-scores (None where the reward does not apply), and ``credited``,
@@ -63,7 +64,7 @@ def summarise(
     credited: list[list[bool | None]] = [[None] * group_size for _ in range(n_prompts)]
     for key, term in rewards.terms.items():
         cls = type(term.reward)
-        mask = np.array([term.reward.applies_to(p, md) for p, md in zip(prompts, metadata, strict=True)])
+        mask = np.array([term.applies_to(p, md) for p, md in zip(prompts, metadata, strict=True)])
         prompt_mask = np.asarray(mask.reshape(-1, group_size).all(axis=1), dtype=bool)
         raw = scored.raw[key]
         subs = {k.split("/", 1)[1]: v for k, v in scored.sub_scores.items() if k.startswith(f"{key}/")}

@@ -4,9 +4,9 @@ headline columns, the classes an evaluation table asks)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -14,7 +14,14 @@ from vgrpo.config_base import FrozenConfig
 from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward
 from vgrpo.rewards.registry import resolve_reward, reward_class, reward_key
 
-__all__ = ["RewardConfig", "check_unique_keys", "prompt_problems", "reward_classes"]
+__all__ = [
+    "RewardConfig",
+    "check_unique_keys",
+    "prompt_problems",
+    "reward_classes",
+    "tag_problems",
+    "unrewarded_tags",
+]
 
 
 class RewardConfig(FrozenConfig):
@@ -29,6 +36,14 @@ class RewardConfig(FrozenConfig):
     offset: float = Field(0.0, description="Normalised score (s - offset) / scale; MixGRPO's PickScore: 18.")
     scale: float = Field(1.0, gt=0, description="MixGRPO's PickScore: 8; flow_grpo's PickScore: 26.")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the reward's class.")
+    prompt_tags: tuple[str, ...] | None = Field(
+        None,
+        description="Score only prompts with these `tag`s, of those the reward applies to (GenEval: rows with "
+        "GenEval clauses; OCR: prompts with a quoted text); None = every prompt it applies to. The others get NaN, "
+        "adding nothing to their advantage; every prompt tag a stage draws needs a reward that scores it.",
+    )
+
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"prompt_tags": None}
 
     @model_validator(mode="after")
     def _check_name(self) -> RewardConfig:
@@ -36,7 +51,13 @@ class RewardConfig(FrozenConfig):
             resolve_reward(self.name)  # imports a user's reward now, so a typo fails before any compute
         except (KeyError, TypeError) as exc:
             raise ValueError(exc.args[0] if exc.args else str(exc)) from exc  # str(KeyError) adds quotes
+        if self.prompt_tags is not None and not self.prompt_tags:
+            raise ValueError(f"reward {self.resolved_key!r}: prompt_tags is empty (it would score no prompt)")
         return self
+
+    def scores_tag(self, tag: Any) -> bool:
+        """Whether ``prompt_tags`` lets this reward score prompts tagged ``tag`` (``None``: a row without one)."""
+        return self.prompt_tags is None or tag in self.prompt_tags
 
     @property
     def resolved_key(self) -> str:
@@ -64,10 +85,41 @@ def check_unique_keys(rewards: Sequence[RewardConfig]) -> None:
         raise ValueError(f"reward keys {dupes} are used twice; give one of them another `key`")
 
 
-def prompt_problems(rewards: Sequence[RewardConfig], rows: Sequence[Metadata], path: str | Path) -> list[str]:
+def unrewarded_tags(rewards: Sequence[RewardConfig], tags: Iterable[Any]) -> list[Any]:
+    """The tags among ``tags`` that every reward's ``prompt_tags`` leaves out, in order: their prompts would be scored
+    by no reward, and :func:`vgrpo.advantages.compute_advantages` refuses such a group mid-stage."""
+    return [tag for tag in dict.fromkeys(tags) if not any(reward.scores_tag(tag) for reward in rewards)]
+
+
+def tag_problems(
+    rewards: Sequence[RewardConfig], rows: Sequence[Metadata], path: str | Path, kept_tags: Collection[str] | None
+) -> list[str]:
+    """A problem per tag of prompt rows ``rows`` of ``path`` that every reward's ``prompt_tags`` leaves out (of
+    ``kept_tags`` only, when given: the tags a stage's own ``prompt_tags`` keeps), naming the tag and its first row."""
+    if all(reward.prompt_tags is None for reward in rewards):
+        return []  # every reward scores every tag: nothing to check (nor rows to walk)
+    first: dict[Any, int] = {}
+    for lineno, row in enumerate(rows, 1):
+        first.setdefault(row.get("tag"), lineno)
+    drawn = [tag for tag in first if kept_tags is None or tag in kept_tags]
+    return [
+        f"{path}: {'prompts without a `tag`' if tag is None else f'prompts tagged {tag!r}'} (the first: row "
+        f"{first[tag]}) are scored by no reward: every reward's prompt_tags leaves the tag out (name it in one, or "
+        "leave it out with the stage's prompt_tags)"
+        for tag in unrewarded_tags(rewards, drawn)
+    ]
+
+
+def prompt_problems(
+    rewards: Sequence[RewardConfig],
+    rows: Sequence[Metadata],
+    path: str | Path,
+    kept_tags: Collection[str] | None = None,
+) -> list[str]:
     """Every problem the rewards find with prompt rows ``rows`` of ``path`` (:meth:`Reward.check_prompts`), each
-    once, in the rewards' order."""
-    return list(dict.fromkeys(problem for reward in rewards for problem in reward.check_prompts(rows, path)))
+    once, in the rewards' order; then their ``prompt_tags`` against the rows' tags (:func:`tag_problems`)."""
+    found = (problem for reward in rewards for problem in reward.check_prompts(rows, path))
+    return list(dict.fromkeys([*found, *tag_problems(rewards, rows, path, kept_tags)]))
 
 
 def reward_classes(rewards: Sequence[RewardConfig]) -> Mapping[str, type[Reward]]:

@@ -8,6 +8,10 @@ before its per-reward advantages are summed -- which :func:`vgrpo.advantages.com
 normalises per group (GRPO's advantage, Tang et al. 2026, Sec. 3) and sums with :attr:`MultiReward.weights`.
 Raw scores and every sub-score come back for logging.
 
+Each reward scores the prompts it applies to (:meth:`vgrpo.rewards.base.Reward.applies_to`), narrowed by its term's
+prompt tags when given (:attr:`RewardTerm.prompt_tags`): a stage on a mixed prompt set can score its OCR prompts by OCR
+alone and the others by preference models alone. The rest get NaN, which adds nothing to their advantages.
+
 A reward that fails while scoring -- it raises, or returns something that is not one number per image -- stops the
 call with :class:`vgrpo.rewards.base.RewardFailed`, one line naming its key, its import name and what it returned or
 raised (and where); a NaN or Inf score stays a :class:`vgrpo.rewards.base.NonFiniteRewardError` (under the key), which
@@ -60,12 +64,14 @@ def _nanmean(values: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class RewardTerm:
-    """One reward of a set: the reward, its weight in the advantage sum and its affine normalisation."""
+    """One reward of a set: the reward, its weight in the advantage sum, its affine normalisation, and the prompt
+    tags it scores (``None``: every prompt the reward applies to)."""
 
     reward: Reward
     weight: float = 1.0
     offset: float = 0.0
     scale: float = 1.0
+    prompt_tags: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         refuse_reward_class(self.reward, "RewardTerm.reward")
@@ -76,6 +82,13 @@ class RewardTerm:
             )
         if self.scale <= 0:
             raise ValueError(f"reward {self.reward.name!r}: scale must be > 0, got {self.scale}")
+
+    def applies_to(self, prompt: str, metadata: Metadata | None) -> bool:
+        """Whether this term scores ``prompt``: its reward applies to it (:meth:`Reward.applies_to`) and, with
+        :attr:`prompt_tags`, its row's ``tag`` is one of them."""
+        if self.prompt_tags is not None and (metadata is None or metadata.get("tag") not in self.prompt_tags):
+            return False
+        return self.reward.applies_to(prompt, metadata)
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,11 @@ class MultiReward:
         check_unique_keys(configs)
         terms = {
             c.resolved_key: RewardTerm(
-                reward=build_reward(c.name, c.options), weight=c.weight, offset=c.offset, scale=c.scale
+                reward=build_reward(c.name, c.options),
+                weight=c.weight,
+                offset=c.offset,
+                scale=c.scale,
+                prompt_tags=None if c.prompt_tags is None else frozenset(c.prompt_tags),
             )
             for c in configs
         }
@@ -169,21 +186,23 @@ class MultiReward:
 
     @property
     def needs_metadata(self) -> bool:
-        """Whether the callers pass the prompt rows: some reward reads them (:attr:`Reward.reads_metadata`)."""
-        return any(term.reward.reads_metadata for term in self.terms.values())
+        """Whether the callers pass the prompt rows: some reward reads them (:attr:`Reward.reads_metadata`), or
+        some term scores by their tags (:attr:`RewardTerm.prompt_tags`)."""
+        return any(term.reward.reads_metadata or term.prompt_tags is not None for term in self.terms.values())
 
     def __call__(
         self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None
     ) -> MultiRewardOutput:
-        """Every reward on the images it applies to (:meth:`vgrpo.rewards.base.Reward.applies_to`); the others
-        get NaN, which training rejects by the reward's name and evaluation leaves out of its means.
+        """Every reward on the images it applies to (:meth:`RewardTerm.applies_to`: the reward's own
+        :meth:`vgrpo.rewards.base.Reward.applies_to` and the term's prompt tags); the others get NaN, which training
+        rejects by the reward's name and evaluation leaves out of its means.
 
         A video family's samples, uint8 frames ``(N, T, H, W, 3)``, are scored per frame and averaged per video
         (:class:`vgrpo.rewards.video.PerFrameMean`, each reward called once on all ``N * T`` frames).
 
         Raises:
             ValueError: for bad input (not ``uint8 (N, H, W, 3)`` images or ``(N, T, H, W, 3)`` videos, ``N``
-                prompts and metadata rows).
+                prompts and metadata rows; no metadata for a term that scores by prompt tags).
             RewardFailed: a reward raised, or returned something that is not ``N`` numbers (one line naming its key,
                 its import name and what it returned or raised; the reward's own exception chained).
                 :class:`vgrpo.rewards.base.TransientRewardFailed` when its engine could not be reached.
@@ -197,7 +216,9 @@ class MultiReward:
         scores, raw, subs, seconds = {}, {}, {}, {}
         for key, term in self.terms.items():
             t0 = time.perf_counter()
-            values, sub_values = self._score(key, term.reward, images, prompts, metadata)
+            if term.prompt_tags is not None and metadata is None:
+                raise ValueError(f"reward {key!r} scores prompts by their tags: it needs the prompt rows (metadata)")
+            values, sub_values = self._score(key, term, images, prompts, metadata)
             seconds[key] = time.perf_counter() - t0
             raw[key] = values
             scores[key] = (values - term.offset) / term.scale
@@ -205,11 +226,16 @@ class MultiReward:
         return MultiRewardOutput(scores=scores, raw=raw, sub_scores=subs, seconds=seconds)
 
     def _score(
-        self, key: str, reward: Reward, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None
+        self,
+        key: str,
+        term: RewardTerm,
+        images: np.ndarray,
+        prompts: Sequence[str],
+        metadata: Sequence[Metadata] | None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """One reward's raw scores and sub-scores (NaN where it does not apply); its failures named by ``key``."""
         try:
-            return self._apply(reward, images, prompts, metadata)
+            return self._apply(term, images, prompts, metadata)
         except NonFiniteRewardError as exc:
             if exc.quantity == f"reward/{key}":
                 raise
@@ -229,11 +255,11 @@ class MultiReward:
 
     @staticmethod
     def _apply(
-        reward: Reward, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None
+        term: RewardTerm, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        n = len(prompts)
+        n, reward = len(prompts), term.reward
         mask = np.array(
-            [reward.applies_to(p, None if metadata is None else metadata[i]) for i, p in enumerate(prompts)],
+            [term.applies_to(p, None if metadata is None else metadata[i]) for i, p in enumerate(prompts)],
             dtype=bool,
         )
         values = np.full(n, np.nan)
