@@ -425,7 +425,14 @@ def test_a_checkpoint_that_does_not_parse_is_set_aside_by_the_trainer(
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("curriculum", sorted(p.name for p in (REPO / "params" / "curricula").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "curriculum",
+    sorted(
+        str(p.relative_to(REPO / "params"))
+        for folder in ("curricula", "experiments/curricula")
+        for p in (REPO / "params" / folder).glob("*.yaml")
+    ),
+)
 def test_the_bounds_leave_every_shipped_recipe_loading(curriculum: str) -> None:
     """Every curriculum, with every algorithm preset and every ablation merged after each stage, still loads: the
     bounds stop typos, not the papers' SD3.5-M and FLUX.1-dev recipes."""
@@ -440,12 +447,10 @@ def test_the_bounds_leave_every_shipped_recipe_loading(curriculum: str) -> None:
 
     for extra in extras:
         try:
-            _, stages = load_curriculum(
-                REPO / "params" / "curricula" / curriculum, root=REPO, extra=[extra] if extra else []
-            )
+            _, stages = load_curriculum(REPO / "params" / curriculum, root=REPO, extra=[extra] if extra else [])
         except ConfigError as exc:  # a preset written for SD3.5's grid on another family: refused by a cross-check
-            assert extra is not None and curriculum in OTHER_GRIDS, exc
-            assert any(reason in str(exc) for reason in OTHER_GRIDS[curriculum]), exc
+            assert extra is not None and Path(curriculum).name in OTHER_GRIDS, exc
+            assert any(reason in str(exc) for reason in OTHER_GRIDS[Path(curriculum).name]), exc
             continue
         assert stages and all(s.rollout.prompts_per_iteration * s.rollout.group_size <= 65_536 for s in stages)
 

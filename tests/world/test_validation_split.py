@@ -68,7 +68,8 @@ def test_validation_images_differ_from_tests_by_their_noise_seed() -> None:
 
 def test_recipe_selection_curricula_evaluate_on_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    tuning = sorted(str(p.relative_to(REPO)) for p in (REPO / "params/curricula").glob("embedded-validation*.yaml"))
+    experiments = (REPO / "params/experiments/curricula").glob("embedded-validation*.yaml")
+    tuning = [*sorted(str(p.relative_to(REPO)) for p in experiments), "params/curricula/embedded-validation.yaml"]
     assert len(tuning) >= 4  # every variant for tuning, the shipped stages' and each lever's
     for curriculum in ("params/curricula/embedded-ablation.yaml", *tuning):
         _, stages = load_curriculum(curriculum)
@@ -79,13 +80,17 @@ def test_recipe_selection_curricula_evaluate_on_validation(monkeypatch: pytest.M
     trained = [s.model_dump(exclude={"eval_prompts", "evaluation"}) for s in validation]
     assert trained == [s.model_dump(exclude={"eval_prompts", "evaluation"}) for s in report]  # the same training
     untuned = {"eval_prompts", "evaluation", "name"}  # a stage's name does not enter its training's numbers
-    _, runs = load_curriculum("params/curricula/embedded-validation-kl3.yaml")  # metrics/curriculum_runs.json's
+    _, runs = load_curriculum(
+        "params/experiments/curricula/embedded-validation-kl3.yaml"
+    )  # metrics/curriculum_runs.json's
     assert [s.model_dump(exclude=untuned) for s in runs] == [s.model_dump(exclude=untuned) for s in report]
-    _, v3 = load_curriculum("params/curricula/embedded-validation-v3.yaml")  # shipped until the KL: every lever's base
+    _, v3 = load_curriculum(
+        "params/experiments/curricula/embedded-validation-v3.yaml"
+    )  # shipped until the KL: every lever's base
     assert [s.name for s in v3] == [s.name for s in report]
     assert [s.algorithm.ref_kl_coef for s in v3] == [0.0, 0.0, 0.0, 20.0, 0.0]
     assert [s.algorithm.ref_kl_coef for s in report] == [0.0, 8.0, 8.0, 20.0, 4.0]
-    _, holding = load_curriculum("params/curricula/embedded-validation-hold.yaml")
+    _, holding = load_curriculum("params/experiments/curricula/embedded-validation-hold.yaml")
     unheld = [s.model_dump(exclude={"eval_prompts", "evaluation", "hold"}) for s in v3]
     assert [s.model_dump(exclude={"eval_prompts", "evaluation", "hold"}) for s in holding] == unheld
     tolerances = {"geneval_strict": 0.03, "geneval_partial": 0.03, "ocr": 0.03, "world_clipscore": 0.05}
