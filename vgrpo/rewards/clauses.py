@@ -20,6 +20,8 @@ __all__ = [
     "Detection",
     "Vocabulary",
     "clause_problem",
+    "extra_objects",
+    "named_objects",
     "relative_position",
     "vocabulary_problem",
 ]
@@ -73,6 +75,18 @@ def relative_position(a: Detection, b: Detection, threshold: float = 0.1) -> set
     if dy > 0.5:
         rels.add("below")
     return rels
+
+
+def named_objects(metadata: Mapping[str, Any]) -> int:
+    """How many objects a GenEval metadata row's include clauses name."""
+    return sum(int(clause.get("count", 1)) for clause in metadata.get("include", []))
+
+
+def extra_objects(metadata: Mapping[str, Any], objects: Sequence[Detection]) -> int:
+    """How many more ``objects`` an image holds than ``metadata``'s include clauses name, of any class and colour (0
+    when no more): the clutter GenEval's verdict lets pass, since it checks that the named objects are there, not
+    that nothing else is."""
+    return max(0, len(objects) - named_objects(metadata))
 
 
 @dataclass(frozen=True)

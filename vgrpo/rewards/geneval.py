@@ -141,6 +141,12 @@ class GenEvalReward(GenEvalBase):
             near-misses earn part of the credit. The sub-scores stay the detector's own; ``shaped`` is added.
             The embedded world's exact detector needs it: a rough blob that a learned detector would accept at
             GenEval's 0.3 confidence scores 0 there, which leaves most groups without signal.
+        extra_object_penalty: clutter priced in [not in the paper]: the score loses this much per object the
+            detector keeps beyond those the prompt names (:func:`vgrpo.rewards.clauses.extra_objects`, any class or
+            colour), after shaping; the sub-score ``extra_objects`` is that count. GenEval's verdict checks that
+            the named objects are there, not that nothing else is, so without it a policy adds objects for free.
+            A penalty, not a stricter verdict: it reaches the partial and shaped scores that stages train on,
+            grades one extra object from three, and leaves ``strict`` GenEval's own. 0 (default): off.
     """
 
     name = "geneval"
@@ -152,6 +158,7 @@ class GenEvalReward(GenEvalBase):
         reward: Literal["partial", "strict", "exact"] = "partial",
         thresholds: Mapping[str, Any] | None = None,
         shaping_detectors: Sequence[Mapping[str, Any]] | None = None,
+        extra_object_penalty: float = 0.0,
     ):
         self.detector = build_detector(detector, detector_options) if isinstance(detector, str) else detector
         if shaping_detectors and not isinstance(detector, str):
@@ -164,6 +171,9 @@ class GenEvalReward(GenEvalBase):
             raise ValueError(f"reward {self.name!r}: reward must be 'partial', 'strict' or 'exact', got {reward!r}")
         self.reward = reward
         self.thresholds = GenEvalThresholds(**dict(thresholds or {}))
+        if not 0 <= extra_object_penalty < float("inf"):
+            raise ValueError(f"reward {self.name!r}: extra_object_penalty must be >= 0, got {extra_object_penalty!r}")
+        self.extra_object_penalty = float(extra_object_penalty)
 
     def applies_to(self, prompt: str, metadata: Metadata | None) -> bool:
         return metadata is not None and metadata.get("tag") in GENEVAL_TAGS
@@ -186,11 +196,16 @@ class GenEvalReward(GenEvalBase):
 
     def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
         assert metadata is not None  # checked by Reward.__call__
-        subs = self._sub_scores(self.verdicts(images, metadata))
-        if not self.shaping:
-            return RewardOutput(scores=subs[self.reward], sub_scores=subs)
-        levels = [subs[self.reward]]
-        for detector in self.shaping:
-            levels.append(self._sub_scores(self.verdicts(images, metadata, detector))[self.reward])
-        subs["shaped"] = np.mean(levels, axis=0)
-        return RewardOutput(scores=subs["shaped"], sub_scores=subs)
+        verdicts = self.verdicts(images, metadata)
+        subs = self._sub_scores(verdicts)
+        scores = subs[self.reward]
+        if self.shaping:
+            levels = [subs[self.reward]]
+            for detector in self.shaping:
+                levels.append(self._sub_scores(self.verdicts(images, metadata, detector))[self.reward])
+            subs["shaped"] = scores = np.mean(levels, axis=0)
+        if self.extra_object_penalty:
+            # Counted by the reward's own detector: a looser shaping detector would call near-miss blobs objects.
+            subs["extra_objects"] = np.array([float(v.extra) for v in verdicts])
+            scores = scores - self.extra_object_penalty * subs["extra_objects"]
+        return RewardOutput(scores=scores, sub_scores=subs)

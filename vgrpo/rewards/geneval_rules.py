@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgrpo.rewards.base import Metadata
-from vgrpo.rewards.clauses import Box, Detection, relative_position
+from vgrpo.rewards.clauses import Box, Detection, extra_objects, relative_position
 
 __all__ = [
     "GenEvalScore",
@@ -65,12 +65,15 @@ class GenEvalScore:
         exact: the reward server's ``strict_correct`` (every include count exact, colours and relations right).
         reward: the server's partial credit (:func:`flow_grpo_reward`), the training reward.
         reasons: why ``correct`` is False (GenEval's wording), empty when it holds.
+        extra: objects kept (:func:`select_objects`) beyond those the include clauses name
+            (:func:`vgrpo.rewards.clauses.extra_objects`); none of the verdicts reads it.
     """
 
     correct: bool
     exact: bool
     reward: float
     reasons: tuple[str, ...] = ()
+    extra: int = 0
 
 
 def _iou(a: Box, b: Box) -> float:
@@ -204,4 +207,5 @@ def score_detections(
     objects = select_objects(detections, str(metadata.get("tag", "")), thresholds)
     correct, reasons = geneval_correct(metadata, objects, position_threshold=thresholds.position)
     exact, reward = flow_grpo_reward(metadata, objects, position_threshold=thresholds.position)
-    return GenEvalScore(correct=correct, exact=exact, reward=reward, reasons=tuple(reasons))
+    extra = extra_objects(metadata, [det for kept in objects.values() for det in kept])
+    return GenEvalScore(correct=correct, exact=exact, reward=reward, reasons=tuple(reasons), extra=extra)

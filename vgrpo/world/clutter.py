@@ -4,8 +4,9 @@ GenEval's verdict (like the official one) checks that the named objects are ther
 policy can answer "a photo of a square" with a square and other shapes and lose nothing (docs/embedded.md: stage 2
 and the OCR stage did). On the prompts that name one object (``single_object``, ``colors``), this counts the images
 in which the detector (:func:`vgrpo.world.detect.detect`) finds more objects, of any shape and colour, than the
-prompt's include clauses name. :class:`ClutterReward` is that count as an evaluation column (1.0: cluttered), so
-an evaluation's mean is the share of cluttered images; it measures, it is not meant to be trained on.
+prompt's include clauses name (:func:`vgrpo.rewards.clauses.extra_objects`, the count that GenEval's
+``extra_object_penalty`` trains against). :class:`ClutterReward` is that count as an evaluation column (1.0:
+cluttered), so an evaluation's mean is the share of cluttered images; it measures, it is not meant to be trained on.
 
     evaluation: {rewards: [{name: "vgrpo.world.clutter:ClutterReward", key: clutter}]}
 """
@@ -18,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from vgrpo.rewards.base import Metadata, Reward, RewardOutput
+from vgrpo.rewards.clauses import extra_objects, named_objects
 from vgrpo.world.detect import detect
 
 __all__ = ["CLUTTER_TAGS", "ClutterReward", "is_cluttered", "named_objects"]
@@ -26,14 +28,9 @@ CLUTTER_TAGS: tuple[str, ...] = ("single_object", "colors")
 """The tags whose prompts name one object: any second object the detector finds is clutter."""
 
 
-def named_objects(metadata: Mapping[str, Any]) -> int:
-    """How many objects a GenEval metadata row's include clauses name."""
-    return sum(int(clause.get("count", 1)) for clause in metadata.get("include", []))
-
-
 def is_cluttered(image: np.ndarray, metadata: Mapping[str, Any]) -> bool:
     """Whether the detector finds more objects in ``image`` (uint8 ``(H, W, 3)``) than ``metadata`` names."""
-    return len(detect(image)) > named_objects(metadata)
+    return extra_objects(metadata, detect(image)) > 0
 
 
 class ClutterReward(Reward):
@@ -48,6 +45,7 @@ class ClutterReward(Reward):
 
     def score(self, images: np.ndarray, prompts: Sequence[str], metadata: Sequence[Metadata] | None) -> RewardOutput:
         assert metadata is not None  # checked by Reward.__call__
-        found = np.array([float(len(detect(image))) for image in images])
-        named = np.array([float(named_objects(md)) for md in metadata])
-        return RewardOutput(scores=(found > named).astype(np.float64), sub_scores={"objects": found})
+        found = [detect(image) for image in images]
+        extra = np.array([extra_objects(md, objects) for md, objects in zip(metadata, found, strict=True)])
+        objects = np.array([float(len(objects)) for objects in found])
+        return RewardOutput(scores=(extra > 0).astype(np.float64), sub_scores={"objects": objects})
