@@ -184,7 +184,8 @@ def read_result(path: Path) -> StageOutcome | None:
 
 def rendezvous(launch: LaunchConfig, root: Path) -> tuple[str | None, int | None]:
     """Machine 0's rendezvous for a stage on ``launch.machines > 1``: ``VGRPO_HOST`` and a port free on it (a pool's
-    worker, whichever machine it is), else the accelerate config's ``main_process_ip`` and port (``None``: the
+    worker, whichever machine it is) or ``VGRPO_PORT`` (a scheduler's job, whose other machines compute the same
+    port: :mod:`tasks.cluster_stage`), else the accelerate config's ``main_process_ip`` and port (``None``: the
     file's own). A wildcard ``VGRPO_HOST`` is refused: the other machines need one address; the rendezvous itself
     (torch's TCPStore) listens on every interface without authentication, which only an isolated network or a
     firewall confines (docs/cluster.md)."""
@@ -195,7 +196,8 @@ def rendezvous(launch: LaunchConfig, root: Path) -> tuple[str | None, int | None
                 f"VGRPO_HOST={host}: give the address the other machines reach this one at (one interface, on the "
                 "network the machines share: torch's rendezvous is unauthenticated; docs/cluster.md)"
             )
-        return host, free_port("")
+        port = os.environ.get("VGRPO_PORT", "")
+        return host, int(port) if port.isdigit() else free_port("")
     config = yaml.safe_load((root / str(launch.accelerate_config)).read_text()) or {}
     if not config.get("main_process_ip"):
         raise ConfigError(

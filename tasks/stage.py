@@ -202,15 +202,17 @@ def run_tracked_stage(
     parent_run_id: str | None = None,
     experiment: str = "vgrpo",
     tags: dict[str, str] | None = None,
+    start_machines: StartMachines | None = None,
 ) -> StageOutcome:
     """Train and evaluate one stage with its MLflow run (when ``tracking_uri`` is given), phases called directly:
-    the body of DVC's stages (:mod:`tasks.dvc_stage`). The adapter goes to ``run_root/stages/<name>``, resumable
-    checkpoints to ``run_root/work/<name>``. A stage whose ``launch`` asks for more than one process trains under
-    ``accelerate launch`` (its rank-0 output on stdout) and is evaluated here."""
+    the body of DVC's stages (:mod:`tasks.dvc_stage`) and of a scheduler's machine 0 (:mod:`tasks.cluster_stage`).
+    The adapter goes to ``run_root/stages/<name>``, resumable checkpoints to ``run_root/work/<name>``. A stage whose
+    ``launch`` asks for more than one process trains under ``accelerate launch`` (its rank-0 output on stdout) and
+    is evaluated here; on several machines, ``start_machines`` as :func:`train`'s."""
     tracking = None
     if tracking_uri is not None:
         tracking = Tracking(tracking_uri, experiment, cfg.name, parent_run_id, dict(tags or {}))
-    trained = train(cfg, init_lora, run_root, root, tracking)
+    trained = train(cfg, init_lora, run_root, root, tracking, start_machines=start_machines)
     evaluation = evaluate(cfg, trained.out_dir, root, grid_path(run_root, cfg.name, trained.hash))
     if tracking is not None and trained.run_id is not None and evaluation.table is not None:
         log_evaluation(tracking.uri, trained.run_id, evaluation, cfg.iterations)
