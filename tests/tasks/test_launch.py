@@ -272,6 +272,9 @@ def test_the_rendezvous_is_this_machines_address_or_the_config_files(
     monkeypatch.setenv("VGRPO_HOST", "10.0.0.7")  # a pool's worker: whichever machine took machine 0
     host, port = rendezvous(launch, tmp_path)
     assert host == "10.0.0.7" and isinstance(port, int) and port > 0
+    monkeypatch.setenv("VGRPO_PORT", "12345")  # a scheduler's job: the port every machine derived alike
+    assert rendezvous(launch, tmp_path) == ("10.0.0.7", 12345)
+    monkeypatch.delenv("VGRPO_PORT")
     monkeypatch.delenv("VGRPO_HOST")
     (tmp_path / "multi.yaml").write_text(yaml.safe_dump({"num_machines": 2}))
     with pytest.raises(ConfigError, match=r"set VGRPO_HOST to this machine's address, or main_process_ip in multi"):
