@@ -18,7 +18,7 @@ from vgrpo import Trainer
 from vgrpo.errors import ConfigError
 from vgrpo.models.pipeline import load_pipeline
 from vgrpo.rewards.multi import RewardTerm
-from vgrpo.training.stage import run_stage
+from vgrpo.training.stage import StageOptions, run_stage
 
 LORA = "pytorch_lora_weights.safetensors"
 
@@ -44,7 +44,7 @@ def test_a_trainer_from_params_trains_what_run_stage_trains(world: Path, params:
         work_dir=world / "plain",
         out_dir=world / "plain-out",
         root=world,
-        final_evaluation=False,
+        options=StageOptions(final_evaluation=False),
     )
     assert result.iterations == 2 and trainer.out_dir == world / "api" / "export"
     assert (world / "api" / "export" / LORA).read_bytes() == (world / "plain-out" / LORA).read_bytes()

@@ -44,6 +44,7 @@ from vgrpo.training.stage import (
     PhaseRunner,
     ProgressView,
     StageCallbacks,
+    StageOptions,
     StageResult,
     call_directly,
     run_stage,
@@ -118,7 +119,8 @@ class Trainer:
             (``module:qualname``, so a checkpoint never resumes under other rewards). An object's own settings
             (a Reward's constructor arguments) are not part of that name: give the reward another key when you
             change them mid-run.
-        callbacks: what the stage reports (:class:`vgrpo.training.stage.StageCallbacks`, rank 0).
+        callbacks: what the stage reports (rank 0) and what steers it (every rank): a
+            :class:`vgrpo.training.stage.StageCallbacks`, or several in a list (``docs/extending.md``: early stopping).
         progress: show the live progress line on stderr while training (:class:`vgrpo.training.stage.ProgressView`:
             iteration i of m, seconds per iteration, ETA, the last rewards), beside ``callbacks``.
         phases: how each phase runs (:data:`vgrpo.training.stage.PhaseRunner`; the Prefect layer runs each as a task).
@@ -132,7 +134,7 @@ class Trainer:
     init_lora: Path | None = None
     root: Path = Path(".")
     rewards: Mapping[str, RewardLike] | None = None
-    callbacks: StageCallbacks | None = None
+    callbacks: StageCallbacks | Sequence[StageCallbacks] | None = None
     progress: bool = False
     phases: PhaseRunner = call_directly
     dist: Distributed | None = None
@@ -205,12 +207,12 @@ class Trainer:
         prompts: Any = None,
     ) -> StageResult:
         """Train the stage (resuming its newest checkpoint) and export the weights to ``out_dir``, after
-        :meth:`preflight`; see :func:`vgrpo.training.stage.run_stage` for ``final_evaluation``, ``run_state`` and
-        ``prompts``."""
+        :meth:`preflight`; see :class:`vgrpo.training.stage.StageOptions` for ``final_evaluation``, ``run_state``
+        and ``prompts``."""
         assert self.pipeline is not None and self.out_dir is not None
         if not self.checked:
             self.preflight()
-        callbacks = self.callbacks
+        callbacks = FanOut(*self.callbacks) if isinstance(self.callbacks, Sequence) else self.callbacks
         if self.progress:
             view = ProgressView(self.config.name, self.config.iterations)
             callbacks = view if callbacks is None else FanOut(callbacks, view)
@@ -222,12 +224,14 @@ class Trainer:
             init_lora=self.init_lora,
             root=self.root,
             callbacks=callbacks,
-            phases=self.phases,
-            final_evaluation=final_evaluation,
-            run_state=run_state,
-            prompts=prompts,
-            rewards=self.reward_set,
-            dist=self.dist,
+            options=StageOptions(
+                phases=self.phases,
+                final_evaluation=final_evaluation,
+                run_state=run_state,
+                prompts=prompts,
+                rewards=self.reward_set,
+                dist=self.dist,
+            ),
         )
 
     def evaluate(

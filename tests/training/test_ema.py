@@ -18,7 +18,7 @@ from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import trainable_parameters
 from vgrpo.training.ema import EMAConfig, PolicyEMA
 from vgrpo.training.phases import setup_policy
-from vgrpo.training.stage import StageCallbacks, run_stage
+from vgrpo.training.stage import StageCallbacks, StageOptions, run_stage
 
 EMA = {"enabled": True, "decay": 0.5, "warmup": False}
 
@@ -118,7 +118,7 @@ def test_in_stage_evaluation_reads_the_ema(world: Path) -> None:
 
     saved = _Trainables()
     cfg = _config(iterations=2, eval_every=1, keep_checkpoints=5, ema=EMA)
-    result = _run(cfg, world, "eval-ema", callbacks=saved, phases=runner)
+    result = _run(cfg, world, "eval-ema", callbacks=saved, options=StageOptions(phases=runner))
     assert [e["iteration"] for e in result.evaluations] == [0, 1, 2] and result.history[-1]["ema/decay"] == 0.5
     names, initial = _initial(cfg, world)
     assert all(torch.equal(a, b) for a, b in zip(seen[0], initial, strict=True))  # the EMA starts at the start

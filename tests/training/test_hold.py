@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from tests.tiny_world import WORLD_PICK, Recorder, tiny_stage_config, write_tiny_world
 from vgrpo.checkpoints.state import LORA_FILE
-from vgrpo.training import stage as stage_module
+from vgrpo.training import holding as holding_module
 from vgrpo.training.hold import HoldConfig, HoldError, check_holds, held_values, kept_check
-from vgrpo.training.stage import StageCallbacks, run_stage
+from vgrpo.training.stage import StageCallbacks, StageOptions, run_stage
 from vgrpo.world.prompts import make_splits, make_validation, write_jsonl
 
 PICK = {"name": "pickscore", "key": "world_pickscore", "options": {"path": str(WORLD_PICK)}}
@@ -46,7 +46,7 @@ def drop_from_2(monkeypatch: pytest.MonkeyPatch) -> None:
         lowered = {name: value - (DROP if iteration >= 2 else 0.0) for name, value in values.items()}
         return check_holds(iteration, lowered, reference, tolerances)
 
-    monkeypatch.setattr(stage_module, "check_holds", dropped)
+    monkeypatch.setattr(holding_module, "check_holds", dropped)
 
 
 def _config(tolerance: float = TOLERANCE, **hold: Any) -> Any:
@@ -89,7 +89,7 @@ def _run(world: Path, config: Any, name: str, callbacks: StageCallbacks | None =
         out_dir=world / f"out-{name}",
         root=world,
         callbacks=callbacks,
-        final_evaluation=False,
+        options=StageOptions(final_evaluation=False),
         **kw,
     )
 
@@ -152,7 +152,7 @@ def test_reference_base_holds_a_later_stage_to_the_base_models_values(world: Pat
         out_dir=world / "out-base-later",
         init_lora=Path("out-base-first"),
         root=world,
-        final_evaluation=False,
+        options=StageOptions(final_evaluation=False),
     )
     start_pick = later.hold["checks"][0]["values"]["world_pickscore"]
     assert later.hold["reference"]["world_pickscore"] == pytest.approx(base_pick, abs=1e-9)

@@ -122,6 +122,8 @@ class TrainingState:
     """JSON-able values the caller keeps with every checkpoint (a tracker's run id, to continue that run)."""
     hold: Mapping[str, Any] = field(default_factory=dict)
     """A holding stage's checks so far and their reference (:mod:`vgrpo.training.hold`); empty without ``hold``."""
+    callbacks: Mapping[str, Any] = field(default_factory=dict)
+    """The state of each stage callback that keeps one, by class name (:meth:`StageCallbacks.state`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object :meth:`from_json` reads back."""
@@ -133,14 +135,17 @@ class TrainingState:
             "skipped": list(self.skipped),
             "consecutive_skips": self.consecutive_skips,
             "run": dict(self.run),
-        } | ({"hold": dict(self.hold)} if self.hold else {})  # a stage without hold writes what it wrote before
+        } | (
+            ({"hold": dict(self.hold)} if self.hold else {})  # a stage without hold writes what it wrote before
+            | ({"callbacks": dict(self.callbacks)} if self.callbacks else {})
+        )
 
     @classmethod
     def from_json(cls, data: Any) -> TrainingState:
         """The state in a decoded ``state.json`` (keys of the run's identity are left to :class:`ResumableRun`);
         a missing field or one of the wrong JSON type raises ``ValueError`` naming it. ``skipped``,
-        ``consecutive_skips``, ``run`` and ``hold`` may be absent: checkpoints written before the stage kept them
-        lack them."""
+        ``consecutive_skips``, ``run``, ``hold`` and ``callbacks`` may be absent: checkpoints written before the stage
+        kept them lack them."""
         if type(data) is not dict:
             raise ValueError(f"is {_json_type(data)}, expected an object")
         return cls(
@@ -152,6 +157,7 @@ class TrainingState:
             consecutive_skips=_field(data, "consecutive_skips", int, 0),
             run=_field(data, "run", dict, {}),
             hold=_field(data, "hold", dict, {}),
+            callbacks=_field(data, "callbacks", dict, {}),
         )
 
 

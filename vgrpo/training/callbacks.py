@@ -1,6 +1,6 @@
-"""What a stage reports and who listens (:func:`vgrpo.training.stage.run_stage` calls them on rank 0): the events
-(:class:`StageCallbacks`), several listeners at once (:class:`FanOut`) and the live progress line
-(:class:`ProgressView`)."""
+"""What a stage reports and who listens or steers (:func:`vgrpo.training.stage.run_stage` calls them): the events
+and the steering hooks (:class:`StageCallbacks`), several callbacks at once (:class:`FanOut`) and the live progress
+line (:class:`ProgressView`)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,31 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 import numpy as np
 
 from vgrpo.atomic import write_json_atomic
 from vgrpo.progress_line import Progress
+from vgrpo.training.control import StageControl
 
-__all__ = ["FanOut", "ProgressView", "StageCallbacks"]
+__all__ = ["FanOut", "ProgressView", "StageCallbacks", "callback_leaves"]
 
 
 class StageCallbacks:
-    """What a stage reports as it runs, on rank 0 (as transformers' ``TrainerCallback``); override what you need."""
+    """What a stage reports as it runs, and how it steers it (as transformers' ``TrainerCallback``); override what
+    you need.
+
+    The ``on_*`` events below report, on rank 0. The steering hooks (:meth:`on_stage_begin`, :meth:`on_iteration_end`,
+    :meth:`on_verdict`, :meth:`on_stage_end`) are called on every rank, in the order the callbacks were given, with
+    the stage's :class:`vgrpo.training.control.StageControl`; a stop set on rank 0 alone stops every rank. A
+    callback with :meth:`state` has it saved in every checkpoint and given back by :meth:`load_state` when the stage
+    resumes, so a resumed stage decides as an uninterrupted one (``docs/extending.md``: early stopping).
+    """
+
+    state_field: ClassVar[str | None] = None
+    """The built-in participants' field of :class:`vgrpo.checkpoints.resume.TrainingState` (their state predates
+    this API); anyone else's state is saved under its class's name."""
 
     def on_log(self, metrics: dict[str, float], iteration: int) -> None:
         """Each iteration's flat metrics: rewards, every sub-score, surrogate CV, ratio and clip statistics, KL,
@@ -42,9 +55,43 @@ class StageCallbacks:
     def on_kept(self, hold: dict[str, Any]) -> None:
         """A holding stage chose its export: ``hold`` as :attr:`StageResult.hold`."""
 
+    # -- steering (every rank) --
+
+    def on_stage_begin(self, start: int, control: StageControl) -> None:
+        """The stage trains from iteration ``start`` (a resumed stage: its checkpoint's, after :meth:`load_state`):
+        set ``control.should_stop`` when the state says the stage had stopped."""
+
+    def on_iteration_end(self, done: int, control: StageControl) -> None:
+        """``done`` iterations are trained (0: a fresh stage's start), nothing evaluated yet: ask for an evaluation
+        (``should_evaluate``) or a checkpoint (``should_checkpoint``)."""
+
+    def on_verdict(self, done: int, control: StageControl) -> None:
+        """After the evaluation asked for (reported by :meth:`on_evaluate` first): ``should_stop`` to train no
+        further (the stage then checkpoints, unless ``done`` is 0, and exports)."""
+
+    def on_stage_end(self, done: int, control: StageControl) -> None:
+        """Training ended after ``done`` iterations: choose the export (``control.export_from``)."""
+
+    def state(self) -> Any:
+        """What to save with every checkpoint (JSON-able; falsy: nothing)."""
+        return {}
+
+    def load_state(self, state: Any) -> None:
+        """Take back what :meth:`state` saved in the checkpoint a stage resumes from."""
+
+
+def callback_leaves(callbacks: StageCallbacks | None) -> list[StageCallbacks]:
+    """The callbacks a :class:`FanOut` holds, nested ones included, in order: the stage's participants."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, FanOut):
+        return [leaf for c in callbacks.callbacks for leaf in callback_leaves(c)]
+    return [callbacks]
+
 
 class FanOut(StageCallbacks):
-    """Every report to each of ``callbacks`` in turn (a tracker and a progress view, a checkpoint upload)."""
+    """Every report to each of ``callbacks`` in turn (a tracker and a progress view, a checkpoint upload); the stage
+    steers through each of them itself (:func:`callback_leaves`)."""
 
     def __init__(self, *callbacks: StageCallbacks) -> None:
         self.callbacks = callbacks

@@ -1,10 +1,11 @@
-"""A holding stage's runtime (:mod:`vgrpo.training.hold` holds its config and pure bookkeeping): its checks so far,
-the evaluator of the checks, the base model's check and the export of the kept checkpoint."""
+"""A holding stage's runtime (:mod:`vgrpo.training.hold` holds its config and pure bookkeeping): the participant that
+runs the checks and chooses the export (:class:`HoldCheck`), the evaluator of the checks, the base model's check and
+the export of the kept checkpoint."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,25 +15,84 @@ from vgrpo.algorithms.base import zero_lora_deltas
 from vgrpo.atomic import atomic_dir
 from vgrpo.config import StageConfig
 from vgrpo.evaluation.evaluator import Evaluator
+from vgrpo.evaluation.tables import flat_metrics
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import ParameterSnapshot, trainable_parameters
-from vgrpo.training.hold import HOLD_DIR, kept_check
-from vgrpo.training.phases import StagePolicy
+from vgrpo.training.callbacks import StageCallbacks
+from vgrpo.training.control import KeptExport, StageControl
+from vgrpo.training.hold import HOLD_DIR, check_holds, held_values, kept_check
+from vgrpo.training.phases import StagePolicy, evaluate, export
 from vgrpo.training.prompt_rows import checked_rows
 from vgrpo.training.stage_evaluator import build_evaluator
+from vgrpo.training.stage_result import StageResult
 
-__all__ = ["Holding", "evaluate_base", "export_kept", "hold_evaluator"]
+__all__ = ["HoldCheck", "evaluate_base", "export_kept", "hold_evaluator"]
+
+Runner = Callable[..., Any]
+"""A :class:`vgrpo.training.stage.PhaseRunner`: ``runner(phase, iteration, fn, *args)``."""
 
 
-class Holding:
-    """A holding stage's checks so far, their reference and where each check's adapter is kept (empty and inert
-    for a stage without ``hold``)."""
+class HoldCheck(StageCallbacks):
+    """A holding stage's participant: it checks the held rewards at the start and every ``hold.every`` iterations
+    (and after the last), keeps each check's adapter, stops the stage after ``hold.stop_after`` failed checks in a
+    row, and chooses the export (the last check that holds). Its state, the checks so far and their reference, is
+    a checkpoint's ``hold``."""
 
-    def __init__(self, config: StageConfig, work_dir: Path, restored: Mapping[str, Any]) -> None:
-        self.config, self.dir = config, work_dir / HOLD_DIR
-        reference = restored.get("reference")
-        self.reference: dict[str, float] | None = dict(reference) if reference is not None else None
-        self.checks: list[dict[str, Any]] = [dict(c) for c in restored.get("checks", [])]
+    state_field = "hold"
+
+    def __init__(
+        self,
+        config: StageConfig,
+        work_dir: Path,
+        stage: StagePolicy,
+        checker: Evaluator,
+        evaluating: Runner,
+        phases: Runner,
+        report: StageCallbacks,
+        result: StageResult,
+    ) -> None:
+        assert config.hold is not None
+        self.config, self.hold, self.dir = config, config.hold, work_dir / HOLD_DIR
+        self.stage, self.checker, self.report, self.result = stage, checker, report, result
+        self.evaluating, self.phases = evaluating, phases  # evaluating: a reward's failure names the stage
+        self.reference: dict[str, float] | None = None
+        self.checks: list[dict[str, Any]] = []
+
+    def state(self) -> dict[str, Any]:
+        return {"reference": self.reference, "checks": self.checks}
+
+    def load_state(self, state: Any) -> None:
+        reference = state.get("reference")
+        self.reference = dict(reference) if reference is not None else None
+        self.checks = [dict(c) for c in state.get("checks", [])]
+
+    def on_stage_begin(self, start: int, control: StageControl) -> None:
+        control.should_stop = control.should_stop or self.stopped()  # a stage resumed after its hold stopped it
+
+    def on_verdict(self, done: int, control: StageControl) -> None:
+        if done == 0 or done % self.hold.every == 0 or done == self.config.iterations:
+            self.check(done)
+            control.should_stop = control.should_stop or self.stopped()
+
+    def on_stage_end(self, done: int, control: StageControl) -> None:
+        self.result.hold = self.summary()
+        kept, reason = self.result.hold["kept_iteration"], self.result.hold["reason"]
+        control.export_from = KeptExport(kept, self.snapshot(kept), reason)
+
+    def check(self, iteration: int) -> None:
+        """Evaluate the held rewards (the base's first, once, with ``reference: base``), keep the adapter, report."""
+        hold, names = self.hold, list(self.hold.rewards)
+        if self.reference is None and hold.reference == "base":
+            table, _ = self.evaluating("hold-base", iteration, evaluate_base, self.stage, self.checker)
+            self.reference = held_values(flat_metrics(table), list(table["rewards"]), names)
+        table, _ = self.evaluating("hold", iteration, evaluate, self.stage, self.checker, iteration)
+        values = held_values(flat_metrics(table), list(table["rewards"]), names)
+        if self.reference is None:  # reference: stage_start, the check at iteration 0
+            self.reference = values
+        check = check_holds(iteration, values, self.reference, hold.rewards)
+        self.phases("hold-snapshot", iteration, export, self.stage, self.config, self.snapshot(iteration))
+        self.checks.append(check)
+        self.report.on_hold(check, dict(self.reference))
 
     def snapshot(self, iteration: int) -> Path:
         return self.dir / f"iter-{iteration:05d}"
@@ -47,21 +107,17 @@ class Holding:
         return count
 
     def stopped(self) -> bool:
-        hold = self.config.hold
-        return hold is not None and hold.stop_after is not None and self.failing() >= hold.stop_after
-
-    def to_json(self) -> dict[str, Any]:
-        return {} if self.config.hold is None else {"reference": self.reference, "checks": self.checks}
+        return self.hold.stop_after is not None and self.failing() >= self.hold.stop_after
 
     def summary(self) -> dict[str, Any]:
-        hold = self.config.hold
-        assert hold is not None and self.reference is not None
+        """What :attr:`vgrpo.training.stage_result.StageResult.hold` reports."""
+        assert self.reference is not None
         kept, reason = kept_check(self.checks)
         last = int(self.checks[-1]["iteration"])
         return {
-            "reference_kind": hold.reference,
+            "reference_kind": self.hold.reference,
             "reference": dict(self.reference),
-            "tolerances": dict(hold.rewards),
+            "tolerances": dict(self.hold.rewards),
             "checks": list(self.checks),
             "kept_iteration": kept,
             "reason": reason,
