@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
-from vgrpo.training.iteration import IterationRecord, gather_rewards, rollout_batch, update_policy
+from vgrpo.training.iteration import IterationRecord, PhaseRegion, profiler_region, train_iteration
 
 CPU_SIZES = (2048, 4096)
 GPU_SIZES = (8192,)
@@ -88,21 +88,18 @@ def ceilings(device: str | torch.device) -> dict[str, float]:
     }
 
 
-@contextmanager
-def _counting_prepare(algorithm: Any, into: dict[str, int]) -> Iterator[None]:
-    """Count the FLOPs of ``algorithm.prepare`` apart from the rest of the update (an instance attribute shadows the
-    method for the duration)."""
-    prepare = algorithm.prepare
+def counting_region(into: dict[str, int]) -> PhaseRegion:
+    """A :data:`vgrpo.training.iteration.PhaseRegion` that adds each phase's FLOPs to ``into[phase]`` (keeping the
+    phase's profiler label)."""
+    register_cpu_attention_flops()
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        result, into["prepare"] = count_flops(lambda: prepare(*args, **kwargs))
-        return result
+    @contextmanager
+    def region(phase: str) -> Iterator[None]:
+        with profiler_region(phase), FlopCounterMode(display=False) as counter:
+            yield
+        into[phase] = into.get(phase, 0) + int(counter.get_total_flops())
 
-    algorithm.prepare = counted
-    try:
-        yield
-    finally:
-        del algorithm.prepare
+    return region
 
 
 def counted_iteration(
@@ -118,39 +115,20 @@ def counted_iteration(
     generator: torch.Generator,
     iteration: int,
 ) -> tuple[IterationRecord, dict[str, int]]:
-    """One iteration as :func:`vgrpo.training.iteration.train_iteration` runs it (the same three phases, the same
-    generator draws), with the FLOPs of each of the four phases counted."""
+    """:func:`vgrpo.training.iteration.train_iteration` itself, with the FLOPs of each of its four phases counted
+    (:func:`counting_region`)."""
     flops: dict[str, int] = {}
-    batch, flops["rollout"] = count_flops(
-        lambda: rollout_batch(
-            policy=policy,
-            algorithm=algorithm,
-            prompts=prompts,
-            cond=cond,
-            minibatches=config.optim.minibatches,
-            latent_shape=latent_shape,
-            generator=generator,
-            iteration=iteration,
-            group_noise=config.rollout.group_noise,
-        )
+    record = train_iteration(
+        policy=policy,
+        algorithm=algorithm,
+        optimizer=optimizer,
+        reward_fn=reward_fn,
+        prompts=prompts,
+        cond=cond,
+        config=config,
+        latent_shape=latent_shape,
+        generator=generator,
+        iteration=iteration,
+        region=counting_region(flops),
     )
-    t0 = time.perf_counter()
-    scores, flops["reward"] = count_flops(lambda: reward_fn(batch.rollout.samples, batch.sample_prompts))
-    rewards = gather_rewards(batch, scores, algorithm.dist)
-    reward_seconds = time.perf_counter() - t0
-    with _counting_prepare(algorithm, flops):
-        record, update_and_prepare = count_flops(
-            lambda: update_policy(
-                policy=policy,
-                algorithm=algorithm,
-                optimizer=optimizer,
-                batch=batch,
-                rewards=rewards,
-                advantage=config.advantage,
-                optim=config.optim,
-                reward_weights=config.advantage.weights,
-                reward_seconds=reward_seconds,
-            )
-        )
-    flops["update"] = update_and_prepare - flops.get("prepare", 0)  # the outer counter sees prepare's FLOPs too
     return record, flops

@@ -1,7 +1,8 @@
 """One training iteration, the same for every algorithm, usable without Prefect, in three phases:
 
 rollout (:func:`rollout_batch`) -> rewards (:func:`gather_rewards`) -> advantages, prepare (pairs, old surrogates)
-and K gradient steps (:func:`update_policy`); :func:`train_iteration` runs the three in one call.
+and K gradient steps (:func:`update_policy`); :func:`train_iteration` runs the three in one call, each phase's work
+in ``region(phase)`` (:data:`PhaseRegion`: a profiler label, or :mod:`benchmarks.flops`'s FLOP count).
 
 Sharded over ``W`` processes (the algorithm's :class:`vgrpo.parallel.distributed.Distributed`), every rank is given the
 same global prompts and generator and works on its block of whole prompt groups: it keeps its block of the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -34,11 +36,13 @@ from vgrpo.training.update_stats import step_summary, update_norms, weights_befo
 
 __all__ = [
     "IterationRecord",
+    "PhaseRegion",
     "RewardFn",
     "RolloutBatch",
     "build_optimizer",
     "gather_rewards",
     "minibatch_schedule",
+    "profiler_region",
     "rollout_batch",
     "train_iteration",
     "update_policy",
@@ -68,6 +72,13 @@ class IterationRecord:
 PHASE_LABEL = {phase: f"vgrpo/{phase}" for phase in ("rollout", "reward", "prepare", "update")}
 """The profiler's label of each phase's region (``torch.profiler.record_function``; free when no profiler runs):
 what :mod:`benchmarks.profile` attributes each operator's time by."""
+PhaseRegion = Callable[[str], AbstractContextManager[object]]
+"""``region(phase)``: the context each phase's work (``rollout``, ``reward``, ``prepare``, ``update``) runs in."""
+
+
+def profiler_region(phase: str) -> AbstractContextManager[object]:
+    """The default region: the phase's profiler label (:data:`PHASE_LABEL`)."""
+    return record_function(PHASE_LABEL[phase])
 
 
 def _clock(device: torch.device) -> float:
@@ -120,11 +131,6 @@ def minibatch_schedule(num_samples: int, minibatches: int, steps: int, generator
     return schedule[:steps]
 
 
-def _accumulate(into: dict[str, list[float]], metrics: Mapping[str, float]) -> None:
-    for key, value in metrics.items():
-        into.setdefault(key, []).append(value)
-
-
 @dataclass
 class RolloutBatch:
     """What the rollout phase hands to scoring and to the update (in memory: tensors are not persisted).
@@ -158,6 +164,7 @@ def rollout_batch(
     generator: torch.Generator,
     iteration: int,
     group_noise: str = "independent",
+    region: PhaseRegion = profiler_region,
 ) -> RolloutBatch:
     """Phase 1 of an iteration: ``G`` samples for each of ``B`` prompts (``cond`` has ``B`` rows) under the
     behaviour policy. Sharded, every rank passes the same global ``prompts``, ``cond`` and ``generator`` state and
@@ -179,7 +186,7 @@ def rollout_batch(
     else:
         noise = torch.randn(len(prompts) * group_size, *latent_shape, generator=generator)
     noise = noise[samples].to(device)
-    with record_function(PHASE_LABEL["rollout"]):
+    with region("rollout"):
         rollout = algorithm.rollout(policy, sample_cond, noise, generator, iteration)
     return RolloutBatch(
         rollout=rollout,
@@ -221,6 +228,7 @@ def update_policy(
     optim: OptimConfig,
     reward_weights: Mapping[str, float] | None = None,
     reward_seconds: float = 0.0,
+    region: PhaseRegion = profiler_region,
 ) -> IterationRecord:
     """Phase 3 of an iteration: advantages from the global batch's ``rewards`` (weighted by ``reward_weights``),
     the algorithm's precomputation, then ``optim.gradient_steps`` optimizer steps, drawing minibatches from the
@@ -244,7 +252,7 @@ def update_policy(
         clamp=advantage.clamp,
     )
     check_finite("advantages", adv.advantages)
-    with record_function(PHASE_LABEL["prepare"]):
+    with region("prepare"):
         prepared = algorithm.prepare(policy, batch.rollout, batch.sample_cond, adv.advantages[samples], batch.generator)
     _check_prepared(prepared.payload, dist)
     params = trainable_parameters(policy)
@@ -253,7 +261,7 @@ def update_policy(
 
     per_step: dict[str, list[float]] = {}
     schedule = minibatch_schedule(num_samples, optim.minibatches, optim.gradient_steps, batch.generator)
-    with record_function(PHASE_LABEL["update"]):  # the region time/update_s measures
+    with region("update"):  # the region time/update_s measures
         for step, idx in enumerate(schedule):
             optimizer.zero_grad(set_to_none=True)
             step_metrics = dist.reduce_metrics(algorithm.accumulate_gradients(policy, prepared, idx, step))
@@ -265,7 +273,8 @@ def update_policy(
                 details = {"step": step, "grad_norm": grad_norm.item(), **bad}
                 raise NonFiniteError("loss" if bad else "gradients", details)
             optimizer.step()
-            _accumulate(per_step, {**step_metrics, "grad_norm": grad_norm.item()})
+            for key, value in {**step_metrics, "grad_norm": grad_norm.item()}.items():
+                per_step.setdefault(key, []).append(value)
         end_metrics = algorithm.end_iteration(policy, batch.iteration)
     t4 = _clock(device)
 
@@ -298,6 +307,7 @@ def train_iteration(
     generator: torch.Generator,
     iteration: int,
     reward_weights: Mapping[str, float] | None = None,
+    region: PhaseRegion = profiler_region,
 ) -> IterationRecord:
     """One iteration on ``B`` prompts (``cond`` has ``B`` rows), ``G`` samples each: the three phases
     :func:`rollout_batch` -> ``reward_fn`` + :func:`gather_rewards` -> :func:`update_policy` in one call.
@@ -305,7 +315,7 @@ def train_iteration(
     Randomness (initial noise, SDE noise, pairs, minibatches) comes from ``generator`` only, so the
     same seed gives the same iteration. Sharded, every rank passes the same global ``prompts``, ``cond`` and
     ``generator`` state; ``reward_fn`` sees the rank's samples only. ``reward_weights`` (default
-    ``config.advantage.weights``) weight the rewards' advantages.
+    ``config.advantage.weights``) weight the rewards' advantages; each phase runs in ``region(phase)``.
     """
     if config.rollout.group_size != algorithm.group_size:
         raise ValueError(f"rollout.group_size {config.rollout.group_size} != the algorithm's {algorithm.group_size}")
@@ -319,9 +329,10 @@ def train_iteration(
         generator=generator,
         iteration=iteration,
         group_noise=config.rollout.group_noise,
+        region=region,
     )
     t1 = time.perf_counter()
-    with record_function(PHASE_LABEL["reward"]):
+    with region("reward"):
         scores = reward_fn(batch.rollout.samples, batch.sample_prompts)
     rewards = gather_rewards(batch, scores, algorithm.dist)
     weights = reward_weights if reward_weights is not None else config.advantage.weights
@@ -335,4 +346,5 @@ def train_iteration(
         optim=config.optim,
         reward_weights=weights,
         reward_seconds=time.perf_counter() - t1,
+        region=region,
     )
