@@ -53,7 +53,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _trainer(world: Path, stopping: EarlyStopping) -> Trainer:
     config = tiny_stage_config(iterations=4, eval_every=1, eval_at_start=True)
-    return Trainer(config, work_dir=world / "run", pipeline="base", root=world, callbacks=[stopping])
+    return Trainer(config, work_dir=world / "run", pipeline=Path("base"), root=world, callbacks=[stopping])
 
 
 def test_early_stopping_stops_a_stage_and_a_rerun_resumes_stopped(world: Path) -> None:
