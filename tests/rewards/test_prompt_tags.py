@@ -6,6 +6,7 @@ without the option scores as before."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,3 +148,17 @@ def test_a_prompt_file_with_a_tag_no_reward_scores_is_refused_naming_the_tag_and
     assert prompt_problems(rewards, ROWS, "train.jsonl") == []
     untagged = [RewardConfig.model_validate({k: v for k, v in c.items() if k != "prompt_tags"}) for c in CONFIGS]
     assert prompt_problems(untagged, rows, "train.jsonl") == []  # no option: every tag is scored, as before
+
+
+def test_the_stage_reads_its_file_through_its_own_prompt_tags_filter(tmp_path: Path) -> None:
+    """A file with a tag no reward scores trains when the stage's ``prompt_tags`` leaves that tag out (the rows it
+    draws are all scored), and is refused naming the tag when the stage draws every row."""
+    from vgrpo.prompts import PromptFileError
+    from vgrpo.training.prompt_rows import training_rows
+    from vgrpo.world import write_jsonl
+
+    write_jsonl(tmp_path / "train.jsonl", [*ROWS, {"tag": "colors", "prompt": "a photo of a red circle"}])
+    kept = training_rows(_stage(prompt_tags=["single_object", "ocr", "counting"]), tmp_path)
+    assert [r["tag"] for r in kept] == ["single_object", "ocr", "counting"]
+    with pytest.raises(PromptFileError, match=r"prompts tagged 'colors' .* are scored by no reward"):
+        training_rows(_stage(), tmp_path)

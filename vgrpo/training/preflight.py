@@ -176,7 +176,9 @@ class _Findings:
             if done not in self._done:
                 try:
                     path = self.root / file
-                    self._done[done] = prompt_problems(rewards, load_prompts(path, open_images=True), path)
+                    kept = config.prompt_tags if key == "prompts" else None  # the tags the stage draws from
+                    rows = load_prompts(path, open_images=True)
+                    self._done[done] = prompt_problems(rewards, rows, path, kept_tags=kept)
                     if not self._done[done]:
                         read()  # what else the stage refuses: a prompt_tags filter that keeps nothing, ...
                 except (UserError, ValueError) as exc:

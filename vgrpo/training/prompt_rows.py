@@ -9,7 +9,7 @@ alone, so a resumed stage draws what an uninterrupted one draws.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,15 +53,18 @@ class StagePrompts:
     evaluation: list[dict[str, Any]] | None
 
 
-def checked_rows(path: Path, rewards: Sequence[RewardConfig]) -> list[dict[str, Any]]:
+def checked_rows(
+    path: Path, rewards: Sequence[RewardConfig], kept_tags: Collection[str] | None = None
+) -> list[dict[str, Any]]:
     """The rows of prompt file ``path``, checked by every reward in ``rewards`` that reads them
-    (:meth:`vgrpo.rewards.base.Reward.check_prompts`: GenEval's clauses and its detector's vocabulary).
+    (:meth:`vgrpo.rewards.base.Reward.check_prompts`: GenEval's clauses and its detector's vocabulary), the
+    rewards' ``prompt_tags`` against the tags of the rows a ``prompt_tags`` filter keeps (``kept_tags``).
 
     Raises:
         PromptFileError: naming the file and what is wrong (one line per problem).
     """
     rows = load_prompts(path)
-    problems = prompt_problems(rewards, rows, path)
+    problems = prompt_problems(rewards, rows, path, kept_tags)
     if problems:
         raise PromptFileError("\n".join(problems))
     return rows
@@ -70,7 +73,7 @@ def checked_rows(path: Path, rewards: Sequence[RewardConfig]) -> list[dict[str, 
 def training_rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
     """The rows of the training prompt file (relative to ``root``) checked by the training rewards, with
     ``prompt_tags`` / ``prompt_tag_weights`` applied."""
-    rows = checked_rows(root / config.prompts, config.rewards)
+    rows = checked_rows(root / config.prompts, config.rewards, config.prompt_tags)
     present = sorted({str(r.get("tag")) for r in rows})
     if config.prompt_tags is not None:
         absent = [t for t in config.prompt_tags if t not in present]
