@@ -11,7 +11,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    flop_registry,
+    register_flop_formula,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
 
 from vgrpo.training.iteration import IterationRecord, PhaseRegion, profiler_region, train_iteration
 
@@ -40,6 +47,29 @@ def register_cpu_attention_flops() -> None:
         return int(sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
 
     _registered = True
+
+
+class FlopSum(TorchDispatchMode):
+    """The total FLOPs of the operators run inside it, by :class:`FlopCounterMode`'s formulas, without its module
+    tracking: FlopCounterMode hooks every module's forward and, for the backward, registers a gradient hook on every
+    module's inputs and outputs, and keeps the parents set per operator. At the SD3.5-M architecture on the GPU, where
+    the kernels are short, that Python work per module and per operator starved the GPU: V-GRPO's counted warm-up
+    took about four times its timed iteration, and Flow-GRPO's (about 2 x 39 x 24 forwards and 39 x 24 backwards)
+    outran the check's 340 s (docs/gpu/README.md). The total is the same (tests/benchmarks/test_flops.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        # No decomposition of the operators without a formula (FlopCounterMode tries one for each, inside the mode
+        # again: the larger part of its cost per operator); the totals agree on every method's iteration.
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.total += int(formula(*args, **kwargs, out_val=out))
+        return out
 
 
 def count_flops(fn: Callable[[], Any]) -> tuple[Any, int]:
@@ -95,9 +125,9 @@ def counting_region(into: dict[str, int]) -> PhaseRegion:
 
     @contextmanager
     def region(phase: str) -> Iterator[None]:
-        with profiler_region(phase), FlopCounterMode(display=False) as counter:
+        with profiler_region(phase), FlopSum() as counter:
             yield
-        into[phase] = into.get(phase, 0) + int(counter.get_total_flops())
+        into[phase] = into.get(phase, 0) + counter.total
 
     return region
 
