@@ -10,7 +10,10 @@ METHODS = ("vgrpo", "naive_elbo", "flow_grpo", "mixgrpo", "diffusion_nft")
 """The five methods of the comparison (``params/algorithms/<method>.yaml``), in the report's order."""
 
 TIMED_METHODS = ("vgrpo", "flow_grpo", "mixgrpo")
-"""The methods timed against the number of sampling steps and at the SD3.5-M architecture."""
+"""The methods timed against the number of sampling steps."""
+
+ARCH_METHODS = (*TIMED_METHODS, "diffusion_nft")
+"""The methods timed at the SD3.5-M architecture (``benchmarks.sd35_arch`` and the GPU check)."""
 
 LABELS = {
     "vgrpo": "V-GRPO",

@@ -1,6 +1,7 @@
 """The one-GPU check of the GPU path (``scripts/gpu_check.sh`` runs it after installing any missing wheels): the
 ``gpu``-marked tests, ``benchmarks/sd35_arch.py`` at the paper's scale (512 px, group 24, 40 steps, bf16; V-GRPO,
-Flow-GRPO and MixGRPO) and one short embedded stage on the GPU, within a time budget (10 minutes by default).
+Flow-GRPO, MixGRPO and DiffusionNFT: seconds per iteration, images per second, share of the measured bf16 peak) and
+one short embedded stage on the GPU, within a time budget (10 minutes by default).
 
     python -m benchmarks.gpu_check --out runs/gpu_check            # on a CUDA machine
     python -m benchmarks.gpu_check --dry-run --out /tmp/gpu_check   # the same steps at tiny sizes on the CPU
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import LABELS, ROOT, TIMED_METHODS, flags
+from benchmarks.common import ARCH_METHODS, LABELS, ROOT, flags
 from benchmarks.timed_steps import Budget, Step, run_step
 from vgrpo.world import make_splits, write_jsonl
 
@@ -121,7 +122,7 @@ def benchmark(
     log: Path,
     env: dict[str, str],
     work: Path,
-    methods: Sequence[str] = TIMED_METHODS,
+    methods: Sequence[str] = ARCH_METHODS,
     merged_lora: bool = False,
 ) -> Step:
     out = work / "sd35_arch.json"
@@ -232,7 +233,7 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{'LoRA merged for the no-grad forwards, ' if a.get('merged_lora') else ''}{a['device']})",
             "",
             f"Matmul ceiling measured in the same run: bf16 {c['bf16'] / 1e3:.0f} TFLOP/s, fp32 "
-            f"{c['fp32'] / 1e3:.1f} TFLOP/s. Model FLOPs counted per phase with FlopCounterMode on the warm-up "
+            f"{c['fp32'] / 1e3:.1f} TFLOP/s. Model FLOPs counted per phase (benchmarks.flops.FlopSum) on the warm-up "
             "iteration; the share is of the ceiling of the run's precision.",
             "",
             "| method | s/iteration | rollout s | prepare s | update s | images/s | peak memory GB | TFLOP/iteration "
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps", nargs="+", choices=STEPS, default=list(STEPS), help="the steps to run, in this order (a rerun)"
     )
-    parser.add_argument("--methods", nargs="+", choices=TIMED_METHODS, default=list(TIMED_METHODS))
+    parser.add_argument("--methods", nargs="+", choices=ARCH_METHODS, default=list(ARCH_METHODS))
     parser.add_argument(
         "--merged-lora", action="store_true", help="sd35_arch with the LoRA merged for its no-grad forwards"
     )

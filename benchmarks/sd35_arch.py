@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from diffusers import SD3Transformer2DModel
 
+from benchmarks.common import ARCH_METHODS, ROOT
 from benchmarks.common import METHODS as COMPARED
-from benchmarks.common import ROOT, TIMED_METHODS
 from benchmarks.flops import ceilings, counted_iteration
 from benchmarks.roofline import phase_table, summarize
 from vgrpo.algorithms import build_algorithm
@@ -42,7 +42,7 @@ from vgrpo.models.precision import apply_precision
 from vgrpo.policy import Conditioning
 from vgrpo.training.iteration import build_optimizer, train_iteration
 
-METHODS = TIMED_METHODS
+METHODS = ARCH_METHODS
 
 # SD3.5-Medium's transformer/config.json (diffusers SD3Transformer2DModel).
 SD35M = {
@@ -184,7 +184,7 @@ def main() -> None:
         nargs="+",
         choices=COMPARED,
         default=list(METHODS),
-        help="methods to run (default: 3)",
+        help="methods to run (default: 4)",
     )
     parser.add_argument("--timeout", type=float, help="seconds each method's process may run (default: no limit)")
     parser.add_argument("--method", choices=COMPARED, help="run one method in this process (internal)")

@@ -49,11 +49,12 @@ def test_the_dry_run_takes_every_step_and_summarises_it(dry_run: tuple[dict[str,
     assert stage["iterations"] == 1 and stage["seconds_per_iteration"] > 0
     assert set(stage["final_evaluation"]) == {"geneval", "world_pickscore"}
     bench = steps["sd35_arch"]["details"]
-    assert set(bench["results"]) == {"vgrpo", "flow_grpo", "mixgrpo"}
+    assert set(bench["results"]) == {"vgrpo", "flow_grpo", "mixgrpo", "diffusion_nft"}
     for r in bench["results"].values():
         assert r["wall_s"] > 0 and r["images_per_s"] > 0 and r["peak_mem_gb"] > 0
         assert r["time/rollout_s"] > 0 and r["time/update_s"] > 0
     assert "# GPU check (dry-run)" in md and "| V-GRPO |" in md and "| Flow-GRPO |" in md and "| MixGRPO |" in md
+    assert "| DiffusionNFT |" in md
     assert "| gpu_tests | passed |" in md and "| sd35_arch | passed |" in md
 
 
