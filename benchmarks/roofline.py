@@ -5,11 +5,11 @@
 
 The ceiling is the best rate of a square ``torch.mm`` measured in the same run (fp32 and bf16; on a GPU bf16 at
 8192, on the CPU fp32 and bf16 at 2048 and 4096). An iteration's model FLOPs are counted per phase (rollout,
-reward, prepare, update) with :class:`torch.utils.flop_counter.FlopCounterMode` on its warm-up iteration; the CPU's
-fused attention kernel, which the counter does not know, is counted with the same formula as the GPU's
-(:func:`benchmarks.flops.register_cpu_attention_flops`). The timed iterations after it give the seconds, so the
-rate of a phase is its FLOPs over its median seconds, and its share of the ceiling that rate over the ceiling of the
-iteration's matmul precision (bf16 under bf16 autocast, else fp32).
+reward, prepare, update) with :class:`benchmarks.flops.FlopSum` (FlopCounterMode's formulas) on its warm-up
+iteration; the CPU's fused attention kernel, which the counter does not know, is counted with the same formula as
+the GPU's (:func:`benchmarks.flops.register_cpu_attention_flops`). The timed iterations after it give the seconds,
+so the rate of a phase is its FLOPs over its median seconds, and its share of the ceiling that rate over the ceiling
+of the iteration's matmul precision (bf16 under bf16 autocast, else fp32).
 """
 
 from __future__ import annotations
