@@ -158,6 +158,67 @@ def test_the_rule_finds_an_uphill_import(tmp_path: Path) -> None:
     }
 
 
+PACKAGE_ORDER: tuple[tuple[str, ...], ...] = (
+    ("errors", "seeding", "atomic", "logs", "config_base", "config_batch", "params_file", "images", "image_files"),
+    ("outputs", "splits", "progress", "progress_line", "flow", "prompts"),
+    ("parallel", "surrogate", "pairs", "advantages"),
+    ("policy",),
+    ("samplers", "losses", "rewards"),
+    ("models",),
+    ("algorithms", "checkpoints"),
+    ("evaluation",),
+    ("config", "training"),
+    ("trainer", "counting_edit", "demo"),
+    ("cli",),
+    ("world",),
+)
+"""The library's packages and top-level modules from the bottom up: a module imports only from its own tier or
+those below it (the run's config and the training loop share a tier: the schemas compose the loop's configs and
+the loop reads the schemas). The world is the top: a wing the library never imports."""
+
+
+def _package_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "vgrpo" and len(parts) > 1 else None
+
+
+def _downhill_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> imported`` for every import of a higher tier's module (lazy and type-checking ones included)."""
+    tier = {name: i for i, names in enumerate(PACKAGE_ORDER) for name in names}
+    out = []
+    for module, deps in sorted(graph.items()):
+        here = _package_of(module)
+        for dep in sorted(deps):
+            there = _package_of(dep)
+            if here and there and tier.get(there, -1) > tier.get(here, len(tier)):
+                out.append(f"{module} -> {dep}")
+    return out
+
+
+def test_every_import_in_the_library_runs_downhill() -> None:
+    graph = graph_tool.import_graph(graph_tool.module_files(REPO))
+    packages = {p for m in graph if (p := _package_of(m))}
+    placed = {name for names in PACKAGE_ORDER for name in names}
+    assert packages - placed == set(), "place each new package or module in PACKAGE_ORDER"
+    assert _downhill_violations(graph) == []
+
+
+def test_the_order_finds_an_uphill_import_between_library_packages(tmp_path: Path) -> None:
+    root = _package(
+        tmp_path,
+        {
+            "vgrpo/__init__.py": "",
+            "vgrpo/seeding.py": "",
+            "vgrpo/models/__init__.py": "",
+            "vgrpo/models/call.py": "from vgrpo.evaluation.evaluator import sample_noise\n",
+            "vgrpo/evaluation/__init__.py": "",
+            "vgrpo/evaluation/evaluator.py": "from vgrpo.seeding import x\n",
+        },
+    )
+    graph = graph_tool.import_graph(graph_tool.module_files(root))
+    assert _downhill_violations(graph) == ["vgrpo.models.call -> vgrpo.evaluation.evaluator"]
+
+
 MAX_MODULE_LINES = 350
 """No module of the library, the tasks, the flows or the benchmarks is longer: a longer one holds more than one
 idea."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from vgrpo.evaluation.evaluator import Sampling, evaluate, generate, sample_noise
+from vgrpo.evaluation.evaluator import Sampling, evaluate, generate
 from vgrpo.evaluation.grids import FRAME_COLORS, grid_image, grid_of, write_grid
 from vgrpo.evaluation.tables import compare, flat_metrics, summarise
 from vgrpo.flow import timestep_grid
@@ -22,6 +22,7 @@ from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.geneval import GenEvalReward
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
+from vgrpo.seeding import sample_noise
 
 
 def encode(prompts: list[str]) -> Conditioning:

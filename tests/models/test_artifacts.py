@@ -17,7 +17,6 @@ from diffusers import DiffusionPipeline, SD3Transformer2DModel, StableDiffusion3
 from peft import PeftModel
 
 from vgrpo.checkpoints.state import LORA_FILE, PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE, save_lora
-from vgrpo.evaluation.evaluator import sample_noise
 from vgrpo.flow import timestep_grid
 from vgrpo.images import tensor_to_images
 from vgrpo.models import add_lora
@@ -26,6 +25,7 @@ from vgrpo.models.diffusers_call import diffusers_call_kwargs, diffusers_sigmas
 from vgrpo.models.pipeline import build_adapter, load_sd3_pipeline
 from vgrpo.models.saving import absent_t5, save_pipeline
 from vgrpo.samplers import euler_ode_sample
+from vgrpo.seeding import sample_noise
 
 BASE = Path(__file__).resolve().parents[2] / "models" / "embedded-base"
 PROMPTS = ["a red cube left of a blue ball", "the word STOP on a sign"]

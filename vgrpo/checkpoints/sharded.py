@@ -36,9 +36,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from vgrpo.atomic import publish_dir, temporary_dir
 from vgrpo.checkpoints.state import Checkpointed, CheckpointError
+from vgrpo.models.saving import save_pipeline
 from vgrpo.parallel.distributed import Distributed
+from vgrpo.parallel.fsdp import full_state_dict, unsharded_copy
 
-__all__ = ["load_sharded_state", "save_sharded_state"]
+__all__ = ["export_pipeline", "load_sharded_state", "save_sharded_state"]
 
 SHARDS = "shards"
 FILES = ("optimizer.json", "manifest.json", "state.json")
@@ -156,3 +158,13 @@ def load_sharded_state(path: Path, live: Checkpointed, dist: Distributed) -> dic
     optim |= {k: tuple(v) if isinstance(v, list) else v for k, v in scalars.items()}  # JSON has no tuples (betas)
     set_state_dict(live.module, live.optimizer, model_state_dict=model, optim_state_dict=optim, options=_options())
     return state
+
+
+def export_pipeline(pipe: Any, dist: Distributed, out_dir: Path) -> None:
+    """Write ``pipe`` with its sharded transformer gathered whole as a plain diffusers pipeline (``save_pretrained``,
+    safetensors, atomically) from rank 0. A collective: every rank must call it (with the same weights swapped
+    in)."""
+    state = full_state_dict(pipe.transformer)
+    if dist.is_main:
+        whole = type(pipe)(**{**pipe.components, "transformer": unsharded_copy(pipe.transformer, state)})
+        save_pipeline(whole, out_dir)

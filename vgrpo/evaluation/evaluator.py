@@ -35,7 +35,7 @@ from vgrpo.policy import Conditioning, VelocityModel
 from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.samplers import ClassifierFreeGuidance, euler_ode_sample, hybrid_euler_sample
-from vgrpo.seeding import derive_seed
+from vgrpo.seeding import sample_noise
 
 __all__ = [
     "Evaluator",
@@ -43,7 +43,6 @@ __all__ = [
     "evaluate",
     "generate",
     "resized_adapter",
-    "sample_noise",
     "sampling_shift",
 ]
 
@@ -65,15 +64,6 @@ class Sampling:
         return cls(config.num_steps, config.seed, shift, config.guidance_scale, config.p_mix)
 
 
-def sample_noise(seed: int, indices: Sequence[int], latent_shape: Sequence[int]) -> Tensor:
-    """``(len(indices), *latent_shape)`` standard normal noise, row ``k`` a function of ``(seed, indices[k])``."""
-    rows = []
-    for i in indices:
-        state = derive_seed(seed, i)
-        rows.append(torch.randn(*latent_shape, generator=torch.Generator().manual_seed(state)))
-    return torch.stack(rows)
-
-
 @torch.no_grad()
 def generate(
     *,
@@ -89,7 +79,7 @@ def generate(
     progress: bool = False,
     condition: Callable[[list[int]], Conditioning] | None = None,
 ) -> tuple[np.ndarray, list[Any]]:
-    """Images for ``prompts`` (``uint8 (N, H, W, 3)``), sample ``i`` from :func:`sample_noise` ``(sampling.seed, i)``.
+    """Images for ``prompts`` (``uint8 (N, H, W, 3)``), sample ``i`` from ``sample_noise(sampling.seed, i)``.
 
     Args:
         encode: prompts -> conditioning (e.g. :meth:`vgrpo.models.adapter.PipelineAdapter.encode_prompts`).

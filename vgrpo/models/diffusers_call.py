@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from diffusers import StableDiffusion3Pipeline
 
-from vgrpo.evaluation.evaluator import sample_noise
 from vgrpo.flow import timestep_grid
 from vgrpo.models.saving import ABSENT_T5_KEY, is_sd3
+from vgrpo.seeding import sample_noise
 
 __all__ = ["diffusers_call_kwargs", "diffusers_sigmas"]
 

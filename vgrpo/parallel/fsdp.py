@@ -13,7 +13,7 @@ FLUX's double- and single-stream blocks): the classes accelerate's FSDP2 plugin 
 - the snapshots (:class:`vgrpo.policy.ParameterSnapshot`: DiffusionNFT's "old" policy, the KL references, the
   policy EMA) hold this rank's shards and exchange values in place;
 - checkpoints are written by every rank (:mod:`vgrpo.checkpoints.sharded`), and the export gathers the whole
-  transformer on rank 0 (:func:`export_pipeline`).
+  transformer on rank 0 (:func:`vgrpo.checkpoints.sharded.export_pipeline`).
 
 The processes themselves come from ``accelerate launch`` (:meth:`Distributed.from_environment`). The model is
 wrapped with torch's ``fully_shard`` directly rather than through ``Accelerator.prepare``, which would wrap the
@@ -25,7 +25,6 @@ and both strategies.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -34,10 +33,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from vgrpo.models.saving import save_pipeline
 from vgrpo.parallel.distributed import Distributed
 
-__all__ = ["export_pipeline", "full_state_dict", "shard_transformer", "unsharded_copy"]
+__all__ = ["full_state_dict", "shard_transformer", "unsharded_copy"]
 
 
 def _blocks(transformer: nn.Module) -> list[nn.Module]:
@@ -90,13 +88,3 @@ def unsharded_copy(module: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:
     if missing:
         raise ValueError(f"the gathered state of {cls.__name__} lacks {missing[:3]}")
     return copy
-
-
-def export_pipeline(pipe: Any, dist: Distributed, out_dir: Path) -> None:
-    """Write ``pipe`` with its sharded transformer gathered whole as a plain diffusers pipeline (``save_pretrained``,
-    safetensors, atomically) from rank 0. A collective: every rank must call it (with the same weights swapped
-    in)."""
-    state = full_state_dict(pipe.transformer)
-    if dist.is_main:
-        whole = type(pipe)(**{**pipe.components, "transformer": unsharded_copy(pipe.transformer, state)})
-        save_pipeline(whole, out_dir)

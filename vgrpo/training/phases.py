@@ -31,6 +31,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from vgrpo.algorithms import Algorithm, build_algorithm
+from vgrpo.checkpoints.sharded import export_pipeline
 from vgrpo.checkpoints.state import Checkpointed, load_lora_into, save_lora
 from vgrpo.config import StageConfig
 from vgrpo.evaluation.evaluator import Evaluator
@@ -39,7 +40,7 @@ from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
 from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision, frozen_dtype
 from vgrpo.models.saving import save_pipeline
 from vgrpo.parallel.distributed import Distributed, is_sharded
-from vgrpo.parallel.fsdp import export_pipeline, shard_transformer
+from vgrpo.parallel.fsdp import shard_transformer
 from vgrpo.policy import ParameterSnapshot, trainable_parameters
 from vgrpo.rewards.base import Metadata, NonFiniteRewardError
 from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
