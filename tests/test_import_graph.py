@@ -201,6 +201,9 @@ def test_every_import_in_the_library_runs_downhill() -> None:
     placed = {name for names in PACKAGE_ORDER for name in names}
     assert packages - placed == set(), "place each new package or module in PACKAGE_ORDER"
     assert _downhill_violations(graph) == []
+    above = ("tasks", "flows", "benchmarks", "scripts", "tests")  # the run layer and what measures it
+    upward = [f"{m} -> {d}" for m, deps in graph.items() if _package_of(m) for d in deps if d.split(".")[0] in above]
+    assert upward == []
 
 
 def test_the_order_finds_an_uphill_import_between_library_packages(tmp_path: Path) -> None:
