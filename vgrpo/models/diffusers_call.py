@@ -59,7 +59,7 @@ def diffusers_call_kwargs(
       T5 or with the stand-in of :mod:`vgrpo.models.saving` gets no T5 tokens;
     * ``num_inference_steps`` and ``sigmas``: :func:`diffusers_sigmas`;
     * ``latents`` (with ``seed``): the noise the project's evaluation draws for sample ``i`` of a run with that
-      seed (:func:`vgrpo.evaluation.evaluator.sample_noise`), at the pipeline's default resolution.
+      seed (:func:`vgrpo.seeding.sample_noise`), at the pipeline's default resolution.
     """
     if not is_sd3(pipe):
         raise TypeError(f"diffusers_call_kwargs takes a StableDiffusion3Pipeline, got {type(pipe).__name__}")
