@@ -90,23 +90,9 @@ def test_headline_gains_read_the_paired_evaluation() -> None:
 
 
 def test_the_grid_on_a_tiny_curriculum_records_each_run_and_resumes(tmp_path: Path) -> None:
-    from tests.tiny_world import WORLD_PICK, tiny_stage_config, write_tiny_world
-    from vgrpo.world.prompts import make_splits, make_validation, write_jsonl
+    from tests.benchmarks.robustness_world import CURRICULUM, write_robustness_world
 
-    root = write_tiny_world(tmp_path / "world")
-    _, test = make_splits(0, 40, 8)
-    write_jsonl(root / "validation.jsonl", [md for md, _ in make_validation(0, 8, [md["prompt"] for md, _ in test])])
-    pick = {"name": "pickscore", "key": "world_pickscore", "options": {"path": str(WORLD_PICK)}}
-    evaluation = {"group_size": 1, "num_steps": 2, "seed": 1, "rewards": [{"name": "geneval"}, pick]}
-    for i in (1, 2):
-        stage = tiny_stage_config(name=f"s{i}", iterations=2, eval_every=2, eval_prompts="validation.jsonl")
-        data = {**stage.model_dump(mode="json"), "pipeline": "base", "evaluation": evaluation}
-        (root / f"s{i}.yaml").write_text(yaml.safe_dump(data))
-    (root / "empty.yaml").write_text("{}\n")
-    spec = {"name": "tiny", "base": [], "model": "empty.yaml", "stages": ["s1.yaml", "s2.yaml"]}
-    (root / "curriculum.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
-    (root / "evaluate.yaml").write_text(yaml.safe_dump({"evaluation": {**evaluation, "seed": 0}}))
-    (root / "validation-eval.yaml").write_text(yaml.safe_dump({"evaluation": {"seed": 1}}))
+    root = write_robustness_world(tmp_path / "world")
     out, runs = tmp_path / "runs.json", tmp_path / "runs"
     args = ["--root", str(root), "--curriculum", "curriculum.yaml", "--evaluate-params", "evaluate.yaml"]
     args += ["--validation-params", "validation-eval.yaml"]
@@ -151,8 +137,8 @@ def test_the_grid_on_a_tiny_curriculum_records_each_run_and_resumes(tmp_path: Pa
     # Another recipe with the same first stage, reusing this grid: s1 is copied (not trained), s2 is trained.
     s2 = yaml.safe_load((root / "s2.yaml").read_text())
     (root / "s2-other.yaml").write_text(yaml.safe_dump(s2 | {"name": "s2-other", "iterations": 1, "eval_every": 1}))
-    spec["stages"] = ["s1.yaml", "s2-other.yaml"]
-    (root / "other.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
+    other_spec = CURRICULUM | {"stages": ["s1.yaml", "s2-other.yaml"]}
+    (root / "other.yaml").write_text(yaml.safe_dump({"curriculum": other_spec}))
     other_out = tmp_path / "other.json"
     paths = {"--curriculum": "other.yaml", "--run-root": str(tmp_path / "other"), "--out": str(other_out)}
     cmd = [sys.executable, "-m", "benchmarks.robustness", "grid", "--seeds", "0", "--threads", "1", *args]

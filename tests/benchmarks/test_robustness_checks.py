@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from benchmarks import robustness
+from tests.benchmarks.robustness_world import CURRICULUM, write_robustness_world
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,38 +24,21 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny world with a two-stage curriculum (``curriculum.yaml``) and its test evaluation's params, as the
     grid test of tests/benchmarks/test_robustness.py runs them; ``bad-hold.yaml``'s second stage holds a reward
     its checks do not compute."""
-    from tests.tiny_world import WORLD_PICK, tiny_stage_config, write_tiny_world
-    from vgrpo.world.prompts import make_splits, make_validation, write_jsonl
-
-    root = write_tiny_world(tmp_path_factory.mktemp("robustness"))
-    _, test = make_splits(0, 40, 8)
-    write_jsonl(root / "validation.jsonl", [md for md, _ in make_validation(0, 8, [md["prompt"] for md, _ in test])])
-    pick = {"name": "pickscore", "key": "world_pickscore", "options": {"path": str(WORLD_PICK)}}
-    evaluation = {"group_size": 1, "num_steps": 2, "seed": 1, "rewards": [{"name": "geneval"}, pick]}
-    for i in (1, 2):
-        stage = tiny_stage_config(name=f"s{i}", iterations=2, eval_every=2, eval_prompts="validation.jsonl")
-        data = {**stage.model_dump(mode="json"), "pipeline": "base", "evaluation": evaluation}
-        (root / f"s{i}.yaml").write_text(yaml.safe_dump(data))
+    root = write_robustness_world(tmp_path_factory.mktemp("robustness"))
     hold = {"rewards": {"hps": 0.1}, "every": 1, "prompts": "validation.jsonl"}
     (root / "s2-hold.yaml").write_text(yaml.safe_dump({**yaml.safe_load((root / "s2.yaml").read_text()), "hold": hold}))
-    (root / "empty.yaml").write_text("{}\n")
-    for name, stages in (("curriculum", ["s1.yaml", "s2.yaml"]), ("bad-hold", ["s1.yaml", "s2-hold.yaml"])):
-        spec = {"name": "tiny", "base": [], "model": "empty.yaml", "stages": stages}
-        (root / f"{name}.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
-    (root / "evaluate.yaml").write_text(yaml.safe_dump({"evaluation": {**evaluation, "seed": 0}}))
-    (root / "validation-eval.yaml").write_text(yaml.safe_dump({"evaluation": {"seed": 1}}))
     # A stage that evaluates on the test split, and curricula for the final report: without choices, with a choice
     # that read validation, and with one that is the report's own records file.
     on_test = {**yaml.safe_load((root / "s2.yaml").read_text()), "eval_prompts": "test.jsonl"}
     (root / "s2-on-test.yaml").write_text(yaml.safe_dump(on_test))
     (root / "choice.json").write_text(json.dumps({"split": {"prompt_file": "validation.jsonl", "sha256": "-"}}))
     for name, extra in (
+        ("bad-hold", {"stages": ["s1.yaml", "s2-hold.yaml"]}),
         ("on-test", {"stages": ["s1.yaml", "s2-on-test.yaml"]}),
         ("chosen", {"choices": ["choice.json"]}),
         ("chosen-on-out", {"choices": ["choice.json", "records.json"]}),
     ):
-        spec = {"name": "tiny", "base": [], "model": "empty.yaml", "stages": ["s1.yaml", "s2.yaml"]} | extra
-        (root / f"{name}.yaml").write_text(yaml.safe_dump({"curriculum": spec}))
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({"curriculum": CURRICULUM | extra}))
     return root
 
 
