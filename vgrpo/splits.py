@@ -31,30 +31,33 @@ TEST_SPLIT = "test.jsonl"
 """The file name of the split only a final report reads."""
 
 
+def _digests(files: Iterable[str | Path]) -> set[str]:
+    return {file_sha256(Path(f)) for f in files if Path(f).is_file()}
+
+
+def _is_test(path: Path, test_digests: set[str]) -> bool:
+    return path.name == TEST_SPLIT or (bool(test_digests) and path.is_file() and file_sha256(path) in test_digests)
+
+
 def is_test_split(path: str | Path, known_test_files: Iterable[str | Path] = ()) -> bool:
     """Whether ``path`` is the test split: named ``test.jsonl``, or with the bytes of one of ``known_test_files``
     (those that exist)."""
-    path = Path(path)
-    if path.name == TEST_SPLIT:
-        return True
-    known = [Path(k) for k in known_test_files if Path(k).is_file()]
-    if not known or not path.is_file():
-        return False
-    digest = file_sha256(path)
-    return any(file_sha256(k) == digest for k in known)
+    return _is_test(Path(path), _digests(known_test_files))
 
 
 def tuning_prompt_problems(
     prompt_files: Mapping[str, str | Path], known_test_files: Iterable[str | Path] = (), *, final_report: str
 ) -> list[str]:
     """One problem per prompt file (keyed by what names it: a flag, a params key) that is the test split, for a
-    command that tunes. ``final_report`` says how to read test instead (the command that may)."""
-    known = list(known_test_files)
+    command that tunes. ``final_report`` says how to read test instead (the command that may). The known test files
+    are hashed once, and each distinct prompt file once (a curriculum's stages share theirs)."""
+    test_digests = _digests(known_test_files)
+    verdicts = {path: _is_test(path, test_digests) for path in {Path(p) for p in prompt_files.values()}}
     return [
         f"{field} {path}: the test split; recipe selection reads the validation split, and only the final report "
         f"reads test ({final_report})"
         for field, path in prompt_files.items()
-        if is_test_split(path, known)
+        if verdicts[Path(path)]
     ]
 
 
