@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from diffusers import SD3Transformer2DModel
@@ -36,11 +36,12 @@ from benchmarks.common import METHODS as COMPARED
 from benchmarks.flops import ceilings, counted_iteration
 from benchmarks.roofline import phase_table, summarize
 from vgrpo.algorithms import build_algorithm
-from vgrpo.config import load_config
+from vgrpo.config import TrainConfig, load_config
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.precision import apply_precision
 from vgrpo.policy import Conditioning
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.training.iteration import train_iteration
+from vgrpo.training.optim import build_optimizer
 
 METHODS = ARCH_METHODS
 
@@ -63,10 +64,21 @@ SD35M = {
 
 
 def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``method``'s iterations at the architecture, in this process: its median seconds per iteration and per phase,
+    images per second, NFE per sample, parameters, peak memory and the warm-up's FLOPs per phase."""
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    config = load_config(
+    config = method_config(method, args)
+    transformer = build_transformer(args, device)
+    iteration_kwargs = iteration_arguments(config, transformer, args)
+    rows, flops = timed_iterations(iteration_kwargs, args.iterations, device)
+    return summary(rows, flops, transformer, args, device)
+
+
+def method_config(method: str, args: argparse.Namespace) -> TrainConfig:
+    """``method``'s preset on the base config at the command line's rollout, micro-batch and precision, LoRA r 32."""
+    return load_config(
         [ROOT / "params" / "base.yaml", ROOT / "params" / "algorithms" / f"{method}.yaml"],
         {
             "rollout": {
@@ -86,7 +98,10 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
             },
         },
     )
-    latent = args.resolution // 8
+
+
+def build_transformer(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    """SD3.5-M's transformer with random weights (seed 0), cut to ``args.layers`` blocks and ``args.heads`` heads."""
     arch = {
         **SD35M,
         "num_layers": args.layers,
@@ -98,6 +113,14 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     with device:  # initialised where it runs: a CPU init of 2.5 B random weights takes longer than an iteration
         transformer = SD3Transformer2DModel(**arch)
+    # mypy cannot resolve diffusers' model classes' mixin bases, so it does not see them as the nn.Modules they are
+    return cast(torch.nn.Module, transformer)
+
+
+def iteration_arguments(config: TrainConfig, transformer: torch.nn.Module, args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`~vgrpo.training.iteration.train_iteration` but ``iteration``: the LoRA-wrapped
+    policy, its algorithm and optimizer, random text conditioning of SD3's width and a reward on the latents."""
+    latent = args.resolution // 8
     assert config.lora is not None
     add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
     policy = apply_precision(
@@ -122,11 +145,7 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
     def reward_fn(samples: torch.Tensor, prompts: Any) -> dict[str, torch.Tensor]:
         return {"latent_mean": samples.float().mean(dim=(1, 2, 3)).cpu()}
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    iteration_kwargs: dict[str, Any] = {
+    return {
         "policy": policy,
         "algorithm": algorithm,
         "optimizer": optimizer,
@@ -137,16 +156,40 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, Any]:
         "latent_shape": latent_shape,
         "generator": torch.Generator().manual_seed(0),
     }
+
+
+def timed_iterations(
+    iteration_kwargs: dict[str, Any], iterations: int, device: torch.device
+) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """A warm-up iteration with its FLOPs counted per phase, then ``iterations`` timed ones: their metrics with
+    ``wall_s``, and the warm-up's FLOPs. The CUDA allocator's peak is reset after the warm-up."""
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
     _, flops = counted_iteration(**iteration_kwargs, iteration=0)  # the warm-up, with its FLOPs counted per phase
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     rows: list[dict[str, float]] = []
-    for it in range(1, args.iterations + 1):
+    for it in range(1, iterations + 1):
         sync()
         t0 = time.perf_counter()
         record = train_iteration(**iteration_kwargs, iteration=it)
         sync()
         rows.append({**record.metrics, "wall_s": time.perf_counter() - t0})
+    return rows, flops
+
+
+def summary(
+    rows: list[dict[str, float]],
+    flops: dict[str, Any],
+    transformer: torch.nn.Module,
+    args: argparse.Namespace,
+    device: torch.device,
+) -> dict[str, Any]:
+    """The timed iterations' medians per phase (:func:`~benchmarks.roofline.summarize`), the median wall time,
+    NFE per sample, images per second, the transformer's parameters (millions) and the peak memory in GB."""
     out: dict[str, Any] = summarize(rows, flops)
     out["wall_s"] = statistics.median(r["wall_s"] for r in rows)
     out["nfe_per_sample"] = rows[0]["nfe/rollout_per_sample"]

@@ -28,7 +28,7 @@ from benchmarks.common import ROOT
 from benchmarks.flops import counted_iteration
 from benchmarks.roofline import summarize
 from vgrpo.algorithms import build_algorithm
-from vgrpo.config import load_config, merge_overrides
+from vgrpo.config import TrainConfig, load_config, merge_overrides
 from vgrpo.demo import toy_reward
 from vgrpo.images import tensor_to_images
 from vgrpo.models import SD3Velocity, add_lora
@@ -36,7 +36,8 @@ from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision, frozen_dtype
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
 from vgrpo.rewards import build_reward
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.training.iteration import train_iteration
+from vgrpo.training.optim import build_optimizer
 from vgrpo.world import GENEVAL_TAGS, read_jsonl
 
 # V-GRPO's update also without its two passes, and with the choice made from the memory it measures (half of what
@@ -128,7 +129,7 @@ def pipeline_iteration(method: str, args: argparse.Namespace) -> dict[str, Any]:
         from benchmarks.compare.plan import RunSpec, Sizes, stage_config
 
         grid_config = stage_config(RunSpec("methods", preset), Sizes(), ROOT / "data/world/test.jsonl")
-        config = load_config(
+        config: TrainConfig = load_config(
             [],
             merge_overrides(
                 grid_config.model_dump(mode="json"),

@@ -27,7 +27,8 @@ from vgrpo.algorithms.vgrpo import VGRPOPayload
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.parallel.distributed import Distributed, is_sharded
 from vgrpo.parallel.fsdp import shard_transformer
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.training.iteration import train_iteration
+from vgrpo.training.optim import build_optimizer
 
 PROMPT_TEXTS = ["a red circle", "two blue squares", "a green star", "three yellow dots"]
 # Rollout micro-batches of one group (G = 3) cut the global batch where the ranks cut it, so every rank's

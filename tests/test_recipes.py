@@ -17,7 +17,8 @@ from vgrpo.algorithms.config import FlowGRPOConfig, MixGRPOConfig, VGRPOConfig
 from vgrpo.config import StageConfig, load_config, load_curriculum
 from vgrpo.flow import resolution_shift_mu, shift_timesteps, timestep_grid
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.training.iteration import train_iteration
+from vgrpo.training.optim import build_optimizer
 
 ROOT = Path(__file__).parents[1]
 

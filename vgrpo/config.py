@@ -38,6 +38,7 @@ from vgrpo.rewards.config import RewardConfig, check_unique_keys, unrewarded_tag
 from vgrpo.training.ema import EMAConfig
 from vgrpo.training.hold import HoldConfig, unknown_held_problem
 from vgrpo.training.optim import OptimConfig
+from vgrpo.training.replay import ReplayConfig, replay_problem
 
 __all__ = [
     "EXPANDED_PREFIX",
@@ -179,6 +180,17 @@ class StageConfig(TrainConfig):
         description="Rewards the stage must hold, checked on validation prompts; the stage exports its last "
         "checkpoint that holds them (vgrpo.training.hold). None = export the last weights.",
     )
+    replay: ReplayConfig | None = Field(
+        None,
+        description="Earlier stages' prompts rolled out each iteration as KL-only groups (vgrpo.training.replay); "
+        "None = none.",
+    )
+
+    @property
+    def batch_prompts(self) -> int:
+        """Prompts an iteration rolls out: the stage's own and the replay's."""
+        replayed = 0 if self.replay is None else self.replay.prompts_per_iteration
+        return self.rollout.prompts_per_iteration + replayed
 
     @model_validator(mode="after")
     def _check_stage(self) -> StageConfig:
@@ -194,10 +206,12 @@ class StageConfig(TrainConfig):
         rollout = self.rollout
         self.launch.check_fits(
             autocast=self.precision.autocast,
-            prompts_per_iteration=rollout.prompts_per_iteration,
+            prompts_per_iteration=self.batch_prompts,
             group_size=rollout.group_size,
             minibatches=self.optim.minibatches,
         )
+        if self.replay is not None and (problem := replay_problem(self.replay, self.algorithm)):
+            raise ValueError(problem)
         if self.prompt_tag_weights is not None and any(w <= 0 for w in self.prompt_tag_weights.values()):
             raise ValueError(f"prompt_tag_weights must all be > 0, got {self.prompt_tag_weights}")
         drawn = self.prompt_tags if self.prompt_tags is not None else tuple(self.prompt_tag_weights or ())
@@ -210,7 +224,7 @@ class StageConfig(TrainConfig):
             raise ValueError("a stage weights its rewards with rewards[].weight; leave advantage.weights empty")
         return self
 
-    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"hold": None}
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"hold": None, "replay": None}
 
 
 class CurriculumConfig(FrozenConfig):

@@ -18,7 +18,8 @@ from vgrpo.algorithms import ALGORITHMS, build_algorithm
 from vgrpo.config import load_config
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.training.iteration import train_iteration
+from vgrpo.training.optim import build_optimizer
 
 SHOWN = (
     "reward/total_mean",

@@ -11,7 +11,7 @@ from vgrpo.config import TrainConfig, load_config
 from vgrpo.demo import toy_reward
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
-from vgrpo.training.iteration import build_optimizer
+from vgrpo.training.optim import build_optimizer
 
 PROMPTS, GROUP = 2, 3
 

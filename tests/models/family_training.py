@@ -61,7 +61,8 @@ def train_two_iterations(
     from vgrpo.algorithms import build_algorithm
     from vgrpo.config import load_config
     from vgrpo.models import add_lora
-    from vgrpo.training.iteration import build_optimizer, train_iteration
+    from vgrpo.training.iteration import train_iteration
+    from vgrpo.training.optim import build_optimizer
 
     targets = list(FAMILIES[family].lora_targets)
     algorithm_options: dict[str, Any] = {"name": algorithm_name}

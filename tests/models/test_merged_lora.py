@@ -16,7 +16,8 @@ from vgrpo.models.merged_lora import MergedLoRAVelocity, lora_layers
 from vgrpo.models.precision import apply_precision
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.policy import trainable_parameters
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.training.iteration import train_iteration
+from vgrpo.training.optim import build_optimizer
 
 
 def _inputs(n: int = 4) -> tuple[torch.Tensor, torch.Tensor, object]:

@@ -25,7 +25,7 @@ from vgrpo.errors import ConfigError
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import ParameterSnapshot, trainable_parameters
-from vgrpo.training.iteration import build_optimizer
+from vgrpo.training.optim import build_optimizer
 
 STAGE_ATOL = 5e-5
 """Two FSDP processes against one after a stage of two iterations (the test explains the band)."""

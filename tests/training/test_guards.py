@@ -16,7 +16,8 @@ from tests.tiny_world import tiny_stage_config as _config
 from vgrpo.algorithms import build_algorithm
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged, check_finite, nonfinite_summary
-from vgrpo.training.iteration import build_optimizer, train_iteration
+from vgrpo.training.iteration import train_iteration
+from vgrpo.training.optim import build_optimizer
 from vgrpo.training.stage import run_stage
 
 PROMPTS = ["a red circle", "two blue squares"]

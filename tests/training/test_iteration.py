@@ -7,7 +7,8 @@ from tests.algorithms.helpers import GROUP, PROMPTS, make_config, make_policy
 from vgrpo.algorithms import ALGORITHMS, build_algorithm
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.training.guards import NonFiniteError
-from vgrpo.training.iteration import build_optimizer, minibatch_schedule, train_iteration
+from vgrpo.training.iteration import minibatch_schedule, train_iteration
+from vgrpo.training.optim import build_optimizer
 
 PROMPT_TEXTS = ["a red circle", "two blue squares"]
 

@@ -48,12 +48,13 @@ class Rollout:
 
 @dataclass(frozen=True)
 class ScoredRollout:
-    """What an algorithm prepares from: this rank's rollout, its conditioning (``N`` rows) and its advantages
-    ``(N,)``."""
+    """What an algorithm prepares from: this rank's rollout, its conditioning (``N`` rows), its advantages ``(N,)``
+    and, from a stage's replay (:mod:`vgrpo.training.replay`), the reference KL's weight of each sample ``(N,)``."""
 
     rollout: Rollout
     cond: Conditioning
     advantages: Tensor
+    ref_kl_weights: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ class Algorithm(ABC, Generic[PayloadT]):
     """
 
     name: str = "base"
+    weighs_ref_kl: bool = False
+    """Whether :meth:`prepare` takes a per-sample weight of a reference KL (a stage's replay)."""
 
     def __init__(
         self,
@@ -164,10 +167,15 @@ class Algorithm(ABC, Generic[PayloadT]):
         cond: Conditioning,
         advantages: Tensor,
         generator: torch.Generator,
+        ref_kl_weights: Tensor | None = None,
     ) -> PreparedBatch[PayloadT]:
         """Precompute, without gradient, what the gradient steps compare against (:meth:`precompute`), next to
-        the samples, conditioning and advantages ``(N,)`` it belongs to."""
-        payload, metrics = self.precompute(policy, ScoredRollout(rollout, cond, advantages), generator)
+        the samples, conditioning and advantages ``(N,)`` it belongs to. ``ref_kl_weights`` ``(N,)`` weight a
+        reference KL per sample, for an algorithm that has one (:attr:`weighs_ref_kl`)."""
+        if ref_kl_weights is not None and not self.weighs_ref_kl:
+            raise ValueError(f"{self.name} has no reference KL to weight per sample (ref_kl_weights)")
+        scored = ScoredRollout(rollout, cond, advantages, ref_kl_weights)
+        payload, metrics = self.precompute(policy, scored, generator)
         return PreparedBatch(
             samples=rollout.samples, cond=cond, advantages=advantages, payload=payload, metrics=metrics
         )

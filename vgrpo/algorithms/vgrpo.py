@@ -82,12 +82,14 @@ class VGRPOPayload(Payload):
         old_surrogates: ``(N, N_MC)`` ``s_ij(theta_old)``.
         old_x0_hat: ``(N, N_MC, *S)`` the behaviour policy's x-prediction when the KL is on, else None.
         ref_x0_hat: ``(N, N_MC, *S)`` the reference's x-prediction when the reference KL is on, else None.
+        ref_kl_weights: ``(N,)`` the reference KL's weight of each sample (a stage's replay), else None (1 each).
     """
 
     pairs: SharedPairs
     old_surrogates: Tensor
     old_x0_hat: Tensor | None
     ref_x0_hat: Tensor | None
+    ref_kl_weights: Tensor | None = None
 
 
 VGRPOBatch = PreparedBatch[VGRPOPayload]
@@ -97,6 +99,7 @@ class VGRPO(Algorithm[VGRPOPayload]):
     """V-GRPO and, with its techniques switched off, the naive ELBO-GRPO baseline."""
 
     name = "vgrpo"
+    weighs_ref_kl = True
     config: VGRPOConfig | NaiveELBOConfig
 
     def __init__(self, config: VGRPOConfig | NaiveELBOConfig, *, policy: nn.Module, **kwargs: Any):
@@ -183,7 +186,15 @@ class VGRPO(Algorithm[VGRPOPayload]):
         if self.reference is not None:
             with self.reference.swapped_in():
                 ref_x0_hat = self.current_surrogates(policy, samples, cond, pairs, every, keep_x0_hat=True)[1]
-        payload = VGRPOPayload(pairs=pairs, old_surrogates=old_s, old_x0_hat=old_x0_hat, ref_x0_hat=ref_x0_hat)
+        if scored.ref_kl_weights is not None and self.reference is None:
+            raise ValueError("ref_kl_weights weight the reference KL: set algorithm.ref_kl_coef > 0")
+        payload = VGRPOPayload(
+            pairs=pairs,
+            old_surrogates=old_s,
+            old_x0_hat=old_x0_hat,
+            ref_x0_hat=ref_x0_hat,
+            ref_kl_weights=scored.ref_kl_weights,
+        )
         return payload, surrogate_cv(self.dist.gather(old_s), self.group_size)
 
     # 3. gradient steps -----------------------------------------------------------------------
@@ -236,6 +247,7 @@ class VGRPO(Algorithm[VGRPOPayload]):
         loss by :func:`vgrpo.losses.vgrpo_loss`."""
         pairs = batch.payload.pairs
         old_x0_hat, ref_x0_hat = self._targets(batch, idx)
+        ref_weights = None if batch.payload.ref_kl_weights is None else batch.payload.ref_kl_weights[idx]
         s_cols, kl_cols, ref_cols = [], [], []
         for j in range(pairs.n_mc):
             s_parts, kl_parts, ref_parts = [], [], []
@@ -263,7 +275,10 @@ class VGRPO(Algorithm[VGRPOPayload]):
             kl_coef=self.config.kl_coef,
         )
         if ref_cols:
-            kl_ref_mean = torch.stack(ref_cols, dim=1).mean()
+            kl_ref = torch.stack(ref_cols, dim=1)
+            if ref_weights is not None:  # a stage's replay: the KL where it weighs (vgrpo.training.replay)
+                kl_ref = kl_ref * ref_weights.to(kl_ref.device)[:, None]
+            kl_ref_mean = kl_ref.mean()
             loss = loss + self.config.ref_kl_coef * kl_ref_mean
             metrics.update({"kl_ref": kl_ref_mean.item(), "loss": loss.item()})
         loss.backward()
@@ -279,6 +294,7 @@ class VGRPO(Algorithm[VGRPOPayload]):
         pairs = batch.payload.pairs
         old_s = batch.payload.old_surrogates[idx]
         old_x0_hat, ref_x0_hat = self._targets(batch, idx)
+        ref_weights = None if batch.payload.ref_kl_weights is None else batch.payload.ref_kl_weights[idx]
         advantages = batch.advantages[idx].float().cpu()
         # Pass 1: rho and dL/ds without a graph (theta == theta_old at step 0, so rho = 1 exactly).
         s_now = old_s if step == 0 else self.current_surrogates(policy, batch.samples, batch.cond, pairs, idx)[0]
@@ -304,6 +320,8 @@ class VGRPO(Algorithm[VGRPOPayload]):
                     kl_sum += kl.detach().sum().item()
                 kl_ref = self._kl(terms, ref_x0_hat, pos, j)
                 if kl_ref is not None:
+                    if ref_weights is not None:  # a stage's replay (vgrpo.training.replay)
+                        kl_ref = kl_ref * ref_weights[pos].to(kl_ref.device)
                     objective = objective + self.config.ref_kl_coef / terms_count * kl_ref.sum()
                     ref_sum += kl_ref.detach().sum().item()
                 objective.backward()

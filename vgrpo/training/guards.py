@@ -15,12 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vgrpo.algorithms.base import Payload
 from vgrpo.errors import NonFiniteError  # defined below the training loop: rewards subclass it
 from vgrpo.logs import get_logger
+from vgrpo.parallel.distributed import Distributed
 from vgrpo.training.callbacks import StageCallbacks
 from vgrpo.training.stage_result import StageResult, skipped_summary
 
-__all__ = ["NonFiniteError", "SkipGuard", "TrainingDiverged", "check_finite", "nonfinite_summary"]
+__all__ = ["NonFiniteError", "SkipGuard", "TrainingDiverged", "check_finite", "check_prepared", "nonfinite_summary"]
 
 logger = get_logger("vgrpo.training.stage")  # the stage's console line, whichever module words it
 
@@ -40,6 +42,17 @@ def nonfinite_summary(values: Tensor) -> dict[str, Any]:
         "nan": int(torch.isnan(values.detach()).sum().item()),
         "indices": torch.nonzero(rows).flatten()[:16].tolist(),
     }
+
+
+def check_prepared(payload: Payload, dist: Distributed) -> None:
+    """Non-finite floating-point tensors among the payload ``prepare`` computed (old surrogates, old x-predictions,
+    old velocities, reward weights). Each rank holds its own samples', so the verdict is reduced: every rank skips,
+    or none does."""
+    bad = {k: v for k, v in payload.tensors().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())}
+    if dist.any(bool(bad)):
+        name = next(iter(bad), "prepared batch")
+        details = nonfinite_summary(bad[name]) if bad else {"on": "another rank"}
+        raise NonFiniteError(name, {**details, "rank": dist.rank})
 
 
 def check_finite(quantity: str, values: Tensor, **context: Any) -> None:

@@ -24,14 +24,14 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from vgrpo.advantages import compute_advantages, unscored_samples
-from vgrpo.algorithms.base import Algorithm, Payload, Rollout
+from vgrpo.algorithms.base import Algorithm, Rollout
 from vgrpo.algorithms.config import AdvantageConfig
 from vgrpo.config import TrainConfig
 from vgrpo.config_batch import check_batch
 from vgrpo.parallel.distributed import Distributed
 from vgrpo.policy import Conditioning, trainable_parameters
-from vgrpo.training.guards import NonFiniteError, check_finite, nonfinite_summary
-from vgrpo.training.optim import OptimConfig, build_adamw, clip_gradients
+from vgrpo.training.guards import NonFiniteError, check_finite, check_prepared
+from vgrpo.training.optim import OptimConfig, clip_gradients
 from vgrpo.training.update_stats import step_summary, update_norms, weights_before
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "PhaseRegion",
     "RewardFn",
     "RolloutBatch",
-    "build_optimizer",
     "gather_rewards",
     "minibatch_schedule",
     "profiler_region",
@@ -94,25 +93,6 @@ def _prompts_at(values: Tensor, prompts: Sequence[str], group_size: int) -> list
     return [prompts[i // group_size] for i in bad]
 
 
-def _check_prepared(payload: Payload, dist: Distributed) -> None:
-    """Non-finite floating-point tensors among the payload ``prepare`` computed (old surrogates, old x-predictions,
-    old velocities, reward weights). Each rank holds its own samples', so the verdict is reduced: every rank skips,
-    or none does."""
-    bad = {k: v for k, v in payload.tensors().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())}
-    if dist.any(bool(bad)):
-        name = next(iter(bad), "prepared batch")
-        details = nonfinite_summary(bad[name]) if bad else {"on": "another rank"}
-        raise NonFiniteError(name, {**details, "rank": dist.rank})
-
-
-def build_optimizer(policy: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW over the policy's trainable parameters (LoRA adapters, or everything)."""
-    params = trainable_parameters(policy)
-    if not params:
-        raise ValueError("the policy has no trainable parameters")
-    return build_adamw(params, config, betas=config.betas, eps=config.adam_eps)
-
-
 def minibatch_schedule(num_samples: int, minibatches: int, steps: int, generator: torch.Generator) -> list[Tensor]:
     """Sample indices for each of ``steps`` gradient steps: the whole batch when ``minibatches == 1``,
     else consecutive parts of a permutation redrawn at the start of each pass over the batch.
@@ -141,6 +121,8 @@ class RolloutBatch:
         sample_cond: this rank's conditioning, one row per sample.
         generator: the iteration's generator, advanced past the rollout (the update draws from it next).
         seconds: wall time of the rollout.
+        replay_groups: the last ``R`` of ``prompts`` are replay, KL-only groups (:mod:`vgrpo.training.replay`).
+        ref_kl_weights: the global batch's per-sample weights of the reference KL, or None (the algorithm's own).
     """
 
     rollout: Rollout
@@ -151,6 +133,8 @@ class RolloutBatch:
     generator: torch.Generator
     iteration: int
     seconds: float
+    replay_groups: int = 0
+    ref_kl_weights: Tensor | None = None
 
 
 def rollout_batch(
@@ -165,6 +149,8 @@ def rollout_batch(
     iteration: int,
     group_noise: str = "independent",
     region: PhaseRegion = profiler_region,
+    replay_groups: int = 0,
+    ref_kl_weights: Tensor | None = None,
 ) -> RolloutBatch:
     """Phase 1 of an iteration: ``G`` samples for each of ``B`` prompts (``cond`` has ``B`` rows) under the
     behaviour policy. Sharded, every rank passes the same global ``prompts``, ``cond`` and ``generator`` state and
@@ -197,6 +183,8 @@ def rollout_batch(
         generator=generator,
         iteration=iteration,
         seconds=_clock(device) - t0,
+        replay_groups=replay_groups,
+        ref_kl_weights=ref_kl_weights,
     )
 
 
@@ -230,9 +218,9 @@ def update_policy(
     reward_seconds: float = 0.0,
     region: PhaseRegion = profiler_region,
 ) -> IterationRecord:
-    """Phase 3 of an iteration: advantages from the global batch's ``rewards`` (weighted by ``reward_weights``),
-    the algorithm's precomputation, then ``optim.gradient_steps`` optimizer steps, drawing minibatches from the
-    iteration's generator."""
+    """Phase 3 of an iteration: advantages from the global batch's ``rewards`` (weighted by ``reward_weights``; a
+    replay group's 0, its rewards unread), the algorithm's precomputation, then ``optim.gradient_steps`` optimizer
+    steps, drawing minibatches from the iteration's generator."""
     dist = algorithm.dist
     group_size = batch.group_size
     num_samples = len(batch.sample_prompts)
@@ -240,8 +228,9 @@ def update_policy(
     shard = dist.shard(len(batch.prompts))
     samples = slice(shard.start * group_size, shard.stop * group_size)
     t2 = _clock(device)
+    own = slice(0, (len(batch.prompts) - batch.replay_groups) * group_size)  # replay groups come last
     adv = compute_advantages(
-        dict(rewards),
+        {name: r[own] for name, r in rewards.items()},
         group_size=group_size,
         weights=dict(reward_weights) if reward_weights else None,
         aggregation=advantage.aggregation,
@@ -251,10 +240,14 @@ def update_policy(
         soft_clip_eta=advantage.soft_clip_eta,
         clamp=advantage.clamp,
     )
-    check_finite("advantages", adv.advantages)
+    advantages = torch.nn.functional.pad(adv.advantages, (0, batch.replay_groups * group_size))
+    check_finite("advantages", advantages)
+    weights = None if batch.ref_kl_weights is None else batch.ref_kl_weights[samples]
     with region("prepare"):
-        prepared = algorithm.prepare(policy, batch.rollout, batch.sample_cond, adv.advantages[samples], batch.generator)
-    _check_prepared(prepared.payload, dist)
+        prepared = algorithm.prepare(
+            policy, batch.rollout, batch.sample_cond, advantages[samples], batch.generator, ref_kl_weights=weights
+        )
+    check_prepared(prepared.payload, dist)
     params = trainable_parameters(policy)
     before = weights_before(params)
     t3 = _clock(device)

@@ -22,8 +22,17 @@ from torch import Tensor, nn
 from vgrpo.config_base import MAX_MICRO_BATCH, FrozenConfig
 from vgrpo.errors import ConfigError
 from vgrpo.parallel.distributed import is_sharded
+from vgrpo.policy import trainable_parameters
 
-__all__ = ["AdamWConfig", "LearningRate", "OptimConfig", "WeightDecay", "build_adamw", "clip_gradients"]
+__all__ = [
+    "AdamWConfig",
+    "LearningRate",
+    "OptimConfig",
+    "WeightDecay",
+    "build_adamw",
+    "build_optimizer",
+    "clip_gradients",
+]
 
 LearningRate = Annotated[float, Field(gt=0, description="AdamW learning rate.")]
 WeightDecay = Annotated[float, Field(ge=0, description="AdamW's decoupled weight decay.")]
@@ -76,6 +85,14 @@ def build_adamw(
     if isinstance(config, OptimConfig) and config.optimizer == "adamw8bit":
         return _adamw8bit(params, lr=config.lr, weight_decay=config.weight_decay, **moments)
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, **moments)
+
+
+def build_optimizer(policy: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW over the policy's trainable parameters (LoRA adapters, or everything)."""
+    params = trainable_parameters(policy)
+    if not params:
+        raise ValueError("the policy has no trainable parameters")
+    return build_adamw(params, config, betas=config.betas, eps=config.adam_eps)
 
 
 def _adamw8bit(params: Iterable[Tensor] | Iterable[dict[str, Any]], **settings: Any) -> torch.optim.Optimizer:

@@ -20,7 +20,6 @@ steps an uninterrupted one takes.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,15 +46,10 @@ from vgrpo.rewards.multi import MultiReward, MultiRewardOutput
 from vgrpo.seeding import derive_seed
 from vgrpo.training.ema import PolicyEMA, maybe_swapped_in
 from vgrpo.training.guards import NonFiniteError
-from vgrpo.training.iteration import (
-    PHASE_LABEL,
-    RolloutBatch,
-    build_optimizer,
-    gather_rewards,
-    rollout_batch,
-    update_policy,
-)
-from vgrpo.training.prompt_rows import evaluation_rows, sample_prompt_rows
+from vgrpo.training.iteration import PHASE_LABEL, RolloutBatch, gather_rewards, rollout_batch, update_policy
+from vgrpo.training.optim import build_optimizer
+from vgrpo.training.prompt_rows import StagePrompts, evaluation_rows, sample_prompt_rows
+from vgrpo.training.replay import ref_kl_weights, sample_replay_rows, unscored_replay
 from vgrpo.training.stage_evaluator import build_evaluator
 
 __all__ = [
@@ -196,32 +190,44 @@ def setup_policy(
 
 @dataclass
 class StageRollout:
-    """The rollout phase's output: the samples (in memory) and this rank's prompt rows, one per sample."""
+    """The rollout phase's output: the samples (in memory), this rank's prompt rows, one per sample, and how many
+    of its samples lead its block as the stage's own (the rest replay: :mod:`vgrpo.training.replay`)."""
 
     batch: RolloutBatch
     sample_rows: list[Metadata]
+    own_samples: int
 
 
-def rollout(stage: StagePolicy, config: StageConfig, rows: Sequence[Metadata], iteration: int) -> StageRollout:
-    """Draw the iteration's prompts from ``(seed, iteration)``, encode them and sample ``group_size`` images each
-    under the behaviour policy."""
+def rollout(stage: StagePolicy, config: StageConfig, prompts: StagePrompts, iteration: int) -> StageRollout:
+    """Draw the iteration's prompts (and its replay prompts after them) from ``(seed, iteration)``, encode them and
+    sample ``group_size`` images each under the behaviour policy."""
     drawn = sample_prompt_rows(
-        rows, config.rollout.prompts_per_iteration, config.seed, iteration, config.prompt_tag_weights
+        prompts.train, config.rollout.prompts_per_iteration, config.seed, iteration, config.prompt_tag_weights
     )
-    prompts = [str(r["prompt"]) for r in drawn]
-    shard = stage.dist.shard(len(prompts))
+    replay, weights = config.replay, None
+    if replay is not None:
+        replayed = sample_replay_rows(prompts.replay, replay.prompts_per_iteration, config.seed, iteration)
+        tags = [str(r.get("tag")) for r in replayed]
+        weights = ref_kl_weights(replay, tags, len(drawn), config.rollout.group_size)
+        drawn = [*drawn, *replayed]
+    texts = [str(r["prompt"]) for r in drawn]
+    shard = stage.dist.shard(len(texts))
+    group_size = config.rollout.group_size
     batch = rollout_batch(
         policy=stage.policy,
         algorithm=stage.algorithm,
-        prompts=prompts,
+        prompts=texts,
         cond=stage.adapter.encode_rows(drawn),  # the rows: an editing family's name its condition images
         minibatches=config.optim.minibatches,
         latent_shape=stage.adapter.latent_shape,
         generator=iteration_generator(config.seed, iteration),
         iteration=iteration,
         group_noise=config.rollout.group_noise,
+        replay_groups=len(drawn) - config.rollout.prompts_per_iteration,
+        ref_kl_weights=weights,
     )
-    return StageRollout(batch=batch, sample_rows=[r for r in drawn[shard] for _ in range(config.rollout.group_size)])
+    own = max(0, min(shard.stop, config.rollout.prompts_per_iteration) - shard.start) * group_size
+    return StageRollout(batch=batch, sample_rows=[r for r in drawn[shard] for _ in range(group_size)], own_samples=own)
 
 
 @dataclass
@@ -234,19 +240,22 @@ class Scores:
 
 
 def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
-    """Decode this rank's samples and score them with every training reward; gather the scores of all ranks.
+    """Decode this rank's own samples (not its replay samples) and score them with every training reward; gather
+    the scores of all ranks.
 
     A reward that returns NaN or Inf on any rank stops the phase on every rank with
     :class:`vgrpo.training.guards.NonFiniteError` naming the reward (a flag reduced over ranks, so all ranks skip)."""
     t0 = time.perf_counter()
-    rewards, out, failure = stage.rewards, None, None
+    rewards, out, failure, own = stage.rewards, None, None, rolled.own_samples
     with record_function(PHASE_LABEL["reward"]):
-        with torch.no_grad():
-            images = stage.adapter.decode_samples(rolled.batch.rollout.samples)  # a video family's: frames
-        try:
-            out = rewards(images, rolled.batch.sample_prompts, rolled.sample_rows if rewards.needs_metadata else None)
-        except NonFiniteRewardError as exc:
-            failure = exc
+        if own:
+            with torch.no_grad():
+                images = stage.adapter.decode_samples(rolled.batch.rollout.samples[:own])  # a video's: frames
+            rows = rolled.sample_rows[:own] if rewards.needs_metadata else None
+            try:
+                out = rewards(images, rolled.batch.sample_prompts[:own], rows)
+            except NonFiniteRewardError as exc:
+                failure = exc
     if stage.dist.any(failure is not None):
         quantity = failure.quantity if failure is not None else "reward (on another rank)"
         details = failure.details if failure is not None else {}
@@ -254,11 +263,14 @@ def score(stage: StagePolicy, rolled: StageRollout) -> Scores:
             quantity,
             {**details, "rank": stage.dist.rank, "reward_errors": [str(failure)] if failure is not None else []},
         )
-    assert out is not None
-    gathered = gather_rewards(rolled.batch, out.score_tensors(), stage.dist)
+    local = {} if out is None else out.score_tensors()
+    if len(rolled.sample_rows) > own:
+        local = unscored_replay(local, list(rewards.terms), len(rolled.sample_rows))
+    gathered = gather_rewards(rolled.batch, local, stage.dist)
     # Sub-scores of the whole batch: a rank's chunk may lack a sub-score (NaN there), so join, then average.
-    local_times = {k: v for k, v in out.metrics().items() if k.startswith("time/")}
-    metrics = MultiRewardOutput.concatenate(stage.dist.gather_object(out)).metrics() | local_times
+    local_times = {} if out is None else {k: v for k, v in out.metrics().items() if k.startswith("time/")}
+    parts = [part for part in stage.dist.gather_object(out) if part is not None]
+    metrics = MultiRewardOutput.concatenate(parts).metrics() | local_times
     return Scores(rewards=gathered, metrics=metrics, seconds=time.perf_counter() - t0)
 
 

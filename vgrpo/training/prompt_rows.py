@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from vgrpo.prompts import PromptFileError, load_prompts
 from vgrpo.rewards.base import Metadata
 from vgrpo.rewards.config import RewardConfig, prompt_problems
 from vgrpo.seeding import derive_seed
+from vgrpo.training.replay import replay_rows
 
 __all__ = ["StagePrompts", "checked_rows", "evaluation_rows", "prepare_prompts", "sample_prompt_rows", "training_rows"]
 
@@ -47,10 +48,12 @@ def sample_prompt_rows(
 
 @dataclass(frozen=True)
 class StagePrompts:
-    """The stage's prompt rows, validated and filtered: ``train`` to draw from, ``evaluation`` (or ``None``)."""
+    """The stage's prompt rows, validated and filtered: ``train`` to draw from, ``evaluation`` (or ``None``), and
+    ``replay``'s rows (:mod:`vgrpo.training.replay`; empty without replay)."""
 
     train: list[dict[str, Any]]
     evaluation: list[dict[str, Any]] | None
+    replay: list[dict[str, Any]] = field(default_factory=list)
 
 
 def checked_rows(
@@ -96,8 +99,9 @@ def training_rows(config: StageConfig, root: Path) -> list[dict[str, Any]]:
 
 def prepare_prompts(config: StageConfig, root: Path) -> StagePrompts:
     """Read the training and evaluation prompt files (relative to ``root``), each checked by the rewards that read
-    it (:func:`training_rows`, :func:`evaluation_rows`)."""
-    return StagePrompts(train=training_rows(config, root), evaluation=evaluation_rows(config, root))
+    it (:func:`training_rows`, :func:`evaluation_rows`), and the replay's rows of the training file."""
+    replay = [] if config.replay is None else replay_rows(config.replay, root / config.prompts)
+    return StagePrompts(train=training_rows(config, root), evaluation=evaluation_rows(config, root), replay=replay)
 
 
 def evaluation_rows(config: StageConfig, root: Path) -> list[dict[str, Any]] | None:

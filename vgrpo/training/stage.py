@@ -153,7 +153,7 @@ def run_stage(
     options = options if options is not None else StageOptions()
     live = _LiveStage(config, root, pipeline_dir, work_dir, out_dir, init_lora, callbacks, options)
     live.setup()
-    stage, phases, result, train_rows = live.stage, options.phases, live.result, live.prompts.train
+    stage, phases, result, prompts = live.stage, options.phases, live.result, live.prompts
     guard = SkipGuard(
         config.name, config.max_consecutive_skips, result, live.report, live.dist.is_main, live.run.newest
     )
@@ -166,7 +166,7 @@ def run_stage(
     while done < config.iterations and not control.should_stop:
         started = time.perf_counter()
         try:
-            rolled = phases("rollout", done, rollout, stage, config, train_rows, done)
+            rolled = phases("rollout", done, rollout, stage, config, prompts, done)
             scores = phases("score", done, score, stage, rolled)
             metrics = phases("update", done, update, stage, config, rolled, scores, done)
         except RewardFailed as exc:  # nothing of this iteration was applied or written; the last checkpoint stands
@@ -214,9 +214,7 @@ class _LiveStage:
         """The prompts, the policy and its evaluator, and the newest checkpoint of the run, loaded."""
         config, dist, root, phases = self.config, self.dist, self.root, self.phases
         started = time.perf_counter()
-        check_batch(
-            config.rollout.prompts_per_iteration, config.rollout.group_size, config.optim.minibatches, dist.world_size
-        )
+        check_batch(config.batch_prompts, config.rollout.group_size, config.optim.minibatches, dist.world_size)
         prompts = self.options.prompts
         self.prompts = (
             prompts if prompts is not None else phases("prepare-prompts", None, prepare_prompts, config, root)
@@ -225,7 +223,7 @@ class _LiveStage:
         pipeline = root / self.pipeline_dir
         self.stage = phases("setup-policy", None, setup_policy, config, pipeline, init, dist, self.options.rewards)
         # precision.text_encoders: drop_after_encoding encodes every prompt of the stage now, then frees the encoders
-        rows = [*self.prompts.train, *(self.prompts.evaluation or [])]
+        rows = [*self.prompts.train, *self.prompts.replay, *(self.prompts.evaluation or [])]
         self.stage.adapter.encode_ahead([str(r["prompt"]) for r in rows])
         self.evaluator = build_evaluator(config, self.prompts.evaluation, root, self.stage.shift, dist)
         self.run = stage_checkpoints(config, self.work_dir, init)
