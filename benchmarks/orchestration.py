@@ -65,10 +65,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="plain/flow pairs, alternated")
     parser.add_argument("--out", type=Path, default=None, help="also write the result JSON here")
     args = parser.parse_args()
-    # mlflow and Prefect (flows.services) are the ``pipeline`` extra's, needed only once the arguments parse.
+    # mlflow and Prefect (services.local) are the ``pipeline`` extra's, needed only once the arguments parse.
     from mlflow import MlflowClient
 
-    from flows.services import local_services
+    from services.local import local_services
 
     base = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     overrides = {"iterations": args.iterations}

@@ -24,7 +24,7 @@ def test_the_first_screen_is_short_and_says_the_verdict_first() -> None:
     assert "docs/benchmarks-v3/grid/README.md#the-papers-claims" in box[2]
     assert "The curriculum over seeds and thread counts" in box[3] and "docs/embedded.md#" in box[3]
     assert "<!-- curriculum-runs -->\nOver " in first  # the table over runs (tests/benchmarks/test_robustness.py)
-    for path in re.findall(r"`((?:vgrpo|tasks|flows)/[\w/]+\.py)`", first):  # the tables' files exist
+    for path in re.findall(r"`((?:vgrpo|tasks|flows|services)/[\w/]+\.py)`", first):  # the tables' files exist
         assert (REPO / path).is_file(), path
     algorithms = re.findall(r"^\| [^|]+ \| `(\w+)` \|", first, flags=re.M)
     assert sorted(algorithms) == sorted(p.stem for p in (REPO / "params" / "algorithms").glob("*.yaml"))

@@ -1,6 +1,6 @@
 """Real servers on 127.0.0.1 for the cluster tests, each in its own process group and stopped by it: an
 S3-compatible object store (moto's server, ``moto_server`` from the ``moto[server]`` wheel in the dev extra), and
-the team's services as ``python -m flows.team_services up`` starts them, with credentials and TLS
+the team's services as ``python -m services.team up`` starts them, with credentials and TLS
 (:func:`team_services`)."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from flows.services import ServiceError, wait_healthy
-from flows.team_checks import check_team_settings
-from flows.team_postgres import pg_bin
-from flows.team_services import TLS, TeamServices, team_down, team_up
+from services.local import ServiceError, wait_healthy
+from services.team import TLS, TeamServices, team_down, team_up
+from services.team_checks import check_team_settings
+from services.team_postgres import pg_bin
 from tasks.launch import free_port
 from tasks.process_group import stop_group
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.services import local_services
+from services.local import local_services
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

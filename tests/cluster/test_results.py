@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.team_services import TeamServices, team_env
+from services.team import TeamServices, team_env
 from tasks.store import Store, StoreError, check_results_stay_local
 
 CLIENT = """
@@ -52,7 +52,7 @@ def _plant(folder: Path, key: str, marker: Path) -> None:
 
 @pytest.mark.slow
 def test_a_pickle_planted_in_the_store_is_never_read_by_a_machine_of_the_team(tmp_path: Path) -> None:
-    from flows.services import local_services
+    from services.local import local_services
 
     store = tmp_path / "store"
     with local_services(tmp_path / "services") as services:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.team_services import TeamSecrets, TeamServices, team_env, team_secrets
+from services.team import TeamSecrets, TeamServices, team_env, team_secrets
 from tests.cluster.servers import environ, team_services
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """Workers in a Prefect work pool on two "machines" (separate working directories that share only the team's
-services, started as ``flows.team_services up`` starts them, with credentials and TLS, and the shared store): an
+services, started as ``services.team up`` starts them, with credentials and TLS, and the shared store): an
 ablation sweep's two cells land one on each machine's worker and train at the same time, and the sweep reads both
 cells' summaries."""
 

@@ -27,7 +27,7 @@ pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 pytest.importorskip("dvc")
 
-from flows.services import local_services
+from services.local import local_services
 from tasks.process_group import process_group_members
 from tasks.stage import dir_hash
 

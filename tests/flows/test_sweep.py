@@ -15,7 +15,7 @@ import yaml
 pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 
-from flows.services import local_services
+from services.local import local_services
 from tasks.process_group import stop_group
 from tests.tiny_world import SWEEP_ABLATIONS, run_sweep_deployment, write_sweep_project, write_tiny_world
 

@@ -1,7 +1,8 @@
-"""``python -m flows.team_services up`` with a bad setting, run as a user runs it: exit status 2, one line naming the
+"""``python -m services.team up`` with a bad setting, run as a user runs it: exit status 2, one line naming the
 flag or variable it came from (several bad settings: one line each, in one message), no traceback, no password,
 nothing made under ``--root`` and no process left; the good settings pass the same checks (the slow
-``test_team_services.py`` starts the services with them, through :func:`tests.cluster.servers.team_services`)."""
+``tests/cluster/test_team_services.py`` starts the services with them, through
+:func:`tests.cluster.servers.team_services`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.team_checks import SECRET_KEYS, mask_url, team_problems
-from flows.team_config import TLS, TeamServices
-from flows.team_services import TeamSecrets
+from services.team import TeamSecrets
+from services.team_checks import SECRET_KEYS, mask_url, team_problems
+from services.team_config import TLS, TeamServices
 from tasks.launch import free_port
 from tests.cluster.servers import self_signed_tls
 
@@ -58,7 +59,7 @@ def _up(tmp_path: Path, *args: str, database: str | None = GOOD_DATABASE) -> sub
     ports = [] if "--prefect-port" in args else ["--prefect-port", str(free_port())]
     ports += [] if "--mlflow-port" in args else ["--mlflow-port", str(free_port())]
     root, store = tmp_path / "root", tmp_path / "store"
-    cmd = [sys.executable, "-m", "flows.team_services", "up", "--root", str(root), "--store", str(store)]
+    cmd = [sys.executable, "-m", "services.team", "up", "--root", str(root), "--store", str(store)]
     return subprocess.run([*cmd, *ports, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -143,7 +144,7 @@ def test_ports_out_of_range_or_shared_are_named(tmp_path: Path) -> None:
 
 def test_a_root_that_cannot_be_made_is_named(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
-    cmd = [sys.executable, "-m", "flows.team_services", "up", "--root", str(tmp_path / "file" / "root")]
+    cmd = [sys.executable, "-m", "services.team", "up", "--root", str(tmp_path / "file" / "root")]
     env = os.environ | {"VGRPO_DATABASE_URL": GOOD_DATABASE}
     result = subprocess.run(
         [*cmd, "--store", str(tmp_path / "store"), "--prefect-port", str(free_port()), "--mlflow-port", "0"],

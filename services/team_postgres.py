@@ -1,4 +1,4 @@
-"""The team's PostgreSQL cluster, as ``python -m flows.team_services up`` runs it: created on the first start with
+"""The team's PostgreSQL cluster, as ``python -m services.team up`` runs it: created on the first start with
 password auth (scram-sha-256) over TCP and peer auth on a 0700 socket folder, over TLS only when the team has a
 certificate (``hostssl``), run as the ``postgres`` system user when started as root."""
 
@@ -11,8 +11,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from flows.services import ServiceError
-from flows.team_config import PG_USER, TeamServices, write_private
+from services.local import ServiceError
+from services.team_config import PG_USER, TeamServices, write_private
 from tasks.process_group import log_tail
 
 __all__ = ["DATABASES", "pg_bin", "start_postgres", "stop_postgres"]

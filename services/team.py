@@ -2,9 +2,9 @@
 the store every machine reaches (docs/cluster.md). One machine runs them; every other machine sources the
 environment file they write and the secrets file (copied to it over a channel only the team reads).
 
-    python -m flows.team_services up --root runs/team --store s3://vgrpo/team   # start them (detached)
-    python -m flows.team_services down --root runs/team                          # stop them
-    . runs/team/team.env; . runs/team/secrets.env                                 # on every machine
+    python -m services.team up --root runs/team --store s3://vgrpo/team   # start them (detached)
+    python -m services.team down --root runs/team                         # stop them
+    . runs/team/team.env; . runs/team/secrets.env                          # on every machine
 
 ``up`` generates the team's credentials on its first start (``root/secrets.json``, 0600; what a client needs in
 ``root/secrets.env``, 0600) and starts, each in its own process group with its pid in ``root``: PostgreSQL on
@@ -19,7 +19,7 @@ server through its environment or a 0600 file, never its command line. Prefect's
 tasks' pickled results and cache records) stays on each machine: a stage done on another machine comes from the
 store as JSON and safetensors (:mod:`tasks.store`). The one-machine default stays what it was: sqlite files, no
 servers, no credentials. Before making or starting anything, ``up`` checks every setting and names each bad one
-by its flag or variable, exit status 2 (:mod:`flows.team_checks`).
+by its flag or variable, exit status 2 (:mod:`services.team_checks`).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flows.services import QUIET_ENV, ServiceError, wait_healthy
-from flows.team_checks import check_team_settings
-from flows.team_config import HOST, TLS, TeamServices, write_private
-from flows.team_postgres import start_postgres, stop_postgres
+from services.local import QUIET_ENV, ServiceError, wait_healthy
+from services.team_checks import check_team_settings
+from services.team_config import HOST, TLS, TeamServices, write_private
+from services.team_postgres import start_postgres, stop_postgres
 from tasks.process_group import stop_recorded_group, write_pid_file
 from vgrpo.errors import UserError
 

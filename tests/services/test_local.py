@@ -1,4 +1,4 @@
-"""flows.services: a real Prefect server in a temporary folder, started once for the module; and the group stops of
+"""services.local: a real Prefect server in a temporary folder, started once for the module; and the group stops of
 tasks.process_group that it (and the stage launcher) stop their children with."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("prefect")
 
-from flows.services import LocalServices, ServiceError, local_services, service_env
+from services.local import LocalServices, ServiceError, local_services, service_env
 from tasks.process_group import process_group_members, stop_group
 
 

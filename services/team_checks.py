@@ -1,4 +1,4 @@
-"""What ``python -m flows.team_services up`` checks before it starts anything: every setting a server would fail on
+"""What ``python -m services.team up`` checks before it starts anything: every setting a server would fail on
 minutes later (its log tail, or a traceback) is named here by the flag or environment variable it came from, all in
 one :class:`vgrpo.errors.UserError`, one line each.
 
@@ -27,9 +27,9 @@ import stat
 import urllib.parse
 from pathlib import Path
 
-from flows.services import ServiceError
-from flows.team_config import TeamServices
-from flows.team_postgres import pg_bin
+from services.local import ServiceError
+from services.team_config import TeamServices
+from services.team_postgres import pg_bin
 from vgrpo.errors import UserError
 
 __all__ = ["DATABASE_SCHEMES", "SECRET_KEYS", "check_team_settings", "mask_url", "team_problems"]
@@ -38,7 +38,7 @@ DATABASE_SCHEMES = ("postgresql",)
 """The schemes a database URL may have: the services add their drivers to it (``postgresql+asyncpg`` for Prefect,
 ``postgresql+psycopg2`` for MLflow)."""
 SECRET_KEYS = {"prefect_auth", "mlflow_username", "mlflow_password", "pg_password", "flask_secret"}
-"""The fields of ``root/secrets.json`` (:class:`flows.team_services.TeamSecrets`, whose test checks they agree)."""
+"""The fields of ``root/secrets.json`` (:class:`services.team.TeamSecrets`, whose test checks they agree)."""
 
 
 def mask_url(url: str) -> str:

@@ -1,6 +1,6 @@
 """Where the team's services listen and the certificate they present (:class:`TeamServices`, :class:`TLS`), and how a
-secret is written to disk (:func:`write_private`): shared by :mod:`flows.team_services` (secrets, Prefect, MLflow,
-``up``/``down``) and :mod:`flows.team_postgres` (the PostgreSQL cluster)."""
+secret is written to disk (:func:`write_private`): shared by :mod:`services.team` (secrets, Prefect, MLflow,
+``up``/``down``) and :mod:`services.team_postgres` (the PostgreSQL cluster)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class TeamServices:
         query = ""
         if self.postgres_ca is not None and driver == "psycopg2":
             # libpq verifies the server's certificate and name; asyncpg (Prefect) gets the same through Prefect's
-            # connect_args.tls settings (flows.team_services)
+            # connect_args.tls settings (services.team)
             query = f"?sslmode=verify-full&sslrootcert={urllib.parse.quote(str(self.postgres_ca), safe='/')}"
         return f"{scheme}+{driver}://{rest}/{name}{query}"
 
