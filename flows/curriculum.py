@@ -32,7 +32,7 @@ from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_stage, publish_summary, summary_table
 from flows.devices import device_slot, local_devices
-from flows.recovery import check_attempts
+from flows.recovery import CURRICULUM_FLOW_NAME, check_attempts
 from flows.time_split import flow_split, format_split, stage_times
 from flows.watch import write_stage_state
 from tasks.callbacks import log_evaluation
@@ -231,7 +231,7 @@ def run_cell(
         parent = _parent_run(tracking_uri, spec, variant, ablation, overrides, sweep_run_id, root)
     try:
         # A sweep's cell holds a slot of the sweep's devices; every run holds this machine's devices it trains on.
-        per_machine = max(cfg.launch.processes // cfg.launch.machines for cfg in stages)
+        per_machine = max(cfg.launch.processes_per_machine for cfg in stages)
         with device_slot() if variant else nullcontext(), local_devices(per_machine):
             times: list[dict[str, float]] = []
             results = run_curriculum(stages, run_dir, root, tracking_uri, spec.name, parent, variant, times)
@@ -255,7 +255,7 @@ def run_cell(
     return {"curriculum": spec.name, "variant": variant, "stages": [r.to_json() for r in results], "run_id": parent}
 
 
-@flow(name="vgrpo", log_prints=True)
+@flow(name=CURRICULUM_FLOW_NAME, log_prints=True)
 def curriculum_flow(
     curriculum: str = "params/curricula/embedded.yaml",
     overrides: dict[str, Any] | None = None,

@@ -1,5 +1,5 @@
 """Serve the project's deployments from this process (``prefect.serve``), so that
-``prefect deployment run vgrpo/<name>`` runs them (both flows are named ``vgrpo``):
+``prefect deployment run FLOW/<name>`` runs them (``FLOW``: ``vgrpo``, the curriculum flow, unless named below):
 
 * ``embedded-curriculum`` -- the five-stage curriculum on the embedded default (runs on a CPU);
 * ``sd35-curriculum`` -- the paper's SD3.5-Medium curriculum (weights under ``$VGRPO_MODELS``, docs/real-models.md);
@@ -11,8 +11,8 @@
   (``params/curricula/flux-kontext.yaml``; its edit set from the DVC stages ``counting_edit_sources`` and
   ``counting_edit_set``, weights under ``$VGRPO_MODELS``);
 * ``flux-multireward`` -- the paper's FLUX.1-dev multi-reward run (``params/curricula/flux.yaml``);
-* ``ablation-sweep`` -- the sweep flow (:mod:`flows.sweep`): the embedded GenEval stage once per file of
-  ``params/ablations/`` (the paper's ablation grid), each cell a flow run of ``ablation-cell``, at most
+* ``ablation-sweep`` (flow ``vgrpo-sweep``) -- the sweep flow (:mod:`flows.sweep`): the embedded GenEval stage once
+  per file of ``params/ablations/`` (the paper's ablation grid), each cell a flow run of ``ablation-cell``, at most
   ``devices`` training at once (``-p devices=8`` on 8 GPUs), all nested under one sweep run in MLflow;
 * ``ablation-cell`` -- the curriculum flow on the ablation curriculum: one cell, ``-p ablation=FILE``;
 * ``stage-machine`` (flow ``vgrpo-machine``) -- machine r > 0 of a stage that spans machines, submitted by

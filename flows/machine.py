@@ -8,19 +8,22 @@ retries the stage.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import flow, get_run_logger
 
 from flows.devices import local_devices
-from tasks.launch import MachineJob
+from flows.recovery import MACHINE_FLOW_NAME
+from tasks.machine_job import MachineJob
 from tasks.stage_machine import run_machine
-from vgrpo.config import StageConfig
 
 __all__ = ["stage_machine_flow"]
 
 
-@flow(name="vgrpo-machine", log_prints=True)
-def stage_machine_flow(job: MachineJob, machine_rank: int, root: str = ".") -> None:
-    """Run machine ``machine_rank``'s processes of the stage ``job`` (written by machine 0's launch)."""
-    launch = StageConfig.model_validate(job["stage"]).launch
-    with local_devices(launch.processes // launch.machines):
-        run_machine(job, machine_rank, root, log=get_run_logger().info)
+@flow(name=MACHINE_FLOW_NAME, log_prints=True)
+def stage_machine_flow(job: dict[str, Any], machine_rank: int, root: str = ".") -> None:
+    """Run machine ``machine_rank``'s processes of the stage ``job`` (a :class:`tasks.machine_job.MachineJob` as
+    JSON, written by machine 0's launch)."""
+    machine_job = MachineJob.from_json(job)
+    with local_devices(machine_job.stage.launch.processes_per_machine):
+        run_machine(machine_job, machine_rank, root, log=get_run_logger().info)

@@ -2,7 +2,8 @@
 
 Prefect's own mechanism, as its documentation sets it up for zombie flow runs: every flow run a worker starts sends
 a heartbeat event (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds apart; ``scripts/worker.sh`` sets it), and two
-automations on the server act on the project's flow runs (the flows named ``vgrpo``):
+automations on the server act on the project's flow runs (the curriculum flow ``vgrpo`` and the sweep flow
+``vgrpo-sweep``):
 
 * :data:`CRASH_SILENT`: a run that sent a heartbeat and then nothing (no heartbeat, no final state) for
   ``silence_s`` seconds is marked ``Crashed``: its machine, its worker or its process is gone;
@@ -30,13 +31,28 @@ from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 from prefect.runtime import flow_run
 
-__all__ = ["CRASH_SILENT", "MAX_ATTEMPTS", "RETRY_CRASHED", "check_attempts", "install_recovery"]
+__all__ = [
+    "CRASH_SILENT",
+    "CURRICULUM_FLOW_NAME",
+    "MACHINE_FLOW_NAME",
+    "MAX_ATTEMPTS",
+    "RETRY_CRASHED",
+    "SWEEP_FLOW_NAME",
+    "check_attempts",
+    "install_recovery",
+]
 
 CRASH_SILENT = "vgrpo: crash silent flow runs"
 RETRY_CRASHED = "vgrpo: retry crashed flow runs"
 
-FLOW_NAME = "vgrpo"
-"""The project's flows' name (both the curriculum and the sweep): the automations act on their runs only."""
+CURRICULUM_FLOW_NAME = "vgrpo"
+"""The curriculum flow's name (:mod:`flows.curriculum`): its deployments are ``vgrpo/<name>``."""
+
+SWEEP_FLOW_NAME = "vgrpo-sweep"
+"""The ablation sweep flow's name (:mod:`flows.sweep`): its deployment is ``vgrpo-sweep/ablation-sweep``."""
+
+RETRIED_FLOWS = (CURRICULUM_FLOW_NAME, SWEEP_FLOW_NAME)
+"""The flows whose crashed runs start again (the automations act on the project's runs only)."""
 
 MACHINE_FLOW_NAME = "vgrpo-machine"
 """The flow of machine r > 0 of a stage spanning machines: crashed when silent, never retried by itself (machine
@@ -62,7 +78,7 @@ def _runs_of(*flows: str) -> tuple[ResourceSpecification, ResourceSpecification]
 
 def automations(silence_s: int = SILENCE_S) -> list[Automation]:
     """The two automations (:data:`CRASH_SILENT`, :data:`RETRY_CRASHED`), not yet saved."""
-    match, related = _runs_of(FLOW_NAME, MACHINE_FLOW_NAME)
+    match, related = _runs_of(*RETRIED_FLOWS, MACHINE_FLOW_NAME)
     crash = Automation(
         name=CRASH_SILENT,
         description="A vgrpo flow run that stopped sending heartbeats lost its machine: mark it Crashed.",
@@ -83,7 +99,7 @@ def automations(silence_s: int = SILENCE_S) -> list[Automation]:
             )
         ],
     )
-    match, related = _runs_of(FLOW_NAME)
+    match, related = _runs_of(*RETRIED_FLOWS)
     retry = Automation(
         name=RETRY_CRASHED,
         description="A crashed vgrpo flow run starts again on whichever worker is free, from its checkpoints.",

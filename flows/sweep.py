@@ -1,7 +1,7 @@
 """The ablation sweep flow: the curriculum once per ablation params file, each cell a run of the curriculum flow
 (:mod:`flows.curriculum`).
 
-Started from a deployment (``prefect deployment run vgrpo/ablation-sweep``), the sweep submits one run of the
+Started from a deployment (``prefect deployment run vgrpo-sweep/ablation-sweep``), the sweep submits one run of the
 cells' deployment (:data:`CELL_DEPLOYMENT`, the curriculum flow) per cell and waits for them: whatever serves or
 works that deployment runs the cells, several at once, and a global concurrency limit (:mod:`flows.devices`,
 ``devices`` slots: one per GPU) caps how many train at the same time. Called as a plain flow, the cells run one
@@ -28,7 +28,7 @@ from prefect.runtime import flow_run
 
 from flows.curriculum import check_flow_paths, curriculum_flow, load_cells, run_tags
 from flows.devices import set_device_limit
-from flows.recovery import check_attempts
+from flows.recovery import SWEEP_FLOW_NAME, check_attempts
 from tasks.stage_store import run_key
 from tasks.store import Store
 from tasks.tracking import end_run, log_json, log_params, start_run
@@ -76,7 +76,7 @@ def _sweep_run(tracking_uri: str, name: str, ablations: list[str], devices: int,
     return sweep
 
 
-@flow(name="vgrpo", log_prints=True)
+@flow(name=SWEEP_FLOW_NAME, log_prints=True)
 def ablation_sweep(
     curriculum: str = "params/curricula/embedded-ablation.yaml",
     ablations: list[str] | None = None,

@@ -27,7 +27,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tasks.launch import LaunchFailed, MachineJob
+from tasks.launch import LaunchFailed
+from tasks.machine_job import MachineJob
 from tasks.stage import run_tracked_stage
 from tasks.stage_layout import dir_hash
 from tasks.stage_machine import run_machine
@@ -71,15 +72,15 @@ def _starting_adapter(init: str | None, stages: list[StageConfig], stage: int, r
 
 def _other_machine(cfg: StageConfig, init: str | None, run_root: str, placement: Placement) -> None:
     """Machine ``placement.machine_rank`` > 0: the pool's machine-r body on the scheduler's rendezvous."""
-    job: MachineJob = {
-        "stage": cfg.model_dump(mode="json"),
-        "machine_0": None,  # a scheduler never puts two of a job's machines on one host
-        "run_root": project_path(run_root),
-        "init_lora": project_path(init) if init else None,
-        "init_hash": dir_hash(Path(init)) if init and Path(init).is_dir() else None,
-        "main_ip": placement.main_addr,
-        "main_port": placement.main_port,
-    }
+    job = MachineJob(
+        stage=cfg,
+        run_root=project_path(run_root),
+        init_lora=project_path(init) if init else None,
+        init_hash=dir_hash(Path(init)) if init and Path(init).is_dir() else None,
+        machine_0=None,  # a scheduler never puts two of a job's machines on one host
+        main_ip=placement.main_addr,
+        main_port=placement.main_port,
+    )
     run_machine(job, placement.machine_rank, ".")
 
 

@@ -34,14 +34,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from tasks.machine_job import MachineJob
 from tasks.outcome import StageOutcome
 from tasks.process_group import log_tail, stop_group
 from tasks.stage_layout import dir_hash
-from tasks.stage_store import project_path
 from tasks.store import Store
 from tasks.tracking import Tracking
 from vgrpo.atomic import write_json_atomic
@@ -53,7 +52,6 @@ from vgrpo.training.guards import TrainingDiverged
 __all__ = [
     "ERRORS",
     "LaunchFailed",
-    "MachineJob",
     "MachinesLaunchFailed",
     "StartMachines",
     "accelerate_command",
@@ -61,7 +59,6 @@ __all__ = [
     "read_result",
     "run_launcher",
     "run_streaming",
-    "this_machine",
     "write_spec",
 ]
 
@@ -86,11 +83,6 @@ class MachinesLaunchFailed(LaunchFailed):
     """A stage that spans machines failed outside its ranks' own errors: a machine, its processes or the network
     between them lost. The Prefect train task retries it (from its checkpoints, with machines started again)."""
 
-
-MachineJob = dict[str, Any]
-"""What machine r > 0 of a stage needs to start its processes (:mod:`tasks.stage_machine`): the stage's params,
-its run folder and starting adapter relative to the project root (with the adapter's hash, to restore it from the
-store), and the rendezvous (``main_ip``, ``main_port``). JSON: a Prefect flow run's parameter, or a file."""
 
 StartMachines = Callable[[MachineJob, Sequence[int]], None]
 """Starts machines ``1 .. launch.machines - 1`` of a stage on the job (the Prefect train task's submits one flow run
@@ -295,9 +287,9 @@ def launch_stage(
             store = Store.from_env()
             if store is not None and not store.has(f"adapters/{init_hash}"):
                 store.put_dir(Path(init_lora), f"adapters/{init_hash}")
-        job = machine_job(cfg, init_lora, init_hash, run_root, root, main_ip, main_port)
+        job = MachineJob.from_this_machine(cfg, init_lora, init_hash, run_root, root, main_ip, main_port)
         job_file = folder / "machine-job.json"
-        write_json_atomic(job_file, job)
+        write_json_atomic(job_file, job.to_json())
         if start_machines is not None:
             start_machines(job, range(1, launch.machines))
         else:
@@ -308,31 +300,3 @@ def launch_stage(
             raise MachinesLaunchFailed(str(exc)) from exc
     assert returned is not None  # holds_rank_0: run_launcher raised otherwise
     return returned
-
-
-def this_machine(root: str) -> str:
-    """This machine and checkout (host name and project root): what tells machine r that it landed on the worker
-    machine 0 runs on."""
-    return f"{socket.gethostname()}:{Path(root).resolve()}"
-
-
-def machine_job(
-    cfg: StageConfig,
-    init_lora: str | None,
-    init_hash: str | None,
-    run_root: str,
-    root: str,
-    main_ip: str | None,
-    main_port: int | None,
-) -> MachineJob:
-    """The :data:`MachineJob` of a stage whose machine 0 runs here: paths relative to the project root, the same
-    on every machine."""
-    return {
-        "stage": cfg.model_dump(mode="json"),
-        "machine_0": this_machine(root),
-        "run_root": project_path(run_root, root),
-        "init_lora": project_path(init_lora, root) if init_lora else None,
-        "init_hash": init_hash,
-        "main_ip": main_ip,
-        "main_port": main_port,
-    }

@@ -20,28 +20,26 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks.launch import MachineJob, accelerate_command, run_launcher, this_machine, write_spec
-from tasks.stage_layout import checked_relative, stage_dirs
+from tasks.launch import accelerate_command, run_launcher, write_spec
+from tasks.machine_job import MachineJob, this_machine
+from tasks.stage_layout import stage_dirs
 from tasks.stage_store import restore_adapter, restore_checkpoints
 from tasks.store import Store
-from vgrpo.config import StageConfig
 from vgrpo.errors import UserError
 
 __all__ = ["main", "run_machine"]
 
 
 def run_machine(job: MachineJob, machine_rank: int, root: str = ".", log: Callable[[str], None] = print) -> None:
-    """Run machine ``machine_rank``'s processes of the stage ``job`` describes, in the project at ``root``.
+    """Run machine ``machine_rank``'s processes of the stage ``job`` describes, in the project at ``root`` (the job's
+    paths were checked when it was made: inside this checkout).
 
     Raises:
         UserError: this is machine 0's own worker, or the starting adapter is neither here nor in the store.
         ConfigError, TrainingDiverged, LaunchFailed: as :func:`tasks.launch.run_launcher`.
     """
-    checked_relative("machine job run_root", job["run_root"])  # replaced and deleted under: inside this checkout
-    if job["init_lora"]:
-        checked_relative("machine job init_lora", job["init_lora"])
-    cfg = StageConfig.model_validate(job["stage"])
-    if job.get("machine_0") == this_machine(root):
+    cfg = job.stage
+    if job.machine_0 == this_machine(root):
         raise UserError(
             f"stage {cfg.name}: machine {machine_rank} landed on the worker that runs machine 0, whose devices it "
             "holds; give the workers of stages across machines one run at a time (VGRPO_LIMIT=1 scripts/worker.sh)"
@@ -49,12 +47,12 @@ def run_machine(job: MachineJob, machine_rank: int, root: str = ".", log: Callab
     if not 0 < machine_rank < cfg.launch.machines:
         others = f"1..{cfg.launch.machines - 1}"
         raise UserError(f"machine rank {machine_rank}: stage {cfg.name}'s other machines are {others}")
-    run_root = str(Path(root) / job["run_root"])
-    init_lora = str(Path(root) / job["init_lora"]) if job["init_lora"] else None
+    run_root = str(Path(root) / job.run_root)
+    init_lora = str(Path(root) / job.init_lora) if job.init_lora else None
     store = Store.from_env()
     if store is not None:
-        if init_lora is not None and not restore_adapter(store, Path(init_lora), str(job["init_hash"])):
-            missing = f"its starting adapter {job['init_hash']} is not in the store {store.url}"
+        if init_lora is not None and not restore_adapter(store, Path(init_lora), str(job.init_hash)):
+            missing = f"its starting adapter {job.init_hash} is not in the store {store.url}"
             raise UserError(f"stage {cfg.name}: {missing}")
         fetched = restore_checkpoints(store, run_root, cfg.name, root)
         if fetched:
@@ -64,7 +62,7 @@ def run_machine(job: MachineJob, machine_rank: int, root: str = ".", log: Callab
     folder = stage_dirs(run_root, cfg.name)[1] / "launch" / f"machine-{machine_rank}"
     spec = write_spec(folder, cfg, init_lora, run_root, root, None)
     cmd = accelerate_command(
-        cfg.launch, spec.resolve(), Path(root), port=job["main_port"], machine_rank=machine_rank, main_ip=job["main_ip"]
+        cfg.launch, spec.resolve(), Path(root), port=job.main_port, machine_rank=machine_rank, main_ip=job.main_ip
     )
     log(f"{cfg.name}: launching machine {machine_rank} of {cfg.launch.machines}: {' '.join(cmd)}")
     run_launcher(cmd, folder, cfg.name, log, holds_rank_0=False)
@@ -76,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("machine_rank", type=int, help="this machine's rank, 1 .. launch.machines - 1")
     parser.add_argument("--root", default=".", help="the project root on this machine")
     args = parser.parse_args(argv)
-    run_machine(json.loads(args.job.read_text()), args.machine_rank, args.root)
+    run_machine(MachineJob.from_json(json.loads(args.job.read_text())), args.machine_rank, args.root)
     return 0
 
 

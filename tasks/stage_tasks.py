@@ -26,7 +26,8 @@ from prefect.context import TaskRunContext
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
 
-from tasks.launch import MachineJob, MachinesLaunchFailed
+from tasks.launch import MachinesLaunchFailed
+from tasks.machine_job import MachineJob
 from tasks.outcome import StageEvaluation, StageOutcome
 from tasks.phase_tasks import PrefectPhases
 from tasks.stage import code_version, evaluate, grid_path, output_is_intact, train
@@ -79,11 +80,13 @@ def _train_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 
 
 def submit_machines(job: MachineJob, ranks: Sequence[int]) -> None:
-    """Machines ``ranks`` of a stage that spans machines, each a flow run of :data:`MACHINE_DEPLOYMENT`: the
-    pool's free workers take them."""
+    """Machines ``ranks`` of a stage that spans machines, each a flow run of :data:`MACHINE_DEPLOYMENT` (the job as
+    JSON: :func:`flows.machine.stage_machine_flow`): the pool's free workers take them."""
+    job_json = job.to_json()
     for rank in ranks:
-        name = f"{job['stage']['name']}/machine-{rank}"
-        run_deployment(MACHINE_DEPLOYMENT, parameters={"job": job, "machine_rank": rank}, timeout=0, flow_run_name=name)
+        name = f"{job.stage.name}/machine-{rank}"
+        parameters = {"job": job_json, "machine_rank": rank}
+        run_deployment(MACHINE_DEPLOYMENT, parameters=parameters, timeout=0, flow_run_name=name)
 
 
 def _lost_a_machine(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:

@@ -70,8 +70,8 @@ def write_sweep_project(root: Path) -> Path:
 
 
 def run_sweep_deployment(root: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``prefect deployment run vgrpo/ablation-sweep`` on :func:`write_sweep_project`'s curriculum and ablations in
-    ``root`` (two devices: both cells at once), watched until it ends."""
+    """``prefect deployment run vgrpo-sweep/ablation-sweep`` on :func:`write_sweep_project`'s curriculum and ablations
+    in ``root`` (two devices: both cells at once), watched until it ends."""
     params = {
         "curriculum": "one.yaml",
         "root": root,
@@ -79,7 +79,8 @@ def run_sweep_deployment(root: str, env: dict[str, str]) -> subprocess.Completed
         "devices": 2,
         "ablations": [f"ablations/{name}.yaml" for name in SWEEP_ABLATIONS],
     }
-    cmd = [sys.executable, "-m", "prefect", "deployment", "run", "vgrpo/ablation-sweep", "--params", json.dumps(params)]
+    deployment = "vgrpo-sweep/ablation-sweep"
+    cmd = [sys.executable, "-m", "prefect", "deployment", "run", deployment, "--params", json.dumps(params)]
     return subprocess.run(
         [*cmd, "--watch", "--watch-timeout", "600"], env=env, capture_output=True, text=True, timeout=660
     )

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from flows.curriculum import curriculum_flow
+from flows.machine import stage_machine_flow
 from flows.sweep import ablation_sweep
-from tasks.stage_machine import run_machine
 from vgrpo.config import CurriculumConfig, StageConfig
 from vgrpo.errors import ConfigError
 
@@ -46,9 +46,14 @@ def test_a_sweep_flow_run_with_a_path_outside_the_project_is_refused(tmp_path: P
 
 @pytest.mark.parametrize(("key", "value"), [("run_root", "../../home"), ("init_lora", "/etc"), ("run_root", "/")])
 def test_a_machine_job_with_a_path_outside_the_checkout_is_refused(tmp_path: Path, key: str, value: str) -> None:
-    job = {"run_root": "runs/c", "init_lora": "runs/c/stages/s1", "stage": {}, key: value}
+    launch = {"processes": 2, "machines": 2, "accelerate_config": "a.yaml"}
+    rollout = {"prompts_per_iteration": 4, "group_size": 2}
+    stage = {"name": "s1", "prompts": "p.jsonl", "iterations": 1, "rewards": [{"name": "geneval"}], "rollout": rollout}
+    stage["launch"] = launch
+    job = {"run_root": "runs/c", "init_lora": "runs/c/stages/s1", "stage": stage, key: value}
     with pytest.raises(ConfigError, match=f"machine job {key}: "):
-        run_machine(job, 1, str(tmp_path))  # type: ignore[arg-type]
+        stage_machine_flow.fn(job, 1, str(tmp_path))  # what a pool's worker runs, before it holds any device
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", [".", "..", ".hidden"])

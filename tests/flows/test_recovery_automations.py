@@ -20,8 +20,8 @@ def test_a_silent_run_is_crashed_and_a_crashed_one_scheduled_again_for_the_proje
     assert crash.actions[0].state == "CRASHED"
     # A stage's other machines are crashed when silent, but only the curriculum and sweep runs are retried: machine
     # 0's train task starts the machines again itself.
-    assert crash.trigger.match_related["prefect.resource.name"] == ["vgrpo", "vgrpo-machine"]
-    assert retry.trigger.match_related["prefect.resource.name"] == ["vgrpo"]
+    assert crash.trigger.match_related["prefect.resource.name"] == ["vgrpo", "vgrpo-sweep", "vgrpo-machine"]
+    assert retry.trigger.match_related["prefect.resource.name"] == ["vgrpo", "vgrpo-sweep"]
     assert retry.trigger.expect == {"prefect.flow-run.Crashed"} and retry.trigger.posture == "Reactive"
     assert (retry.actions[0].state, retry.actions[0].name) == ("SCHEDULED", "AwaitingRetry")
 

@@ -59,7 +59,7 @@ def test_two_ablation_cells_train_at_once_under_a_device_limit_of_two(tmp_path: 
             deadline = time.monotonic() + 120
             while (
                 subprocess.run(
-                    [*prefect, "deployment", "inspect", "vgrpo/ablation-sweep"], env=env, capture_output=True
+                    [*prefect, "deployment", "inspect", "vgrpo-sweep/ablation-sweep"], env=env, capture_output=True
                 ).returncode
                 != 0
             ):

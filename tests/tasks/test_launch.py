@@ -5,6 +5,7 @@ whole process group, a rank's error comes back as its own class, and only rank 0
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,11 +23,11 @@ from tasks.launch import (
     MachinesLaunchFailed,
     accelerate_command,
     launch_stage,
-    machine_job,
     read_result,
     rendezvous,
     run_streaming,
 )
+from tasks.machine_job import MachineJob
 from vgrpo.checkpoints.resume import training_hash
 from vgrpo.config import StageConfig, load_config
 from vgrpo.errors import ConfigError
@@ -285,24 +286,13 @@ def test_the_rendezvous_is_this_machines_address_or_the_config_files(
             rendezvous(launch, tmp_path)
 
 
-def test_the_other_machines_job_names_paths_relative_to_the_project_root(tmp_path: Path) -> None:
-    stage = _stage(**TWO_MACHINES)
-    run_root, init = tmp_path / "runs" / "c", tmp_path / "runs" / "c" / "stages" / "s0"
-    job = machine_job(stage, str(init), "abc", str(run_root), str(tmp_path), "10.0.0.7", 29123)
-    assert (job["run_root"], job["init_lora"], job["init_hash"]) == ("runs/c", "runs/c/stages/s0", "abc")
-    assert (job["main_ip"], job["main_port"]) == ("10.0.0.7", 29123)
-    assert StageConfig.model_validate(job["stage"]) == stage and json.loads(json.dumps(job)) == job
-    with pytest.raises(ConfigError, match=r"must lie inside the project root"):
-        machine_job(stage, None, None, str(tmp_path.parent / "elsewhere"), str(tmp_path), None, None)
-
-
 def test_machine_0_starts_the_others_on_its_job_and_a_lost_machine_fails_as_such(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VGRPO_HOST", "127.0.0.1")
     monkeypatch.delenv("VGRPO_STORE", raising=False)
     stage = _stage(**TWO_MACHINES)
-    started: list[tuple[dict[str, Any], list[int]]] = []
+    started: list[tuple[MachineJob, list[int]]] = []
     _fake_launch(monkeypatch, "import sys; print('the other machine hung up'); sys.exit(1)")
     with pytest.raises(MachinesLaunchFailed, match=r"(?s)exited with 1.*the other machine hung up"):
         launch_stage(
@@ -315,9 +305,9 @@ def test_machine_0_starts_the_others_on_its_job_and_a_lost_machine_fails_as_such
             start_machines=lambda job, ranks: started.append((job, list(ranks))),
         )
     ((job, ranks),) = started
-    assert ranks == [1] and job["main_ip"] == "127.0.0.1" and job["run_root"] == "run"
+    assert ranks == [1] and job.main_ip == "127.0.0.1" and job.run_root == "run" and job.stage == stage
     written = json.loads((tmp_path / "run" / "work" / "tiny" / "launch" / "machine-job.json").read_text())
-    assert written == job
+    assert written == job.to_json() and MachineJob.from_json(written) == job
     lines: list[str] = []  # without a pool: the command each other machine runs
     with pytest.raises(MachinesLaunchFailed):
         launch_stage(stage, None, str(tmp_path / "run"), str(tmp_path), None, log=lines.append)
@@ -332,12 +322,12 @@ def test_machine_r_refuses_a_bad_rank_or_a_missing_starting_adapter_before_launc
 
     monkeypatch.delenv("VGRPO_STORE", raising=False)
     monkeypatch.setattr("tasks.stage_machine.run_launcher", lambda *a, **k: pytest.fail("launched"))
-    job = machine_job(_stage(**TWO_MACHINES), None, None, str(tmp_path / "run"), str(tmp_path), "h", 1)
+    job = MachineJob.from_this_machine(_stage(**TWO_MACHINES), None, None, str(tmp_path / "run"), str(tmp_path), "h", 1)
     with pytest.raises(UserError, match=r"machine 1 landed on the worker that runs machine 0"):
         run_machine(job, 1, str(tmp_path))
-    job["machine_0"] = "another-host:/srv/vgrpo"
+    job = dataclasses.replace(job, machine_0="another-host:/srv/vgrpo")
     with pytest.raises(UserError, match=r"machine rank 2: stage tiny's other machines are 1..1"):
         run_machine(job, 2, str(tmp_path))
-    job["init_lora"], job["init_hash"] = "run/stages/s0", "abc"
+    job = dataclasses.replace(job, init_lora="run/stages/s0", init_hash="abc")
     with pytest.raises(UserError, match=r"its starting adapter .*run/stages/s0 is not on this machine"):
         run_machine(job, 1, str(tmp_path))

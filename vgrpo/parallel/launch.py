@@ -11,7 +11,14 @@ from pydantic import Field, model_validator
 from vgrpo.config_base import MAX_PROCESSES, FrozenConfig
 from vgrpo.config_batch import check_batch
 
-__all__ = ["LaunchConfig"]
+__all__ = ["LaunchConfig", "processes_per_machine"]
+
+
+def processes_per_machine(processes: int, machines: int) -> int:
+    """The processes each machine runs: ``accelerate launch --num_processes N --num_machines M`` starts ``N // M`` on
+    each (torchrun's ``--nproc_per_node``), and :class:`LaunchConfig` takes only counts that split evenly. A count
+    that does not (a world size the preflight is given) is rounded up: the busiest machine's."""
+    return -(-processes // machines)
 
 
 class LaunchConfig(FrozenConfig):
@@ -64,6 +71,11 @@ class LaunchConfig(FrozenConfig):
                 f"launch.mixed_precision={self.mixed_precision} differs from precision.autocast={autocast}: set "
                 "launch.mixed_precision to 'no' or to the autocast (the transformer has no fp16 autocast)"
             )
+
+    @property
+    def processes_per_machine(self) -> int:
+        """The processes each machine runs (:func:`processes_per_machine`), one per device."""
+        return processes_per_machine(self.processes, self.machines)
 
     @property
     def launched(self) -> bool:
