@@ -20,7 +20,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import yaml
@@ -46,6 +46,8 @@ from transformers import (
 )
 
 from benchmarks.memory_estimate import GB, VAE_16, activations, elements, lora_elements, table
+from vgrpo.models import registry
+from vgrpo.models.config import LoraConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,7 +107,7 @@ WAN_14B = {
 }
 # The text encoders' language models: Qwen2.5-VL-7B-Instruct's (Qwen-Image), Mistral-Small-3.1-24B's (FLUX.2-dev),
 # Qwen3-4B (Z-Image), google/umt5-xxl's encoder (Wan2.1).
-QWEN25_VL_7B_TEXT = {
+QWEN25_VL_7B_TEXT: dict[str, Any] = {
     "hidden_size": 3584,
     "intermediate_size": 18944,
     "num_hidden_layers": 28,
@@ -113,7 +115,7 @@ QWEN25_VL_7B_TEXT = {
     "num_key_value_heads": 4,
     "vocab_size": 152064,
 }
-MISTRAL_SMALL_24B_TEXT = {
+MISTRAL_SMALL_24B_TEXT: dict[str, Any] = {
     "hidden_size": 5120,
     "intermediate_size": 32768,
     "num_hidden_layers": 40,
@@ -122,7 +124,7 @@ MISTRAL_SMALL_24B_TEXT = {
     "head_dim": 128,
     "vocab_size": 131072,
 }
-QWEN3_4B = {
+QWEN3_4B: dict[str, Any] = {
     "hidden_size": 2560,
     "intermediate_size": 9728,
     "num_hidden_layers": 36,
@@ -131,7 +133,7 @@ QWEN3_4B = {
     "head_dim": 128,
     "vocab_size": 151936,
 }
-UMT5_XXL = {
+UMT5_XXL: dict[str, Any] = {
     "d_model": 4096,
     "d_ff": 10240,
     "d_kv": 64,
@@ -148,6 +150,7 @@ class Family:
 
     name: str
     params: str
+    registry_name: str  # vgrpo.models.registry's name: the family's LoRA targets when the params file leaves them
     width: int
     blocks: int
     text_tokens: int  # in the transformer's sequence (0: cross-attention only)
@@ -157,10 +160,10 @@ class Family:
 
 
 FAMILIES = (
-    Family("Qwen-Image", "params/models/qwen-image.yaml", 3072, 60, 128, 8, 2),
-    Family("FLUX.2-dev", "params/models/flux2.yaml", 6144, 56, 512, 16, 1),
-    Family("Z-Image-Turbo", "params/models/z-image.yaml", 3840, 32, 128, 8, 2),
-    Family("Wan2.1-T2V-14B", "params/models/wan.yaml", 5120, 40, 0, 8, 2, latent_frames=2),
+    Family("Qwen-Image", "params/models/qwen-image.yaml", "qwen-image", 3072, 60, 128, 8, 2),
+    Family("FLUX.2-dev", "params/models/flux2.yaml", "flux2", 6144, 56, 512, 16, 1),
+    Family("Z-Image-Turbo", "params/models/z-image.yaml", "z-image", 3840, 32, 128, 8, 2),
+    Family("Wan2.1-T2V-14B", "params/models/wan.yaml", "wan", 5120, 40, 0, 8, 2, latent_frames=2),
 )
 
 
@@ -168,35 +171,37 @@ def count_parameters(root: Path = REPO) -> dict[str, dict[str, int]]:
     """Per family: the transformer's, its LoRA's (its params file's rank and targets), the text encoder's and the
     VAE's element counts."""
     with torch.device("meta"):
-        built = {
+        # mypy cannot resolve diffusers' model classes' mixin bases, so it does not see them as the nn.Modules they are
+        built: dict[str, tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]] = {
             "Qwen-Image": (
-                QwenImageTransformer2DModel(**QWEN_IMAGE),
+                cast(torch.nn.Module, QwenImageTransformer2DModel(**QWEN_IMAGE)),
                 Qwen2Model(Qwen2Config(**QWEN25_VL_7B_TEXT)),
-                AutoencoderKLQwenImage(),  # diffusers' defaults: Qwen-Image's vae/config.json
+                cast(torch.nn.Module, AutoencoderKLQwenImage()),  # diffusers' defaults: Qwen-Image's vae/config.json
             ),
             "FLUX.2-dev": (
-                Flux2Transformer2DModel(**FLUX2_DEV),
+                cast(torch.nn.Module, Flux2Transformer2DModel(**FLUX2_DEV)),
                 MistralModel(MistralConfig(**MISTRAL_SMALL_24B_TEXT)),
-                AutoencoderKLFlux2(),  # diffusers' defaults: FLUX.2-dev's vae/config.json
+                cast(torch.nn.Module, AutoencoderKLFlux2()),  # diffusers' defaults: FLUX.2-dev's vae/config.json
             ),
             "Z-Image-Turbo": (
-                ZImageTransformer2DModel(**Z_IMAGE),
+                cast(torch.nn.Module, ZImageTransformer2DModel(**Z_IMAGE)),
                 Qwen3Model(Qwen3Config(**QWEN3_4B)),
-                AutoencoderKL(**VAE_16),  # FLUX.1's 16-channel VAE
+                cast(torch.nn.Module, AutoencoderKL(**VAE_16)),  # FLUX.1's 16-channel VAE
             ),
             "Wan2.1-T2V-14B": (
-                WanTransformer3DModel(**WAN_14B),
+                cast(torch.nn.Module, WanTransformer3DModel(**WAN_14B)),
                 UMT5EncoderModel(UMT5Config(**UMT5_XXL)),
-                AutoencoderKLWan(),  # diffusers' defaults: Wan2.1's vae/config.json
+                cast(torch.nn.Module, AutoencoderKLWan()),  # diffusers' defaults: Wan2.1's vae/config.json
             ),
         }
     counts = {}
     for family in FAMILIES:
         transformer, encoder, vae = built[family.name]
-        lora = yaml.safe_load((root / family.params).read_text())["lora"]
+        lora = LoraConfig(**yaml.safe_load((root / family.params).read_text())["lora"])
+        targets = lora.targets(registry.family(family.registry_name).lora_targets)
         counts[family.name] = {
             "transformer": elements(transformer),
-            "lora": lora_elements(transformer, lora["rank"], lora["target_modules"]),
+            "lora": lora_elements(transformer, lora.rank, targets),
             "text_encoder": elements(encoder),
             "vae": elements(vae),
         }

@@ -1,5 +1,5 @@
-"""FLUX.1 in the pipeline, on a tiny FluxPipeline built offline: the FLUX params, a stage on a saved directory,
-hybrid sampling, and evaluation at its own resolution with the dynamic shift recomputed there."""
+"""FLUX.1 in the pipeline, on a tiny FluxPipeline built offline: the FLUX params, the family's stage contract (a stage
+on a saved directory), hybrid sampling, and evaluation at its own resolution with the dynamic shift recomputed there."""
 
 from __future__ import annotations
 
@@ -12,14 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.models.family_stage import (
-    assert_export_loads,
-    assert_trains_at_recipe_precision,
-    full_fine_tuning,
-    run_two_iterations,
-    stage_config,
-    world_with_pipeline,
-)
+from tests.models.family_contract import FamilyStageContract
+from tests.models.family_stage import stage_config, world_with_pipeline
 from vgrpo.flow import timestep_grid
 from vgrpo.models.flux import FluxAdapter, FluxVelocity
 from vgrpo.models.pipeline import build_adapter, load_pipeline
@@ -54,14 +48,17 @@ def flux_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return world_with_pipeline(tmp_path_factory.mktemp("flux-world"), lambda prompts: build(corpus=prompts))
 
 
-@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
-def test_run_stage_trains_a_saved_flux_pipeline(flux_world: Path, lora: bool) -> None:
-    from diffusers import FluxPipeline
+class TestFluxStage(FamilyStageContract):
+    """The family's stage contract (tests/models/family_contract.py) on the FLUX world: a stage trains its LoRA or
+    every weight and exports them, a killed stage resumes bit for bit, and CUDA trains it at the recipe precision."""
 
-    config = stage_config("flux")
-    result = run_two_iterations(flux_world, config if lora else full_fine_tuning(config), f"{lora}")
-    assert result.evaluations[-1]["sampling"]["shift"] == pytest.approx(math.exp(0.459375))
-    assert_export_loads(flux_world, f"{lora}", FluxPipeline, lora=lora)
+    family = "flux"
+    evaluation_shift = math.exp(0.459375)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def world(cls, flux_world: Path) -> Path:
+        return flux_world
 
 
 def test_hybrid_sampling_runs_through_the_flux_adapter(flux: Any) -> None:
@@ -193,10 +190,3 @@ def test_stage_evaluation_samples_at_the_evaluation_resolution_and_its_shift(flu
         sampling=Sampling(2, 0, adapter.scheduler_shift),
     )
     assert np.array_equal(direct, images_32)
-
-
-@pytest.mark.gpu
-def test_a_flux_stage_trains_on_cuda_at_the_newer_families_precision(flux_world: Path) -> None:
-    from diffusers import FluxPipeline
-
-    assert_trains_at_recipe_precision(flux_world, stage_config("flux"), FluxPipeline)

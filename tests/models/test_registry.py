@@ -1,6 +1,7 @@
-"""The model registry (vgrpo/models/registry.py): names, the refusal of an unknown one, and every entry's classes
-importable and consistent with diffusers' (the pipeline's transformer, the blocks FSDP wraps, the LoRA loader, the
-LoRA targets present in the transformer)."""
+"""The model registry (vgrpo/models/registry.py): names, the refusal of an unknown one, a family of one's own by
+``module:Class`` or entry point, one rule for a transformer class two families share, and every family's adapter
+class importable and consistent with diffusers' (the pipeline's transformer, the blocks FSDP wraps, the LoRA loader,
+the LoRA targets present in the transformer)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from vgrpo.models.registry import (
     family_for_pipeline,
     family_for_transformer,
 )
+
+OWN_FAMILY = "tests.models.own_family:OwnAdapter"
 
 
 def test_the_registry_holds_the_families_by_name_and_refuses_an_unknown_one_listing_them() -> None:
@@ -60,8 +63,8 @@ def test_every_family_entry_imports_and_agrees_with_diffusers(name: str) -> None
     entry = FAMILIES[name]
     pipeline, transformer = entry.diffusers_pipeline(), entry.diffusers_transformer()
     assert pipeline.__name__ == entry.pipeline_class and transformer.__name__ == entry.transformer_class
-    assert issubclass(entry.adapter_class(), PipelineAdapter)
-    assert callable(entry.velocity_class())
+    assert issubclass(entry, PipelineAdapter) and entry.name == name
+    assert callable(entry.velocity)
     # The pipeline's constructor takes this transformer class and every component the entry requires.
     parameters = inspect.signature(pipeline.__init__).parameters
     assert set(entry.components) <= set(parameters)
@@ -73,6 +76,47 @@ def test_every_family_entry_imports_and_agrees_with_diffusers(name: str) -> None
 
 def test_sd3_and_flux_lora_targets_are_the_config_default() -> None:
     assert FAMILIES["sd3"].lora_targets == FAMILIES["flux"].lora_targets == LoraConfig().target_modules
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_default_lora_targets_are_the_family_s_and_an_explicit_list_is_kept(name: str) -> None:
+    targets = FAMILIES[name].lora_targets
+    assert LoraConfig().targets(targets) == targets
+    assert LoraConfig(target_modules=("to_q", "to_v")).targets(targets) == ("to_q", "to_v")
+
+
+def test_a_transformer_class_two_families_share_finds_one_family_everywhere() -> None:
+    # FLUX.1 and FLUX.1-Kontext share FluxTransformer2DModel: every lookup by transformer (the LoRA export's among
+    # them) finds FLUX.1, the first in the registry's order, and both pipelines write LoRA files with one mixin.
+    from diffusers import FluxKontextPipeline, FluxPipeline
+
+    assert FAMILIES["flux-kontext"].transformer_class == FAMILIES["flux"].transformer_class
+    assert family_for_transformer("FluxTransformer2DModel").diffusers_pipeline() is FluxPipeline
+    assert FluxKontextPipeline.save_lora_weights.__func__ is FluxPipeline.save_lora_weights.__func__
+
+
+def test_a_family_of_one_s_own_by_module_class_or_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    from tests.models.own_family import OwnAdapter
+    from vgrpo.models import registry
+
+    assert family(OWN_FAMILY) is OwnAdapter
+    with pytest.raises(UnknownFamilyError, match=r"no model family for pipeline class 'OwnPipeline'"):
+        family_for_pipeline("OwnPipeline")  # a path names a family; only an entry point makes the loader find it
+    with pytest.raises(UnknownFamilyError, match=r"'tests.models.own_family:Missing'.*has no attribute 'Missing'"):
+        family("tests.models.own_family:Missing")
+    with pytest.raises(UnknownFamilyError, match=r"LoraConfig'>? is not a vgrpo.models.adapter.PipelineAdapter class"):
+        family("vgrpo.models.config:LoraConfig")
+    with pytest.raises(UnknownFamilyError, match=r"Incomplete does not set pipeline_class, transformer_class"):
+        family("tests.models.own_family:Incomplete")
+    plugin = EntryPoint(name="own", value=OWN_FAMILY, group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [plugin] if group == plugin.group else [])
+    assert family("own") is family_for_pipeline("OwnPipeline") is OwnAdapter
+    assert family_for_transformer("SD3Transformer2DModel") is FAMILIES["sd3"]  # the shipped families come first
+    known = r"known: flux, flux-kontext, flux2, qwen-image, sd3, wan, z-image, own$"
+    with pytest.raises(UnknownFamilyError, match=known):
+        family("hunyuan")
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,7 @@ def test_the_evaluation_resizes_a_wan_adapter_in_time_and_space_sharing_its_prom
 
 
 def test_preflight_refuses_frames_the_vae_cannot_take_before_loading_a_weight(video_world: Path) -> None:
-    from vgrpo.models.geometry import read_geometry
+    from vgrpo.models.folder import read_geometry
     from vgrpo.training.preflight import preflight
 
     rollout = _stage_config().rollout.model_dump() | {"num_frames": 6}

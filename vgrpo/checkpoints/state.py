@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import diffusers
 import torch
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
@@ -33,7 +32,7 @@ from torch import nn
 
 from vgrpo.atomic import atomic_dir
 from vgrpo.errors import UserError
-from vgrpo.models.registry import FAMILIES
+from vgrpo.models.registry import FAMILIES, UnknownFamilyError, family_for_transformer
 from vgrpo.models.saving import save_pipeline
 from vgrpo.policy import ParameterSnapshot
 
@@ -59,9 +58,6 @@ __all__ = [
 LORA_FILE = "pytorch_lora_weights.safetensors"
 PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 """The same adapter in PEFT's format, beside :data:`LORA_FILE`: ``PeftModel.from_pretrained(transformer, dir)``."""
-LORA_PIPELINES = {f.transformer_class: f.pipeline_class for f in FAMILIES.values()}
-"""Transformer class -> the pipeline class whose LoRA loader mixin writes (and reads) its adapter files
-(:mod:`vgrpo.models.registry`)."""
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -223,14 +219,17 @@ def canonicalize_safetensors_header(path: Path) -> None:
 
 def save_lora(transformer: nn.Module, out_dir: Path) -> None:
     """The transformer's LoRA adapter, atomically, in diffusers' format (``pytorch_lora_weights.safetensors``,
-    written by its pipeline class's ``save_lora_weights``: :data:`LORA_PIPELINES`) and beside it in PEFT's
+    written by the ``save_lora_weights`` of its family's pipeline class, the family found by the transformer's class:
+    :func:`vgrpo.models.registry.family_for_transformer`) and beside it in PEFT's
     (``adapter_config.json`` + ``adapter_model.safetensors``, what ``PeftModel.save_pretrained`` writes), so
     ``pipe.load_lora_weights(out_dir)`` and ``PeftModel.from_pretrained(transformer, out_dir)`` both load it."""
 
     kind = type(transformer).__name__
-    if kind not in LORA_PIPELINES:
-        raise CheckpointError(f"no LoRA export for a {kind}; supported: {', '.join(LORA_PIPELINES)}")
-    pipeline_class = getattr(diffusers, LORA_PIPELINES[kind])
+    try:
+        pipeline_class = family_for_transformer(kind).diffusers_pipeline()
+    except UnknownFamilyError:
+        supported = dict.fromkeys(f.transformer_class for f in FAMILIES.values())
+        raise CheckpointError(f"no LoRA export for a {kind}; supported: {', '.join(supported)}") from None
 
     layers = get_peft_model_state_dict(transformer)
     if not layers:

@@ -13,8 +13,15 @@ from typing import Any
 from safetensors import safe_open
 
 from vgrpo.checkpoints.state import LORA_FILE
-from vgrpo.models.pipeline import PIPELINE_COMPONENTS
-from vgrpo.models.registry import UnknownFamilyError, family_for_pipeline, family_for_transformer
+from vgrpo.models.folder import (
+    INDEX_FILE,
+    PipelineError,
+    folder_family,
+    is_pipeline_folder,
+    read_config,
+    read_index,
+)
+from vgrpo.models.registry import FAMILIES, UnknownFamilyError, family_for_pipeline, family_for_transformer
 
 __all__ = [
     "PICKLE_SUFFIXES",
@@ -89,23 +96,21 @@ def folder_problems(folder: Path, *, safetensors_only: bool) -> list[str]:
 def pipeline_problems(path: Path) -> list[str]:
     """A diffusers pipeline directory: ``model_index.json``, its class, a folder for every component it names, and
     every component's safetensors files."""
-    if not path.is_dir():
-        return [f"{path}: pipeline directory not found"]
-    index_file = path / "model_index.json"
-    if not index_file.is_file():
-        return [f"{path}: no model_index.json (not a diffusers pipeline directory)"]
     try:
-        index: dict[str, Any] = json.loads(index_file.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        return [f"{index_file}: not valid JSON: {exc}"]
+        index = read_index(path)
+    except PipelineError as exc:
+        return [str(exc)]
+    index_file = path / INDEX_FILE
     cls = index.get("_class_name")
-    out = (
-        []
-        if cls in PIPELINE_COMPONENTS
-        else [f"{index_file}: _class_name is {cls!r}, expected one of {sorted(PIPELINE_COMPONENTS)}"]
-    )
+    try:
+        required = family_for_pipeline(str(cls)).components
+        out = []
+    except UnknownFamilyError:
+        required = ()
+        known = sorted(f.pipeline_class for f in FAMILIES.values())
+        out = [f"{index_file}: _class_name is {cls!r}, expected one of {known}"]
     named = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v and v[0] is not None]
-    null = [k for k in PIPELINE_COMPONENTS.get(str(cls), ()) if k not in named]
+    null = [k for k in required if k not in named]
     out += [f"{index_file}: component {k!r} is missing or null" for k in null]
     missing = [k for k in named if not (path / k).is_dir()]
     if missing:
@@ -119,11 +124,8 @@ def pipeline_problems(path: Path) -> list[str]:
 def _config_class(folder: Path) -> str | None:
     """``_class_name`` of a diffusers model folder's ``config.json``; None without one (a scheduler's, a text encoder's
     from transformers) or when it does not read (:func:`folder_problems` names a bad file)."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    value = config.get("_class_name") if isinstance(config, dict) else None
+    config = read_config(folder)
+    value = config.get("_class_name") if config is not None else None
     return value if isinstance(value, str) else None
 
 
@@ -168,7 +170,7 @@ def family_problems(path: Path, index: dict[str, Any]) -> list[str]:
 def adapter_problems(path: Path) -> list[str]:
     """A stage's starting weights: a LoRA directory (``save_lora``'s safetensors file), or after full fine-tuning
     a whole pipeline."""
-    if (path / "model_index.json").is_file():  # a full fine-tune's output: a whole pipeline
+    if is_pipeline_folder(path):  # a full fine-tune's output: a whole pipeline
         return pipeline_problems(path)
     if not path.is_dir():
         return [f"{path}: starting adapter directory not found"]
@@ -206,12 +208,8 @@ def lora_target_problems(targets: Sequence[str], shapes: dict[str, list[int]], p
     if not missing:
         return []
     names = sorted({m.split(".attn.", 1)[1] for m in layers if ".attn." in m})
-    try:
-        index = json.loads((pipeline / "model_index.json").read_text(encoding="utf-8"))
-        entry = family_for_pipeline(str(index.get("_class_name")))
-        family = f"; the {entry.name} family's: {list(entry.lora_targets)}"
-    except (OSError, ValueError, AttributeError, UnknownFamilyError):  # pipeline_problems names an unreadable index
-        family = ""
+    entry = folder_family(pipeline)  # None: pipeline_problems names an unreadable index
+    family = f"; the {entry.name} family's: {list(entry.lora_targets)}" if entry is not None else ""
     return [
         f"lora.target_modules: {missing} name no linear layer of {pipeline / 'transformer'} "
         f"(its attention layers: {names[:12]}{family})"

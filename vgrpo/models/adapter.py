@@ -1,9 +1,11 @@
 """The pipeline-adapter interface: what training and evaluation need from a diffusers text-to-image pipeline.
 
 :class:`PipelineAdapter` holds what every family shares (prompt cache, latent size, VAE normalisation,
-timestep shift); :class:`vgrpo.models.sd3.SD3Adapter` and :class:`vgrpo.models.flux.FluxAdapter` add their
-text encoding and latent layout, and :func:`vgrpo.models.pipeline.build_adapter` picks one for a loaded
-pipeline.
+timestep shift); each family's subclass (:class:`vgrpo.models.sd3.SD3Adapter`, :class:`vgrpo.models.flux.FluxAdapter`,
+...) is the family: its class attributes name its pipeline, transformer, components, velocity wrapper and LoRA
+targets, its :meth:`PipelineAdapter.geometry` reads the image sides from a folder's configs, and its methods add the
+text encoding and latent layout. :mod:`vgrpo.models.registry` finds the class by name, and
+:func:`vgrpo.models.pipeline.build_adapter` the one of a loaded pipeline.
 """
 
 from __future__ import annotations
@@ -13,23 +15,34 @@ import gc
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vgrpo.errors import ConfigError
 from vgrpo.flow import resolution_shift_mu
 from vgrpo.images import tensor_to_images
 from vgrpo.models.config import PrecisionConfig
+from vgrpo.models.geometry import FamilyGeometry
 from vgrpo.models.prompt_cache import PromptEmbeddingCache
 from vgrpo.policy import Conditioning
 
-__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PipelineAdapter", "padded_conditioning"]
+__all__ = [
+    "DEFAULT_PROMPT_CACHE_BYTES",
+    "ONE_TEXT_ENCODER",
+    "TWO_TEXT_ENCODERS",
+    "PipelineAdapter",
+    "padded_conditioning",
+]
 
 DEFAULT_PROMPT_CACHE_BYTES = int(PrecisionConfig.model_fields["prompt_cache_mb"].default * 2**20)
 """The prompt cache's budget when none is given: ``precision.prompt_cache_mb``'s default."""
+
+TWO_TEXT_ENCODERS = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
+ONE_TEXT_ENCODER = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer")
+"""The components of a pipeline with two text encoders (SD3, FLUX.1) and with one."""
 
 
 class PipelineAdapter(ABC):
@@ -48,7 +61,45 @@ class PipelineAdapter(ABC):
         prompt_cache_bytes: the cache's CPU memory budget.
         text_encoders: ``device`` / ``cpu`` (where :func:`vgrpo.models.pipeline.place_pipeline` put them: nothing
             changes here) or ``drop_after_encoding``.
+
+    A family's subclass sets the class attributes below (:data:`vgrpo.models.registry.REQUIRED` names those the
+    registry checks) and :meth:`geometry`.
     """
+
+    name: ClassVar[str]
+    """The family's name in :mod:`vgrpo.models.registry`."""
+    pipeline_class: ClassVar[str]
+    """The diffusers pipeline class (``model_index.json``'s ``_class_name``)."""
+    transformer_class: ClassVar[str]
+    """The diffusers transformer class the pipeline holds."""
+    components: ClassVar[tuple[str, ...]]
+    """The components a folder of the family must have (optional ones, like SD3's T5, left out)."""
+    lora_targets: ClassVar[tuple[str, ...]]
+    """The module names LoRA adapts in the family's attention: ``lora.target_modules`` at its default."""
+    velocity: ClassVar[type[nn.Module]]
+    """The velocity wrapper: ``velocity(transformer) -> VelocityModel``."""
+    video: ClassVar[bool] = False
+    """The family samples videos (its adapter takes ``num_frames``; its latents carry a frame axis)."""
+
+    @staticmethod
+    def geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+        """The image sides a folder of the family can sample, from its ``transformer/config.json`` and
+        ``vae/config.json``; KeyError/TypeError/ValueError/IndexError when a config lacks what it needs."""
+        raise NotImplementedError
+
+    @classmethod
+    def diffusers_pipeline(cls) -> Any:
+        """The diffusers pipeline class, imported now."""
+        import diffusers
+
+        return getattr(diffusers, cls.pipeline_class)
+
+    @classmethod
+    def diffusers_transformer(cls) -> Any:
+        """The diffusers transformer class, imported now."""
+        import diffusers
+
+        return getattr(diffusers, cls.transformer_class)
 
     def __init__(
         self,

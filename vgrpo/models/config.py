@@ -3,30 +3,38 @@ embedded default pipeline (``pretrain.model:``, built by :mod:`vgrpo.models.embe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from vgrpo.config_base import MAX_LORA_RANK, FrozenConfig
 
-__all__ = ["EmbeddedModelConfig", "LoraConfig", "PrecisionConfig"]
+__all__ = ["ATTENTION_BOTH_STREAMS", "EmbeddedModelConfig", "LoraConfig", "PrecisionConfig"]
+
+ATTENTION_BOTH_STREAMS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+"""The attention projections of both streams of a joint (double-stream) block: the LoRA targets of SD3, FLUX.1,
+FLUX.1-Kontext and Qwen-Image, and ``lora.target_modules``' default."""
 
 
 class LoraConfig(FrozenConfig):
+    """A LoRA adapter on the transformer (:func:`vgrpo.models.lora.add_lora`).
+
+    ``target_modules`` left at its default (:data:`ATTENTION_BOTH_STREAMS`, which a config that does not set it
+    records, so its fingerprint is what it was before families had defaults of their own) means the family's own
+    targets, :attr:`vgrpo.models.adapter.PipelineAdapter.lora_targets` (:meth:`targets`): the same list for SD3,
+    FLUX.1, Kontext and Qwen-Image; Z-Image's and Wan's one-stream attention; FLUX.2's adds its single-stream blocks'
+    fused projection. Any other list is trained as given.
+    """
+
     rank: int = Field(32, ge=1, le=MAX_LORA_RANK)
     alpha: int = Field(64, ge=1, le=MAX_LORA_RANK)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: tuple[str, ...] = (
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    )
+    target_modules: tuple[str, ...] = ATTENTION_BOTH_STREAMS
+
+    def targets(self, family_targets: Sequence[str]) -> tuple[str, ...]:
+        """The module names LoRA adapts on a pipeline of the family whose targets are ``family_targets``."""
+        return tuple(family_targets) if self.target_modules == ATTENTION_BOTH_STREAMS else self.target_modules
 
 
 class PrecisionConfig(FrozenConfig):

@@ -10,15 +10,21 @@ policy interface every algorithm uses: spatial latents ``(N, C, H, W)`` in, velo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vgrpo.models.adapter import PipelineAdapter
+from vgrpo.models.adapter import TWO_TEXT_ENCODERS, PipelineAdapter
+from vgrpo.models.config import ATTENTION_BOTH_STREAMS
+from vgrpo.models.geometry import FamilyGeometry, image_vae_scale
 from vgrpo.policy import Conditioning
 
 __all__ = ["FluxAdapter", "FluxVelocity", "latent_image_ids", "pack_latents", "text_ids", "unpack_latents"]
+
+FLUX_DEFAULT_SAMPLE_SIZE = 128
+"""``FluxPipeline.default_sample_size``: its default side in latent pixels (1024 px at the VAE's 8x)."""
 
 FLUX_GUIDANCE = 3.5
 """FLUX.1-dev's default distilled guidance (diffusers ``FluxPipeline.__call__``), used for rollouts and sampling."""
@@ -109,6 +115,19 @@ class FluxAdapter(PipelineAdapter):
         options: :class:`PipelineAdapter`'s (``resolution``: image side in pixels, a multiple of twice the VAE
             factor; None = the pipeline's default, ``default_sample_size * vae_scale_factor``, 1024 for FLUX.1).
     """
+
+    name = "flux"
+    pipeline_class = "FluxPipeline"
+    transformer_class = "FluxTransformer2DModel"
+    components = TWO_TEXT_ENCODERS
+    lora_targets = ATTENTION_BOTH_STREAMS  # the single-stream blocks have q/k/v but no to_out
+    velocity = FluxVelocity
+
+    @staticmethod
+    def geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+        # FLUX packs 2 x 2 latent patches itself (its transformer's patch_size is 1) and has rotary positions: no table.
+        vae_scale_factor = image_vae_scale(vae)
+        return FamilyGeometry(vae_scale_factor, 2, FLUX_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
 
     def __init__(self, pipe: Any, *, max_sequence_length: int | None = None, **options: Any):
         super().__init__(pipe, **options)

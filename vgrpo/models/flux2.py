@@ -29,16 +29,19 @@ scheduler: the ``uniform`` grid of :func:`vgrpo.flow.timestep_grid` at the stati
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vgrpo.models.adapter import PipelineAdapter
+from vgrpo.models.adapter import ONE_TEXT_ENCODER, PipelineAdapter
+from vgrpo.models.config import ATTENTION_BOTH_STREAMS
+from vgrpo.models.geometry import FamilyGeometry, image_vae_scale
 from vgrpo.policy import Conditioning
 
 __all__ = [
+    "FLUX2_DEFAULT_SAMPLE_SIZE",
     "FLUX2_GUIDANCE",
     "Flux2Adapter",
     "Flux2Velocity",
@@ -48,6 +51,9 @@ __all__ = [
     "text_ids",
     "unpatchify",
 ]
+
+FLUX2_DEFAULT_SAMPLE_SIZE = 128
+"""``Flux2Pipeline.default_sample_size``: its default side in latent pixels (1024 px at the VAE's 8x)."""
 
 FLUX2_GUIDANCE = 4.0
 """``Flux2Pipeline.__call__``'s default distilled guidance, used for rollouts and sampling."""
@@ -143,6 +149,22 @@ class Flux2Adapter(PipelineAdapter):
         options: :class:`PipelineAdapter`'s (``resolution``: a multiple of twice the VAE factor; None =
             ``default_sample_size * vae_scale_factor``, 1024 for FLUX.2).
     """
+
+    name = "flux2"
+    pipeline_class = "Flux2Pipeline"
+    transformer_class = "Flux2Transformer2DModel"
+    components = ONE_TEXT_ENCODER
+    # The double-stream blocks' joint attention, and the single-stream blocks' fused q/k/v + MLP-in projection (their
+    # output projection is named to_out, which would also match the double blocks' list).
+    lora_targets = (*ATTENTION_BOTH_STREAMS, "to_qkv_mlp_proj")
+    velocity = Flux2Velocity
+
+    @staticmethod
+    def geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+        # The pipeline patchifies 2 x 2 VAE latent pixels into channels (its transformer's patch_size is 1); rotary
+        # positions: no table.
+        vae_scale_factor = image_vae_scale(vae)
+        return FamilyGeometry(vae_scale_factor, 2, FLUX2_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
 
     def __init__(
         self,

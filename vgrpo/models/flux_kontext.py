@@ -124,6 +124,12 @@ class FluxKontextAdapter(FluxAdapter):
         options: :class:`FluxAdapter`'s.
     """
 
+    # FLUX.1's transformer class, components, LoRA targets and geometry (FluxKontextPipeline.default_sample_size is
+    # FLUX.1's); a lookup by the transformer class finds FLUX.1 (vgrpo.models.registry.family_for_transformer).
+    name = "flux-kontext"
+    pipeline_class = "FluxKontextPipeline"
+    velocity = FluxKontextVelocity
+
     def __init__(self, pipe: Any, **options: Any):
         super().__init__(pipe, **options)
         self.image_cache = PromptEmbeddingCache(self.prompt_cache.max_bytes)  # shared by resized copies

@@ -4,20 +4,37 @@ resolution it cannot take is refused when a run's inputs are checked, not when t
 A side must be a multiple of the VAE's downsampling times the transformer's patch (SD3, FLUX.1 and Z-Image: 8 x 2 =
 16 px; diffusers' ``vae_scale_factor`` is ``2 ** (len(vae.block_out_channels) - 1)``), and SD3's position embedding
 holds ``pos_embed_max_size`` patches a side (diffusers ``PatchEmbed``; the SD3 family's checkpoints hold 192 or
-384). Each family's registry entry reads its patch, default side and bound from the transformer's config
-(:attr:`vgrpo.models.registry.ModelFamily.geometry`).
+384). Each family's adapter class reads its patch, default side and bound from the transformer's and VAE's configs
+(:meth:`vgrpo.models.adapter.PipelineAdapter.geometry`, returning a :class:`FamilyGeometry`), and
+:func:`vgrpo.models.folder.read_geometry` a folder's :class:`PipelineGeometry`.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vgrpo.models.registry import UnknownFamilyError, family_for_pipeline
+__all__ = ["FamilyGeometry", "PipelineGeometry", "image_vae_scale"]
 
-__all__ = ["PipelineGeometry", "read_geometry"]
+
+@dataclass(frozen=True)
+class FamilyGeometry:
+    """Image sides a pipeline folder can sample, from its configs: every side a multiple of
+    ``vae_scale_factor * patch_size`` pixels, at most ``max_resolution`` (None = no table bounds it)."""
+
+    vae_scale_factor: int
+    patch_size: int
+    default_resolution: int
+    max_resolution: int | None
+    frames_factor: int | None = None
+    """A video family's temporal downsampling (frames are ``frames_factor * k + 1``); None for an image family."""
+
+
+def image_vae_scale(vae: Mapping[str, Any]) -> int:
+    """The spatial downsampling of diffusers' ``AutoencoderKL`` pipelines: ``2 ** (len(block_out_channels) - 1)``."""
+    return int(2 ** (len(vae["block_out_channels"]) - 1))
 
 
 @dataclass(frozen=True)
@@ -66,34 +83,4 @@ class PipelineGeometry:
                 f"{key}: {side} px is larger than {self.max_resolution} px, the most {self.pipeline}'s transformer "
                 "samples (its position embedding's pos_embed_max_size)"
             )
-        return None
-
-
-def _config(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def read_geometry(pipeline: Path) -> PipelineGeometry | None:
-    """The geometry of the diffusers pipeline folder ``pipeline``; None when its ``model_index.json``, transformer or
-    VAE config cannot be read (the preflight's pipeline check names what is wrong there)."""
-    index = _config(pipeline / "model_index.json")
-    transformer = _config(pipeline / "transformer" / "config.json")
-    vae = _config(pipeline / "vae" / "config.json")
-    if index is None or transformer is None or vae is None:
-        return None
-    try:
-        sides = family_for_pipeline(str(index.get("_class_name"))).geometry(transformer, vae)
-        return PipelineGeometry(
-            pipeline,
-            sides.vae_scale_factor,
-            sides.patch_size,
-            sides.default_resolution,
-            sides.max_resolution,
-            sides.frames_factor,
-        )
-    except (KeyError, TypeError, ValueError, IndexError, UnknownFamilyError):
         return None

@@ -2,13 +2,12 @@
 
 The same code loads a real SD3.5-Medium, FLUX.1 or Z-Image directory and the embedded default
 (:mod:`vgrpo.models.embedded`). :func:`build_adapter` takes the family's :class:`vgrpo.models.adapter.PipelineAdapter`
-(prompt conditioning, latent size, latent <-> image conversion) and velocity wrapper from its registry entry
-(:mod:`vgrpo.models.registry`).
+(prompt conditioning, latent size, latent <-> image conversion) and velocity wrapper are the family's adapter class
+and its ``velocity`` (:mod:`vgrpo.models.registry`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,11 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from torch import nn
 
-from vgrpo.errors import ConfigError, UserError
+from vgrpo.errors import ConfigError
 from vgrpo.models.adapter import PipelineAdapter
 from vgrpo.models.config import PrecisionConfig
-from vgrpo.models.registry import FAMILIES, family_for_pipeline, family_of
+from vgrpo.models.folder import INDEX_FILE, PipelineError, read_index
+from vgrpo.models.registry import FAMILIES, UnknownFamilyError, family_for_pipeline, family_of
 from vgrpo.models.saving import is_absent_t5
 
 __all__ = [
@@ -31,29 +31,21 @@ __all__ = [
     "place_pipeline",
 ]
 
-PIPELINE_COMPONENTS: dict[str, tuple[str, ...]] = {f.pipeline_class: f.components for f in FAMILIES.values()}
-"""Pipeline classes we load, and the components each must have (SD3's T5 is optional: :func:`load_sd3_pipeline`)."""
 
-
-class PipelineError(UserError, ValueError):
-    """A pipeline directory is missing or incomplete; the message names the path and the component."""
-
-
-def _check_pipeline_dir(path: Path, expected: Sequence[str] = tuple(PIPELINE_COMPONENTS)) -> dict[str, Any]:
-    """``model_index.json`` of ``path`` after checking its class is one of ``expected`` and its components exist."""
-    if not path.is_dir():
-        raise PipelineError(f"{path}: pipeline directory not found")
-    index_file = path / "model_index.json"
-    if not index_file.is_file():
-        raise PipelineError(f"{path}: no model_index.json (not a diffusers pipeline directory)")
-    try:
-        index: dict[str, Any] = json.loads(index_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise PipelineError(f"{index_file}: not valid JSON: {exc}") from exc
+def _check_pipeline_dir(path: Path, expected: Sequence[str] | None = None) -> dict[str, Any]:
+    """``model_index.json`` of ``path`` after checking its class is one of ``expected`` (None: a family's) and its
+    family's components exist."""
+    index = read_index(path)
+    index_file = path / INDEX_FILE
     cls = index.get("_class_name")
-    if cls not in expected:
+    try:
+        entry = family_for_pipeline(str(cls))
+    except UnknownFamilyError as exc:
+        known = [f.pipeline_class for f in FAMILIES.values()] if expected is None else expected
+        raise PipelineError(f"{index_file}: _class_name is {cls!r}, expected {' or '.join(known)}") from exc
+    if expected is not None and cls not in expected:
         raise PipelineError(f"{index_file}: _class_name is {cls!r}, expected {' or '.join(expected)}")
-    for name in PIPELINE_COMPONENTS[str(cls)]:
+    for name in entry.components:
         spec = index.get(name)
         if not spec or spec[0] is None:
             raise PipelineError(f"{index_file}: component {name!r} is missing or null")
@@ -168,4 +160,4 @@ def build_adapter(
         if not entry.video:
             raise ConfigError(f"rollout.num_frames is for video families; {entry.name!r} samples images: remove it")
         options["num_frames"] = num_frames
-    return entry.adapter_class()(pipe, **options), entry.velocity_class()(pipe.transformer)
+    return entry(pipe, **options), entry.velocity(pipe.transformer)

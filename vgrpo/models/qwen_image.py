@@ -16,17 +16,22 @@ the published Qwen-Image scheduler config sets one): :func:`vgrpo.flow.timestep_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vgrpo.models.adapter import PipelineAdapter, padded_conditioning
+from vgrpo.models.adapter import ONE_TEXT_ENCODER, PipelineAdapter, padded_conditioning
+from vgrpo.models.config import ATTENTION_BOTH_STREAMS
 from vgrpo.models.flux import pack_latents, unpack_latents
+from vgrpo.models.geometry import FamilyGeometry
 from vgrpo.policy import Conditioning
 
-__all__ = ["QwenImageAdapter", "QwenImageVelocity"]
+__all__ = ["QWEN_IMAGE_DEFAULT_SAMPLE_SIZE", "QwenImageAdapter", "QwenImageVelocity"]
+
+QWEN_IMAGE_DEFAULT_SAMPLE_SIZE = 128
+"""``QwenImagePipeline.default_sample_size``: its default side in latent pixels (1024 px at the VAE's 8x)."""
 
 
 class QwenImageVelocity(nn.Module):
@@ -68,6 +73,20 @@ class QwenImageAdapter(PipelineAdapter):
         options: :class:`PipelineAdapter`'s (``resolution``: None = ``default_sample_size * vae_scale_factor``,
             1024 for Qwen-Image).
     """
+
+    name = "qwen-image"
+    pipeline_class = "QwenImagePipeline"
+    transformer_class = "QwenImageTransformer2DModel"
+    components = ONE_TEXT_ENCODER
+    lora_targets = ATTENTION_BOTH_STREAMS  # double-stream joint attention, as SD3's and FLUX's
+    velocity = QwenImageVelocity
+
+    @staticmethod
+    def geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+        # A video VAE: 2 ** len(temperal_downsample) spatially (QwenImagePipeline); FLUX's 2 x 2 packing, rotary
+        # positions.
+        vae_scale_factor = int(2 ** len(vae["temperal_downsample"]))
+        return FamilyGeometry(vae_scale_factor, 2, QWEN_IMAGE_DEFAULT_SAMPLE_SIZE * vae_scale_factor, None)
 
     def __init__(self, pipe: Any, *, max_sequence_length: int = 512, **options: Any):
         super().__init__(pipe, **options)

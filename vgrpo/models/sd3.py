@@ -8,11 +8,14 @@ Transformers for High-Resolution Image Synthesis") and takes ``timestep = 1000 t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor, nn
 
-from vgrpo.models.adapter import PipelineAdapter
+from vgrpo.models.adapter import TWO_TEXT_ENCODERS, PipelineAdapter
+from vgrpo.models.config import ATTENTION_BOTH_STREAMS
+from vgrpo.models.geometry import FamilyGeometry, image_vae_scale
 from vgrpo.policy import Conditioning
 
 __all__ = ["SD3Adapter", "SD3Velocity"]
@@ -48,6 +51,26 @@ class SD3Adapter(PipelineAdapter):
         options: :class:`PipelineAdapter`'s (``resolution``: None = ``transformer.config.sample_size *
             vae_scale_factor``).
     """
+
+    name = "sd3"
+    pipeline_class = "StableDiffusion3Pipeline"
+    transformer_class = "SD3Transformer2DModel"
+    components = TWO_TEXT_ENCODERS  # T5 (text_encoder_3) is optional: the embedded default has none
+    lora_targets = ATTENTION_BOTH_STREAMS
+    velocity = SD3Velocity
+
+    @staticmethod
+    def geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+        # SD3's PatchEmbed holds pos_embed_max_size patches a side (192 or 384 in the family's checkpoints).
+        vae_scale_factor = image_vae_scale(vae)
+        patch = int(transformer["patch_size"])
+        table = transformer.get("pos_embed_max_size")
+        return FamilyGeometry(
+            vae_scale_factor,
+            patch,
+            int(transformer["sample_size"]) * vae_scale_factor,
+            None if table is None else int(table) * patch * vae_scale_factor,
+        )
 
     def __init__(self, pipe: Any, *, max_sequence_length: int | None = None, **options: Any):
         super().__init__(pipe, **options)

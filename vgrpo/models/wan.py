@@ -32,7 +32,7 @@ and :func:`video_frames` turns decoded videos into those frames.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,14 +40,16 @@ import torch
 from torch import Tensor, nn
 
 from vgrpo.images import tensor_to_images
-from vgrpo.models.adapter import PipelineAdapter
-from vgrpo.models.registry import WAN_DEFAULT_RESOLUTION
+from vgrpo.models.adapter import ONE_TEXT_ENCODER, PipelineAdapter
+from vgrpo.models.geometry import FamilyGeometry
 from vgrpo.policy import Conditioning
 
 __all__ = ["WAN_DEFAULT_FRAMES", "WAN_DEFAULT_RESOLUTION", "WanAdapter", "WanVelocity", "video_frames"]
 
 WAN_DEFAULT_FRAMES = 81
 """``WanPipeline.__call__``'s default ``num_frames``."""
+WAN_DEFAULT_RESOLUTION = 480
+"""``WanPipeline.__call__``'s default height in pixels (its width is 832; vgrpo samples squares)."""
 
 
 def video_frames(videos: Tensor) -> np.ndarray:
@@ -88,6 +90,25 @@ class WanAdapter(PipelineAdapter):
             pipeline's default).
         options: :class:`PipelineAdapter`'s (``resolution``: the square side; None = 480, the pipeline's height).
     """
+
+    name = "wan"
+    pipeline_class = "WanPipeline"
+    transformer_class = "WanTransformer3DModel"
+    components = ONE_TEXT_ENCODER
+    lora_targets = ("to_q", "to_k", "to_v", "to_out.0")  # each block's self- and cross-attention
+    velocity = WanVelocity
+    video = True
+
+    @staticmethod
+    def geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+        # A video VAE naming its spatial factor (8 for Wan2.1); the transformer patchifies (1, 2, 2); rotary positions.
+        return FamilyGeometry(
+            int(vae["scale_factor_spatial"]),
+            int(transformer["patch_size"][1]),
+            WAN_DEFAULT_RESOLUTION,
+            None,
+            frames_factor=int(vae["scale_factor_temporal"]),
+        )
 
     def __init__(
         self,

@@ -17,17 +17,20 @@ final 0) through the scheduler's shift, Z-Image-Turbo's a static 3 -- the ``unif
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vgrpo.models.adapter import PipelineAdapter, padded_conditioning
-from vgrpo.models.registry import Z_IMAGE_DEFAULT_RESOLUTION
+from vgrpo.models.adapter import ONE_TEXT_ENCODER, PipelineAdapter, padded_conditioning
+from vgrpo.models.geometry import FamilyGeometry, image_vae_scale
 from vgrpo.policy import Conditioning
 
-__all__ = ["ZImageAdapter", "ZImageVelocity", "captions"]
+__all__ = ["Z_IMAGE_DEFAULT_RESOLUTION", "ZImageAdapter", "ZImageVelocity", "captions"]
+
+Z_IMAGE_DEFAULT_RESOLUTION = 1024
+"""``ZImagePipeline.__call__``'s default height and width in pixels."""
 
 
 def captions(cond: Conditioning) -> list[Tensor]:
@@ -71,6 +74,20 @@ class ZImageAdapter(PipelineAdapter):
         max_sequence_length: text tokens per prompt, the chat template's included (the pipeline's default: 512).
         options: :class:`PipelineAdapter`'s (``resolution``: None = 1024, ``ZImagePipeline``'s default).
     """
+
+    name = "z-image"
+    pipeline_class = "ZImagePipeline"
+    transformer_class = "ZImageTransformer2DModel"
+    components = ONE_TEXT_ENCODER
+    lora_targets = ("to_q", "to_k", "to_v", "to_out.0")  # one stream: no context projections
+    velocity = ZImageVelocity
+
+    @staticmethod
+    def geometry(transformer: Mapping[str, Any], vae: Mapping[str, Any]) -> FamilyGeometry:
+        # The transformer patchifies with all_patch_size[0] (the pipeline's default patch_size=2); rotary positions.
+        return FamilyGeometry(
+            image_vae_scale(vae), int(transformer["all_patch_size"][0]), Z_IMAGE_DEFAULT_RESOLUTION, None
+        )
 
     def __init__(self, pipe: Any, *, max_sequence_length: int = 512, **options: Any):
         super().__init__(pipe, **options)

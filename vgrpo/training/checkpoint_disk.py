@@ -10,6 +10,7 @@ from pathlib import Path
 
 from vgrpo.checkpoints.weight_files import transformer_shapes
 from vgrpo.config import StageConfig
+from vgrpo.models.folder import folder_lora_targets
 
 __all__ = ["checkpoint_estimate", "disk_problem"]
 
@@ -32,7 +33,7 @@ def checkpoint_estimate(
     if config.lora is None:
         params = sum(math.prod(s) for s in shapes.values())
     else:
-        targets = config.lora.target_modules
+        targets = folder_lora_targets(config.lora, pipeline)
         params = sum(
             config.lora.rank * (s[0] + s[1])
             for name, s in shapes.items()

@@ -37,6 +37,7 @@ from vgrpo.evaluation.evaluator import Evaluator
 from vgrpo.models import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
 from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision, frozen_dtype
+from vgrpo.models.registry import family_of
 from vgrpo.models.saving import save_pipeline
 from vgrpo.parallel.distributed import Distributed, is_sharded
 from vgrpo.parallel.fsdp import shard_transformer
@@ -136,7 +137,7 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
                 transformer,
                 rank=config.lora.rank,
                 alpha=config.lora.alpha,
-                target_modules=config.lora.target_modules,
+                target_modules=config.lora.targets(family_of(pipe).lora_targets),
                 dropout=config.lora.dropout,
             )
         if init_lora is not None:

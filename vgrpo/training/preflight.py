@@ -21,7 +21,6 @@ starting adapter against ``root``, as :class:`vgrpo.trainer.Trainer` does.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -43,8 +42,9 @@ from vgrpo.config import StageConfig
 from vgrpo.config_batch import check_batch
 from vgrpo.errors import UserError
 from vgrpo.evaluation.config import EvaluationConfig
-from vgrpo.models.geometry import read_geometry
+from vgrpo.models.folder import folder_lora_targets, is_pipeline_folder, read_geometry
 from vgrpo.outputs import Output, output_problems
+from vgrpo.parallel.launch import processes_per_machine
 from vgrpo.params_file import unset_variables
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.checks import option_leaves, options_problem, url_problem
@@ -92,7 +92,7 @@ def _launch_problems(config: StageConfig, world_size: int | None) -> list[str]:
         )
     except ValueError as exc:
         out.append(str(exc))
-    per_machine = math.ceil(processes / config.launch.machines)
+    per_machine = processes_per_machine(processes, config.launch.machines)
     if torch.cuda.is_available() and per_machine > torch.cuda.device_count():
         out.append(
             f"{per_machine} processes per machine, but {torch.cuda.device_count()} CUDA devices are visible "
@@ -227,19 +227,18 @@ def _model_problems(
     if base and config.eval_prompts and (other := read_geometry(root / base)) is not None:
         side = config.evaluation.resolution or config.rollout.resolution
         out += [p] if (p := other.resolution_problem(side, "evaluation.resolution (of base_pipeline)")) else []
+    targets = folder_lora_targets(config.lora, pipeline) if config.lora is not None else ()
     if config.lora is not None and shapes is not None:
-        out += lora_target_problems(config.lora.target_modules, shapes, pipeline)
+        out += lora_target_problems(targets, shapes, pipeline)
     if init_lora is not None:
         init = root / init_lora
-        if config.lora is None and not (init / "model_index.json").is_file():
+        if config.lora is None and not is_pipeline_folder(init):
             out.append(f"{init}: a LoRA starting adapter, but lora is null (a full fine-tune starts from a pipeline)")
-        elif config.lora is not None and (init / "model_index.json").is_file():
+        elif config.lora is not None and is_pipeline_folder(init):
             out.append(f"{init}: a whole pipeline as the starting adapter of a LoRA stage (give it as `pipeline`)")
         elif config.lora is not None and not adapter_problems(init):
             lora = config.lora
-            out += adapter_fit_problems(
-                init, rank=lora.rank, alpha=lora.alpha, targets=lora.target_modules, shapes=shapes
-            )
+            out += adapter_fit_problems(init, rank=lora.rank, alpha=lora.alpha, targets=targets, shapes=shapes)
     return out
 
 
@@ -311,7 +310,7 @@ def preflight_evaluation(
         findings.check("pipeline", config.base_pipeline, "evaluation.base_pipeline")
     if lora is not None:
         findings.check("adapter", str(lora), "--lora")
-        if not adapter_problems(Path(lora)) and not (Path(lora) / "model_index.json").is_file():
+        if not adapter_problems(Path(lora)) and not is_pipeline_folder(Path(lora)):
             findings.add(adapter_fit_problems(Path(lora), shapes=transformer_shapes(Path(pipeline))), "--lora")
     findings.inputs.setdefault("--prompts", Path(prompts))
     try:
