@@ -93,7 +93,7 @@ def pytest_counts(output: str) -> dict[str, int]:
 
 def environment(mode: str) -> dict[str, Any]:
     """Python, package versions, and the GPU the check sees."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)

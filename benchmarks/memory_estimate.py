@@ -19,7 +19,7 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from diffusers import AutoencoderKL, FluxTransformer2DModel, SD3Transformer2DModel
@@ -43,7 +43,7 @@ FLUX_DEV_TRANSFORMER = {
     "axes_dims_rope": (16, 56, 56),
 }
 # google/t5-v1_1-xxl's encoder (text_encoder_3 of SD3.5, text_encoder_2 of FLUX.1).
-T5_XXL = {
+T5_XXL: dict[str, Any] = {
     "d_model": 4096,
     "d_ff": 10240,
     "d_kv": 64,
@@ -53,7 +53,7 @@ T5_XXL = {
     "feed_forward_proj": "gated-gelu",
 }
 # CLIP ViT-L/14's and OpenCLIP ViT-bigG/14's text towers with their projections.
-CLIP_L = {
+CLIP_L: dict[str, Any] = {
     "hidden_size": 768,
     "intermediate_size": 3072,
     "num_hidden_layers": 12,
@@ -62,7 +62,7 @@ CLIP_L = {
     "vocab_size": 49408,
     "max_position_embeddings": 77,
 }
-CLIP_G = {
+CLIP_G: dict[str, Any] = {
     "hidden_size": 1280,
     "intermediate_size": 5120,
     "num_hidden_layers": 32,
@@ -105,17 +105,18 @@ def count_parameters() -> dict[str, Any]:
     """Element counts (parameters and persistent buffers) of every component, built on the meta device, and the
     LoRA r 32 parameters of SD3.5-M's attention projections (``lora.target_modules``'s default)."""
     with torch.device("meta"):
-        sd35 = SD3Transformer2DModel(**SD35M)
-        flux = FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER)
+        # mypy cannot resolve diffusers' model classes' mixin bases, so it does not see them as the nn.Modules they are
+        sd35 = cast(torch.nn.Module, SD3Transformer2DModel(**SD35M))
+        flux = cast(torch.nn.Module, FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER))
         counts = {
             "sd35m_transformer": elements(sd35),
-            "sd35m_pos_embed_buffer": sd35.pos_embed.pos_embed.numel(),
+            "sd35m_pos_embed_buffer": sd35.get_buffer("pos_embed.pos_embed").numel(),
             "flux_dev_transformer": elements(flux),
-            "flux_double_block": elements(flux.transformer_blocks[0]),
+            "flux_double_block": elements(flux.get_submodule("transformer_blocks.0")),
             "t5_xxl_encoder": elements(T5EncoderModel(T5Config(**T5_XXL))),
             "clip_l": elements(CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_L))),
             "clip_g": elements(CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_G))),
-            "vae": elements(AutoencoderKL(**VAE_16)),
+            "vae": elements(cast(torch.nn.Module, AutoencoderKL(**VAE_16))),
         }
     counts["sd35m_lora_r32"] = lora_elements(sd35, 32, LORA_TARGETS)
     return counts

@@ -108,7 +108,7 @@ def _workspace(tmp: Path, env: dict[str, str]) -> None:
     (tmp / "twice.yaml").write_text("rollout:\n  group_size: 4\nrollout:\n  num_steps: 3\n")
     (tmp / "rewards_syntax.py").write_text("def brightness(images, prompts, metadata:\n    return 0\n")
     (tmp / "a_file").write_text("")
-    row = {"prompt": "a photo of a mauve square", "tag": "color_attr"}
+    row: dict[str, object] = {"prompt": "a photo of a mauve square", "tag": "color_attr"}
     row["include"] = [{"class": "square", "count": 1, "color": "mauve"}]
     (tmp / "mauve.jsonl").write_text(json.dumps(row) + "\n")
     (tmp / "reward.yaml").write_text(yaml.safe_dump({"rewards": [{"name": "rewards_syntax:brightness"}]}))

@@ -160,7 +160,7 @@ def iteration_arguments(config: TrainConfig, transformer: torch.nn.Module, args:
 
 def timed_iterations(
     iteration_kwargs: dict[str, Any], iterations: int, device: torch.device
-) -> tuple[list[dict[str, float]], dict[str, Any]]:
+) -> tuple[list[dict[str, float]], dict[str, int]]:
     """A warm-up iteration with its FLOPs counted per phase, then ``iterations`` timed ones: their metrics with
     ``wall_s``, and the warm-up's FLOPs. The CUDA allocator's peak is reset after the warm-up."""
 
@@ -183,7 +183,7 @@ def timed_iterations(
 
 def summary(
     rows: list[dict[str, float]],
-    flops: dict[str, Any],
+    flops: dict[str, int],
     transformer: torch.nn.Module,
     args: argparse.Namespace,
     device: torch.device,

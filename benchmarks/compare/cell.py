@@ -139,7 +139,8 @@ def train_cell(spec: RunSpec, sizes: Sizes, out: Path) -> dict[str, Any]:
         counted["rows"] += int(hidden_states.shape[0])
         return forward(self, hidden_states, *a, **kw)
 
-    SD3Transformer2DModel.forward = counting_forward  # type: ignore[method-assign]
+    # mypy cannot resolve diffusers' model classes' mixin bases, so it sees no nn.Module.forward to assign
+    SD3Transformer2DModel.forward = counting_forward  # type: ignore[attr-defined]
     steps_per_iteration = float(config.optim.gradient_steps)
     recorder = CurveRecorder(spec.reward, steps_per_iteration, counted)
 
