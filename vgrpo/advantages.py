@@ -143,6 +143,37 @@ class AdvantageResult:
     metrics: dict[str, float]
 
 
+def _scored_total(
+    rewards: Mapping[str, Tensor], weights: Mapping[str, float], group_size: int
+) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor, dict[str, float]]:
+    """Each reward's fp32 scores and the samples it scores, the weighted total over the rewards that score each
+    sample, and each reward's mean, std and scored fraction; raises ValueError on weights that do not match the
+    rewards or on a sample no reward scores."""
+    if not rewards:
+        raise ValueError("no rewards given")
+    unknown = sorted(set(weights) - set(rewards))
+    missing = sorted(set(rewards) - set(weights))
+    if unknown or missing:
+        raise ValueError(f"reward weights do not match rewards: unknown {unknown}, missing {missing}")
+    metrics: dict[str, float] = {}
+    total = torch.zeros_like(next(iter(rewards.values())), dtype=torch.float32)
+    scores = {name: r.detach().float() for name, r in rewards.items()}
+    scored: dict[str, Tensor] = {}
+    for name, r32 in scores.items():
+        scored[name] = applies = scored_samples(r32, group_size, name)
+        total = total + weights[name] * torch.where(applies, r32, 0.0)
+        if bool(applies.any()):
+            metrics[f"reward/{name}_mean"] = r32[applies].mean().item()
+            metrics[f"reward/{name}_std"] = r32[applies].std(unbiased=False).item()
+        if not bool(applies.all()):
+            metrics[f"reward/{name}_scored_frac"] = applies.float().mean().item()
+    unscored = ~torch.stack(list(scored.values())).any(dim=0)
+    if bool(unscored.any()):
+        first = int(torch.nonzero(unscored)[0]) // group_size
+        raise ValueError(f"prompt {first} of the batch is scored by no reward (each reward gave its samples NaN)")
+    return scores, scored, total, metrics
+
+
 def compute_advantages(
     rewards: Mapping[str, Tensor],
     *,
@@ -171,29 +202,8 @@ def compute_advantages(
         weights: name -> weight; default 1 for every reward. A weight for an absent reward is an error.
         std_ddof: the std's delta degrees of freedom (:func:`group_normalize`'s ``ddof``).
     """
-    if not rewards:
-        raise ValueError("no rewards given")
     weights = dict(weights) if weights is not None else {name: 1.0 for name in rewards}
-    unknown = sorted(set(weights) - set(rewards))
-    missing = sorted(set(rewards) - set(weights))
-    if unknown or missing:
-        raise ValueError(f"reward weights do not match rewards: unknown {unknown}, missing {missing}")
-    metrics: dict[str, float] = {}
-    total = torch.zeros_like(next(iter(rewards.values())), dtype=torch.float32)
-    scores = {name: r.detach().float() for name, r in rewards.items()}
-    scored: dict[str, Tensor] = {}
-    for name, r32 in scores.items():
-        scored[name] = applies = scored_samples(r32, group_size, name)
-        total = total + weights[name] * torch.where(applies, r32, 0.0)
-        if bool(applies.any()):
-            metrics[f"reward/{name}_mean"] = r32[applies].mean().item()
-            metrics[f"reward/{name}_std"] = r32[applies].std(unbiased=False).item()
-        if not bool(applies.all()):
-            metrics[f"reward/{name}_scored_frac"] = applies.float().mean().item()
-    unscored = ~torch.stack(list(scored.values())).any(dim=0)
-    if bool(unscored.any()):
-        first = int(torch.nonzero(unscored)[0]) // group_size
-        raise ValueError(f"prompt {first} of the batch is scored by no reward (each reward gave its samples NaN)")
+    scores, scored, total, metrics = _scored_total(rewards, weights, group_size)
 
     def normalize(r: Tensor) -> Tensor:
         return group_normalize(r, group_size, std_scope=std_scope, delta=delta, ddof=std_ddof)
