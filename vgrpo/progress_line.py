@@ -1,5 +1,5 @@
 """The one-line progress view of a training stage (stage k of n, iteration i of m, seconds per iteration, ETA, the
-last rewards); the tqdm bar of pretraining and reward-model training is :mod:`vgrpo.progress`.
+last rewards); the tqdm bar of pretraining and reward-model training is :mod:`vgrpo.progress_bar`.
 
 The view is plain arithmetic and text (:class:`Progress`, :func:`seconds_per_iteration`, :func:`format_duration`),
 so the stage loop (:class:`vgrpo.training.stage.ProgressView`), the curriculum's watcher (:mod:`flows.watch`) and

@@ -30,7 +30,7 @@ from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 from vgrpo.atomic import atomic_dir
 from vgrpo.models.config import EmbeddedModelConfig
 from vgrpo.models.embedded import train_clip_tokenizer
-from vgrpo.progress import progress_bar
+from vgrpo.progress_bar import progress_bar
 from vgrpo.training.optim import build_adamw, clip_gradients
 from vgrpo.world.config import WorldAugmentConfig, WorldCLIPConfig
 from vgrpo.world.degrade import augment, hard_negative

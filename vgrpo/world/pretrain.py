@@ -41,7 +41,7 @@ from vgrpo.images import images_to_tensor, tensor_to_images
 from vgrpo.models.embedded import build_pipeline, train_clip_tokenizer
 from vgrpo.models.pipeline import load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter
-from vgrpo.progress import progress_bar
+from vgrpo.progress_bar import progress_bar
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from vgrpo.images import images_to_tensor
-from vgrpo.progress import progress_bar
+from vgrpo.progress_bar import progress_bar
 from vgrpo.training.optim import build_adamw, clip_gradients
 from vgrpo.world.config import PretrainConfig
 from vgrpo.world.data import world_batch
