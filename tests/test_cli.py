@@ -19,10 +19,16 @@ EVAL_PARAMS = PARAMS.with_name("evaluate.yaml")
 WORLD_CLIP = Path(__file__).parents[1] / "models" / "world-clip"
 
 
+def _world_splits(out: Path, *, train: int, test: int) -> int:
+    """``python -m vgrpo.world.cli world-splits`` on the embedded pretraining params with ``train`` and ``test``
+    prompts, written to ``out``: the exit status."""
+    args = ["world-splits", "--params", str(PARAMS), "--set", f"train_prompts={train}", f"test_prompts={test}"]
+    return world_main([*args, "--out", str(out)])
+
+
 def test_world_splits_are_seeded_and_hold_out_pairs(tmp_path: Path) -> None:
-    args = ["world-splits", "--params", str(PARAMS), "--set", "train_prompts=70", "test_prompts=35"]
-    assert world_main([*args, "--out", str(tmp_path / "a")]) == 0
-    assert world_main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert _world_splits(tmp_path / "a", train=70, test=35) == 0
+    assert _world_splits(tmp_path / "b", train=70, test=35) == 0
     train, test = read_jsonl(tmp_path / "a" / "train.jsonl"), read_jsonl(tmp_path / "a" / "test.jsonl")
     assert len(train) == 70 and len(test) == 35
     assert (tmp_path / "a" / "test.jsonl").read_bytes() == (tmp_path / "b" / "test.jsonl").read_bytes()
@@ -32,21 +38,7 @@ def test_world_splits_are_seeded_and_hold_out_pairs(tmp_path: Path) -> None:
 
 
 def test_evaluate_writes_the_table_and_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        world_main(
-            [
-                "world-splits",
-                "--params",
-                str(PARAMS),
-                "--set",
-                "test_prompts=14",
-                "train_prompts=1",
-                "--out",
-                str(tmp_path / "world"),
-            ]
-        )
-        == 0
-    )
+    assert _world_splits(tmp_path / "world", train=1, test=14) == 0
     prompts = [r["prompt"] for r in read_jsonl(tmp_path / "world" / "test.jsonl")]
     pipe = build_pipeline(TINY, train_clip_tokenizer(prompts, TINY))
     pipe.save_pretrained(tmp_path / "pipe")
@@ -215,21 +207,7 @@ def test_detector_check_needs_a_split_with_scenes(tmp_path: Path, capsys: pytest
     rows.write_text('{"tag": "single_object", "include": [{"class": "ring", "count": 1}], "prompt": "a ring"}\n')
     assert world_main(["detector-check", "--prompts", str(rows), "--out", str(tmp_path / "q.json")]) == 2
     assert f"{rows}:1: a record needs its ground-truth 'scene'" in capsys.readouterr().err
-    assert (
-        world_main(
-            [
-                "world-splits",
-                "--params",
-                str(PARAMS),
-                "--set",
-                "train_prompts=1",
-                "test_prompts=28",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
+    assert _world_splits(tmp_path, train=1, test=28) == 0
     assert (
         world_main(["detector-check", "--prompts", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "q.json")])
         == 0

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" / "import_graph.py")
@@ -32,35 +35,44 @@ def _package(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def test_a_circle_is_found_across_packages_and_through_lazy_imports(tmp_path: Path) -> None:
-    repo = _package(
-        tmp_path,
+Graph = dict[str, set[str]]
+
+
+@pytest.fixture
+def graph_of(tmp_path: Path) -> Callable[..., Graph]:
+    """The import graph (scripts/import_graph.py) of a repository written under ``tmp_path``: the modules ``files``
+    (path -> text) and the ``empty`` ones; keyword ``options`` go to ``import_graph``."""
+
+    def graph(files: dict[str, str], empty: tuple[str, ...], **options: bool) -> Graph:
+        _package(tmp_path, files | dict.fromkeys(empty, ""))
+        return graph_tool.import_graph(graph_tool.module_files(tmp_path), **options)
+
+    return graph
+
+
+def test_a_circle_is_found_across_packages_and_through_lazy_imports(graph_of: Callable[..., Graph]) -> None:
+    graph = graph_of(
         {
-            "pkg/__init__.py": "",
             "pkg/a.py": "from pkg import b\n",
             "pkg/b.py": "def f():\n    from other.c import x\n",
-            "other/__init__.py": "",
             "other/c.py": "import pkg.a\n",
             "other/d.py": "from other import c\n",
         },
+        empty=("pkg/__init__.py", "other/__init__.py"),
     )
-    graph = graph_tool.import_graph(graph_tool.module_files(repo))
     assert graph_tool.cycles(graph) == [["other.c", "pkg.a", "pkg.b"]]
 
 
-def test_a_closure_follows_parents_and_lazy_imports_but_not_a_lazy_getattr(tmp_path: Path) -> None:
-    repo = _package(
-        tmp_path,
+def test_a_closure_follows_parents_and_lazy_imports_but_not_a_lazy_getattr(graph_of: Callable[..., Graph]) -> None:
+    graph = graph_of(
         {
             "pkg/__init__.py": "def __getattr__(name):\n    from pkg.heavy import H\n    return H\n",
-            "pkg/heavy.py": "",
             "pkg/sub/__init__.py": "from pkg.sub import leaf\n",
             "pkg/sub/leaf.py": "def f():\n    from pkg import util\n",
-            "pkg/util.py": "",
-            "pkg/unused.py": "",
         },
+        empty=("pkg/heavy.py", "pkg/util.py", "pkg/unused.py"),
+        lazy_getattr=False,
     )
-    graph = graph_tool.import_graph(graph_tool.module_files(repo), lazy_getattr=False)
     assert graph_tool.closure(graph, ["pkg.sub.leaf"]) == {"pkg", "pkg.sub", "pkg.sub.leaf", "pkg.util"}
 
 
@@ -174,25 +186,25 @@ def test_every_import_between_the_top_level_packages_runs_downhill() -> None:
     assert upward == []
 
 
-def test_the_order_finds_an_uphill_import_between_library_packages(tmp_path: Path) -> None:
-    root = _package(
-        tmp_path,
+def test_the_order_finds_an_uphill_import_between_library_packages(graph_of: Callable[..., Graph]) -> None:
+    graph = graph_of(
         {
-            "vgrpo/__init__.py": "",
-            "vgrpo/seeding.py": "",
-            "vgrpo/models/__init__.py": "",
             "vgrpo/models/call.py": "from vgrpo.evaluation.evaluator import sample_noise\n",
-            "vgrpo/evaluation/__init__.py": "",
             "vgrpo/evaluation/evaluator.py": "from vgrpo.seeding import x\n",
-            "vgrpo/training/__init__.py": "",
-            "vgrpo/training/loop.py": "",
             "vgrpo/models/x.py": "def f():\n    from vgrpo.training import loop\n",  # a lazy import
-            "vgrpo/config.py": "",
-            "vgrpo/rewards/__init__.py": "",
             "vgrpo/rewards/y.py": "import typing\nif typing.TYPE_CHECKING:\n    from vgrpo.config import C\n",
         },
+        empty=(
+            "vgrpo/__init__.py",
+            "vgrpo/seeding.py",
+            "vgrpo/config.py",
+            "vgrpo/models/__init__.py",
+            "vgrpo/evaluation/__init__.py",
+            "vgrpo/training/__init__.py",
+            "vgrpo/training/loop.py",
+            "vgrpo/rewards/__init__.py",
+        ),
     )
-    graph = graph_tool.import_graph(graph_tool.module_files(root))
     assert _downhill_violations(graph) == [
         "vgrpo.models.call -> vgrpo.evaluation.evaluator",
         "vgrpo.models.x -> vgrpo.training",

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -218,64 +219,57 @@ def _unchanged(world: Path, run: Callable[[], None], written: list[Path]) -> Non
     assert not list(world.glob(".*.tmp-*")) and not list(world.glob(".vgrpo-write-check-*"))
 
 
-@pytest.mark.parametrize(("case", "overrides", "given", "named"), CASES, ids=[c[0] for c in CASES])
-def test_the_cli_refuses_before_any_compute(
-    world: Path,
-    mauve: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    case: str,
-    overrides: dict[str, Any],
-    given: dict[str, str],
-    named: list[str],
-) -> None:
+@dataclass
+class Refusal:
+    """One of :data:`CASES` set up in the world: the params files, the output and work folders the run is given
+    (neither exists), the starting adapter it names (if any) and what the message must name."""
+
+    params: list[Path]
+    out: Path
+    work: Path
+    init: str | None
+    named: list[str]
+
+
+@pytest.fixture(params=CASES, ids=[c[0] for c in CASES])
+def refusal(
+    request: pytest.FixtureRequest, world: Path, mauve: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Refusal:
+    """The case, run from inside the world (its reward modules importable, its folders relative)."""
+    _, overrides, given, named = request.param
     monkeypatch.syspath_prepend(str(world))
     monkeypatch.chdir(world)
     paths = _paths(world, tmp_path, given)
-    argv = ["train", "--params", *map(str, _params(world, tmp_path, overrides, given)), "--root", str(world)]
-    argv += ["--out", str(paths["out"]), "--work-dir", str(paths["work"])]
-    argv += ["--init-lora", given["init"]] if "init" in given else []
+    return Refusal(_params(world, tmp_path, overrides, given), paths["out"], paths["work"], given.get("init"), named)
+
+
+def test_the_cli_refuses_before_any_compute(world: Path, refusal: Refusal, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--params", *map(str, refusal.params), "--root", str(world)]
+    argv += ["--out", str(refusal.out), "--work-dir", str(refusal.work)]
+    argv += ["--init-lora", refusal.init] if refusal.init is not None else []
     codes: list[int] = []
-    _unchanged(world, lambda: codes.append(main(argv)), [paths["out"], paths["work"]])
+    _unchanged(world, lambda: codes.append(main(argv)), [refusal.out, refusal.work])
     err = capsys.readouterr().err
     assert codes == [2], err
     assert "Traceback" not in err and err.startswith("error: "), err
-    for part in named:
+    for part in refusal.named:
         assert part in err, (part, err)
 
 
-@pytest.mark.parametrize(("case", "overrides", "given", "named"), CASES, ids=[c[0] for c in CASES])
-def test_the_trainer_refuses_what_the_cli_refuses(
-    world: Path,
-    mauve: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    case: str,
-    overrides: dict[str, Any],
-    given: dict[str, str],
-    named: list[str],
-) -> None:
-    monkeypatch.syspath_prepend(str(world))
-    monkeypatch.chdir(world)
-    paths = _paths(world, tmp_path, given)
-    init = Path(given["init"]) if "init" in given else None
+def test_the_trainer_refuses_what_the_cli_refuses(world: Path, refusal: Refusal) -> None:
+    init = Path(refusal.init) if refusal.init is not None else None
     messages: list[str] = []
 
     def train() -> None:
         with pytest.raises(UserError) as caught:
             Trainer.from_params(
-                *_params(world, tmp_path, overrides, given),
-                work_dir=paths["work"],
-                out_dir=paths["out"],
-                init_lora=init,
-                root=world,
+                *refusal.params, work_dir=refusal.work, out_dir=refusal.out, init_lora=init, root=world
             ).train()
         messages.append(str(caught.value))
 
-    _unchanged(world, train, [paths["out"], paths["work"]])
+    _unchanged(world, train, [refusal.out, refusal.work])
     labels = {"--out": "out_dir", "--work-dir": "work_dir"}
-    for part in named:
+    for part in refusal.named:
         assert labels.get(part, part) in messages[0], (part, messages[0])
 
 

@@ -46,6 +46,14 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     return data
 
 
+def _train(world: Path, tmp_path: Path, stage: dict[str, Any]) -> int:
+    """``vgrpo train`` on ``stage`` written to ``tmp_path/stage.yaml``, rooted in the world, with ``tmp_path/out`` and
+    ``tmp_path/work`` as its output and work folders: the exit status."""
+    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
+    argv = ["train", "--params", str(tmp_path / "stage.yaml"), "--root", str(world)]
+    return main([*argv, "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")])
+
+
 CASES = [
     ("unknown key", "rollout.groupsize", 4, ["stage.yaml", "rollout.groupsize", "Extra inputs"]),
     ("wrong type", "rollout.group_size", "four", ["stage.yaml", "rollout.group_size", "integer"]),
@@ -75,20 +83,7 @@ def test_bad_input_exits_2_naming_the_culprit(
     value: Any,
     expected: list[str],
 ) -> None:
-    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(_set(_valid(), key, value)))
-    code = main(
-        [
-            "train",
-            "--params",
-            str(tmp_path / "stage.yaml"),
-            "--root",
-            str(world),
-            "--out",
-            str(tmp_path / "out"),
-            "--work-dir",
-            str(tmp_path / "work"),
-        ]
-    )
+    code = _train(world, tmp_path, _set(_valid(), key, value))
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("\n") <= 3, err  # one message, not a traceback
@@ -99,21 +94,5 @@ def test_bad_input_exits_2_naming_the_culprit(
 
 def test_the_valid_stage_file_passes_validation(world: Path, tmp_path: Path) -> None:
     """The cases above differ from this file in one entry each, so each failure is that entry's."""
-    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(_set(_valid(), "iterations", 1) | {"eval_prompts": None}))
-    assert (
-        main(
-            [
-                "train",
-                "--params",
-                str(tmp_path / "stage.yaml"),
-                "--root",
-                str(world),
-                "--out",
-                str(tmp_path / "out"),
-                "--work-dir",
-                str(tmp_path / "work"),
-            ]
-        )
-        == 0
-    )
+    assert _train(world, tmp_path, _set(_valid(), "iterations", 1) | {"eval_prompts": None}) == 0
     assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import yaml
 
 from tests.models.test_embedded import TINY
 from vgrpo.config import StageConfig
-from vgrpo.training.stage import StageCallbacks
+from vgrpo.training.stage import StageCallbacks, StageResult, run_stage
 
 WORLD_PICK = Path(__file__).parents[1] / "models" / "world-pickscore"
 """The shipped world PickScore: a dense reward, so that groups vary and adapters move."""
@@ -107,6 +108,14 @@ def tiny_stage_config(**overrides: object) -> StageConfig:
     return StageConfig.model_validate(data)
 
 
+def run_tiny_stage(config: StageConfig, world: Path, work: str, out: str, **kwargs: Any) -> StageResult:
+    """:func:`run_stage` from :func:`write_tiny_world`'s ``base`` pipeline with ``world`` as the root, working in
+    ``world/work`` and exporting to ``world/out``; ``kwargs`` go to :func:`run_stage` as they are."""
+    return run_stage(
+        config, pipeline_dir=Path("base"), work_dir=world / work, out_dir=world / out, root=world, **kwargs
+    )
+
+
 class Recorder(StageCallbacks):
     """Keeps everything a stage reports, in order."""
 
@@ -143,3 +152,11 @@ class KillAt(StageCallbacks):
     def on_log(self, metrics: dict[str, float], iteration: int) -> None:
         if iteration == self.iteration:
             raise Killed(f"killed after iteration {iteration}'s update")
+
+
+def run_whole_and_killed(config: StageConfig, world: Path) -> None:
+    """``config``'s stage run whole (``world/whole``, exported to ``whole_lora``) and killed after iteration 1's update
+    (``world/cut``, nothing exported to ``cut_lora`` yet): what a resumed run in ``cut`` is compared with."""
+    run_tiny_stage(config, world, "whole", "whole_lora")
+    with pytest.raises(Killed):
+        run_tiny_stage(config, world, "cut", "cut_lora", callbacks=KillAt(1))

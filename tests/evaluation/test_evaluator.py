@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.rewards.test_geneval import GENEVAL_TAG_SET
 from vgrpo.evaluation.evaluator import Sampling, evaluate, generate
 from vgrpo.evaluation.grids import FRAME_COLORS, grid_image, grid_of, write_grid
 from vgrpo.evaluation.tables import compare, flat_metrics, summarise
@@ -162,14 +163,7 @@ def test_evaluate_a_tiny_pipeline_with_world_rewards(tmp_path: Path) -> None:
     assert images.shape == (14, 16, 16, 3)
     assert table["rewards"] == again["rewards"]
     assert table["rewards"]["geneval"]["images"] == 12 and table["rewards"]["ocr"]["images"] == 2
-    assert set(table["rewards"]["geneval"]["per_tag"]) == {
-        "single_object",
-        "two_object",
-        "counting",
-        "colors",
-        "position",
-        "color_attr",
-    }
+    assert set(table["rewards"]["geneval"]["per_tag"]) == GENEVAL_TAG_SET
     assert cfg["sampling"]["guidance_scale"] == 3.0 and cfg["sampling"]["p_mix"] == 0.5
     json.dumps(table)  # the table is JSON as it is
     write_grid(tmp_path / "grid.png", images, cols=2)

@@ -37,6 +37,20 @@ from vgrpo.models.registry import FAMILIES
 
 PROMPTS = ["a photo of a red circle", "two blue squares"]
 PARAMS = Path(__file__).parents[2] / "params"
+LARGE_DYNAMIC_SHIFT_RECIPE: dict[str, Any] = {
+    "precision.lora_base_dtype": "bf16",  # fp32 would not fit (benchmarks.memory_families)
+    "rollout.resolution": 512,
+    "rollout.shift": None,
+    "rollout.dynamic_shift": True,
+    "rollout.prompts_per_iteration": 48,
+    "rollout.group_size": 16,
+    "optim.lr": 3e-4,
+    "evaluation.resolution": 1024,
+    "evaluation.num_steps": 28,
+    "evaluation.shift": "dynamic",
+}
+"""What the FLUX.2 and Qwen-Image recipes (params/models/flux2.yaml, qwen-image.yaml) give alike: a bf16 LoRA base,
+48 x 16 rollouts at 512 px with the pipeline's dynamic shift, lr 3e-4, and evaluation at 1024 px in 28 steps."""
 
 
 class FamilyContract:
@@ -66,6 +80,21 @@ class FamilyContract:
         """The pipeline's own ``__call__``'s final latents for :data:`PROMPTS` at 16 px from ``noise``, in the
         adapter's layout."""
         raise NotImplementedError
+
+    @staticmethod
+    def call_pipeline(pipe: Any, latents: torch.Tensor, steps: int, **kwargs: Any) -> Any:
+        """``pipe``'s ``__call__`` for :data:`PROMPTS` (a fresh list: ZImagePipeline writes the chat-templated prompts
+        into the one it is given) at 16 px in ``steps`` steps from ``latents`` (in the pipeline's layout), with
+        ``kwargs``, the family's further arguments: its output, whose ``images`` are the final latents."""
+        return pipe(
+            prompt=list(PROMPTS),
+            height=16,
+            width=16,
+            num_inference_steps=steps,
+            latents=latents,
+            output_type="latent",
+            **kwargs,
+        )
 
     def after_export(self, saved: Path, lora: Path, noise: torch.Tensor, ours: torch.Tensor) -> None:
         """More checks of the exported LoRA directory ``lora`` (``ours``: the project's samples from ``noise``)."""

@@ -78,6 +78,22 @@ def run_two_iterations(world: Path, config: Any, tag: str) -> Any:
     return result
 
 
+def spy_on_forward(
+    monkeypatch: pytest.MonkeyPatch, velocity_class: type, see: Callable[[torch.Tensor, Any], Any]
+) -> list[Any]:
+    """Patches ``velocity_class.forward`` to record ``see(latents, cond)`` on every call (rollout, update and
+    evaluation alike) before it runs; returns the list the records go to."""
+    seen: list[Any] = []
+    forward = velocity_class.forward
+
+    def spying(self: Any, latents: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        seen.append(see(latents, cond))
+        return forward(self, latents, t, cond)
+
+    monkeypatch.setattr(velocity_class, "forward", spying)
+    return seen
+
+
 def assert_export_loads(world: Path, tag: str, pipeline_class: Any, *, lora: bool) -> None:
     """``out-<tag>`` is a LoRA the family's plain diffusers pipeline loads, or (full fine-tuning) a whole pipeline
     of that class whose transformer differs from the base's."""

@@ -16,18 +16,16 @@ import torch
 from diffusers import DiffusionPipeline, SD3Transformer2DModel, StableDiffusion3Pipeline
 from peft import PeftModel
 
-from vgrpo.checkpoints.state import LORA_FILE, PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE, save_lora
+from tests.models.embedded_lora import BASE, saved_lora_transformer
+from vgrpo.checkpoints.state import LORA_FILE, PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE
 from vgrpo.flow import timestep_grid
 from vgrpo.images import tensor_to_images
-from vgrpo.models import add_lora
-from vgrpo.models.config import LoraConfig
 from vgrpo.models.diffusers_call import diffusers_call_kwargs, diffusers_sigmas
 from vgrpo.models.pipeline import build_adapter, load_sd3_pipeline
 from vgrpo.models.saving import absent_t5, save_pipeline
 from vgrpo.samplers import euler_ode_sample
 from vgrpo.seeding import sample_noise
 
-BASE = Path(__file__).resolve().parents[2] / "models" / "embedded-base"
 PROMPTS = ["a red cube left of a blue ball", "the word STOP on a sign"]
 STEPS = 4
 LATENT_TOL = 1e-4
@@ -127,14 +125,7 @@ def test_a_pipeline_written_without_t5_loads_bare(tmp_path: Path) -> None:
 
 
 def test_a_lora_export_loads_in_peft_and_in_diffusers(tmp_path: Path) -> None:
-    transformer = load_sd3_pipeline(BASE).transformer
-    add_lora(transformer, rank=4, alpha=8, target_modules=LoraConfig().target_modules)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in transformer.named_parameters():
-            if "lora_B" in name:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-    save_lora(transformer, tmp_path / "lora")
+    transformer = saved_lora_transformer(tmp_path / "lora")
     assert {p.name for p in (tmp_path / "lora").iterdir()} == {LORA_FILE, PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE}
 
     g = torch.Generator().manual_seed(0)

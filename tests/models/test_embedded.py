@@ -4,7 +4,6 @@ saved and reloaded bit-exactly by the loader that loads a real SD3.5 directory."
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -14,27 +13,17 @@ import numpy as np
 import pytest
 import torch
 
+from tests.models.pipeline_dirs import assert_loader_names_the_missing_piece
 from vgrpo.models.config import EmbeddedModelConfig
 from vgrpo.models.embedded import BOS_TOKEN, EOS_TOKEN, build_pipeline, learn_bpe, train_clip_tokenizer
 from vgrpo.models.pipeline import PipelineError, load_sd3_pipeline
 from vgrpo.models.sd3 import SD3Adapter
+from vgrpo.models.tiny import TINY_FLUX
 from vgrpo.world import make_splits
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = EmbeddedModelConfig(
-    resolution=16,
-    text_hidden_size=16,
-    text_layers=2,
-    text_heads=2,
-    text_projection_dim=8,
-    vae_channels=(8, 16),
-    vae_norm_groups=4,
-    latent_channels=4,
-    patch_size=2,
-    num_layers=1,
-    attention_head_dim=8,
-    num_attention_heads=2,
-)
+# The tiny FLUX pipeline's sizes with the default vocabulary cap (the tokenizer tests learn from the whole world).
+TINY = EmbeddedModelConfig(**TINY_FLUX.model_dump(exclude={"vocab_size"}))
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr", "ocr", "preference")
 
 
@@ -171,16 +160,7 @@ def test_adapter_caches_prompts_and_matches_encode_prompt(saved_pipeline: Path) 
 
 
 def test_loader_names_the_missing_piece(saved_pipeline: Path, tmp_path: Path) -> None:
-    with pytest.raises(PipelineError, match="pipeline directory not found"):
-        load_sd3_pipeline(tmp_path / "nowhere")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(PipelineError, match=r"no model_index\.json"):
-        load_sd3_pipeline(tmp_path / "empty")
-    broken = tmp_path / "broken"
-    shutil.copytree(saved_pipeline, broken)
-    shutil.rmtree(broken / "vae")
-    with pytest.raises(PipelineError, match=r"component folder vae/ is missing"):
-        load_sd3_pipeline(broken)
+    broken = assert_loader_names_the_missing_piece(load_sd3_pipeline, saved_pipeline, tmp_path, "vae")
     index = json.loads((broken / "model_index.json").read_text())
     index["_class_name"] = "FluxPipeline"
     (broken / "model_index.json").write_text(json.dumps(index))

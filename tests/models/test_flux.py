@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from tests.models.family_training import train_two_iterations
+from tests.models.pipeline_dirs import assert_loader_names_the_missing_piece
 from vgrpo.models.flux import FluxAdapter, FluxVelocity, latent_image_ids, pack_latents, unpack_latents
 from vgrpo.models.pipeline import PipelineError, build_adapter, load_pipeline
 
@@ -140,16 +140,7 @@ def test_loader_dispatches_on_class_and_names_the_missing_piece(saved_flux: Path
     from vgrpo.models.pipeline import load_sd3_pipeline
 
     assert isinstance(load_pipeline(saved_flux), FluxPipeline)
-    with pytest.raises(PipelineError, match="pipeline directory not found"):
-        load_pipeline(tmp_path / "nowhere")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(PipelineError, match=r"empty: no model_index\.json"):
-        load_pipeline(tmp_path / "empty")
-    broken = tmp_path / "broken"
-    shutil.copytree(saved_flux, broken)
-    shutil.rmtree(broken / "tokenizer_2")
-    with pytest.raises(PipelineError, match=r"broken: component folder tokenizer_2/ is missing"):
-        load_pipeline(broken)
+    broken = assert_loader_names_the_missing_piece(load_pipeline, saved_flux, tmp_path, "tokenizer_2")
     with pytest.raises(PipelineError, match=r"expected StableDiffusion3Pipeline$"):
         load_sd3_pipeline(saved_flux)  # the SD3-only loader still refuses FLUX
     index = json.loads((broken / "model_index.json").read_text())

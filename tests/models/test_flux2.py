@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from tests.models.family_contract import PROMPTS, FamilyContract
+from tests.models.family_contract import LARGE_DYNAMIC_SHIFT_RECIPE, PROMPTS, FamilyContract
 from vgrpo.models.flux2 import Flux2Adapter, Flux2Velocity, empirical_shift_mu, image_ids, patchify, text_ids
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.models.tiny_flux2 import TINY_FLUX2_TOKENS, tiny_flux2_pipeline
@@ -25,33 +25,16 @@ class TestFlux2(FamilyContract):
     # Both streams' attention and the single-stream block's fused projection train.
     trained = frozenset({"to_q", "to_out", "add_q_proj", "add_v_proj", "to_qkv_mlp_proj"})
     recipe: ClassVar[dict[str, Any]] = {
-        "precision.lora_base_dtype": "bf16",  # fp32 would not fit (benchmarks.memory_families)
         "pipeline": "/models/FLUX.2-dev",
-        "rollout.resolution": 512,
         "rollout.num_steps": 8,
-        "rollout.shift": None,
-        "rollout.dynamic_shift": True,
-        "rollout.prompts_per_iteration": 48,
-        "rollout.group_size": 16,
-        "optim.lr": 3e-4,
-        "evaluation.resolution": 1024,
-        "evaluation.num_steps": 28,
-        "evaluation.shift": "dynamic",
+        **LARGE_DYNAMIC_SHIFT_RECIPE,
     }
     extra_lora_targets = ("ff.linear_in", "ff.linear_out", "ff_context.linear_in", "ff_context.linear_out")
     tiny_pipeline = staticmethod(lambda: tiny_flux2_pipeline(seed=0))
 
     def pipeline_latents(self, pipe: Any, noise: torch.Tensor, steps: int) -> torch.Tensor:
         """``Flux2Pipeline.__call__``'s final latents from ``noise`` (patchified ``(N, C, 4, 4)``), unflattened."""
-        packed = pipe(
-            prompt=list(PROMPTS),
-            height=16,
-            width=16,
-            num_inference_steps=steps,
-            latents=noise,
-            output_type="latent",
-            max_sequence_length=TINY_FLUX2_TOKENS,
-        ).images
+        packed = self.call_pipeline(pipe, noise, steps, max_sequence_length=TINY_FLUX2_TOKENS).images
         return packed.permute(0, 2, 1).reshape(noise.shape)
 
     @pytest.mark.parametrize(("tokens", "steps"), [(16, 3), (16, 28), (1024, 8), (4096, 50), (4301, 8), (16384, 28)])

@@ -6,14 +6,13 @@ resumes to bit-identical LoRA weights."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.models.family_stage import assert_killed_stage_resumes, assert_trains_at_recipe_precision, stage_config
+from tests.models import family_stage
 from vgrpo.models.tiny_flux_kontext import tiny_flux_kontext_pipeline
 
 
@@ -40,7 +39,7 @@ def _stage_config(**overrides: Any) -> Any:
         {"name": "source_similarity", "weight": 0.5},
     ]
     evaluation = {"group_size": 1, "num_steps": 2, "shift": "dynamic", "rewards": rewards}
-    return stage_config("flux-kontext", **({"rewards": rewards, "evaluation": evaluation} | overrides))
+    return family_stage.stage_config("flux-kontext", **({"rewards": rewards, "evaluation": evaluation} | overrides))
 
 
 def test_a_kontext_stage_feeds_the_rows_source_images_to_every_forward_and_scores_against_them(
@@ -48,41 +47,28 @@ def test_a_kontext_stage_feeds_the_rows_source_images_to_every_forward_and_score
 ) -> None:
     from diffusers import FluxKontextPipeline
 
-    from vgrpo.checkpoints.state import LORA_FILE
     from vgrpo.models.flux_kontext import FluxKontextVelocity
-    from vgrpo.training.stage import run_stage
 
-    seen: list[bool] = []
-    forward = FluxKontextVelocity.forward
+    def with_sources(latents: torch.Tensor, cond: Any) -> bool:
+        return cond.image_latents is not None and cond.image_latents.shape[0] == latents.shape[0]
 
-    def spying(self: Any, latents: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
-        seen.append(cond.image_latents is not None and cond.image_latents.shape[0] == latents.shape[0])
-        return forward(self, latents, t, cond)
-
-    monkeypatch.setattr(FluxKontextVelocity, "forward", spying)
-    out = edit_world / "out"
-    result = run_stage(
-        _stage_config(), pipeline_dir=Path("base"), work_dir=edit_world / "run", out_dir=out, root=edit_world
-    )
-    assert len(result.history) == 2 and all(math.isfinite(h["train/loss"]) for h in result.history)
+    seen = family_stage.spy_on_forward(monkeypatch, FluxKontextVelocity, with_sources)
+    result = family_stage.run_two_iterations(edit_world, _stage_config(), "edits")  # two finite iterations
     assert all(-1.0 <= h["reward/source_similarity_raw_mean"] < 0.0 for h in result.history)
     assert all(0.0 <= h["reward/geneval_raw_mean"] <= 1.0 for h in result.history)
     final = result.evaluations[-1]
     assert final["iteration"] == 2 and -1.0 <= final["rewards"]["source_similarity"]["mean"] < 0.0
     assert 0.0 <= final["rewards"]["geneval"]["mean"] <= 1.0
     assert len(seen) > 10 and all(seen)  # rollouts, V-GRPO's prepare and update, and the evaluation
-    base = FluxKontextPipeline.from_pretrained(edit_world / "base", local_files_only=True)
-    assert (out / LORA_FILE).is_file()
-    base.load_lora_weights(out)  # the export loads in a plain diffusers script
-    assert any("lora" in name for name, _ in base.transformer.named_parameters())
+    family_stage.assert_export_loads(edit_world, "edits", FluxKontextPipeline, lora=True)
 
 
 def test_a_killed_kontext_stage_resumes_to_the_same_weights(edit_world: Path) -> None:
-    assert_killed_stage_resumes(edit_world, _stage_config(eval_prompts=None))
+    family_stage.assert_killed_stage_resumes(edit_world, _stage_config(eval_prompts=None))
 
 
 @pytest.mark.gpu
 def test_a_kontext_stage_trains_on_cuda_at_the_newer_families_precision(edit_world: Path) -> None:
     from diffusers import FluxKontextPipeline
 
-    assert_trains_at_recipe_precision(edit_world, _stage_config(), FluxKontextPipeline)
+    family_stage.assert_trains_at_recipe_precision(edit_world, _stage_config(), FluxKontextPipeline)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from tests.models.family_contract import PROMPTS, FamilyContract
+from tests.models.family_contract import LARGE_DYNAMIC_SHIFT_RECIPE, PROMPTS, FamilyContract
 from vgrpo.models.flux import pack_latents, unpack_latents
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.models.qwen_image import QwenImageAdapter, QwenImageVelocity
@@ -27,30 +27,14 @@ class TestQwenImage(FamilyContract):
     # Both streams' attention trains (the one block's text output, to_add_out, reaches no image token: no gradient).
     trained = frozenset({"to_q", "to_out", "add_q_proj", "add_v_proj"})
     recipe: ClassVar[dict[str, Any]] = {
-        "precision.lora_base_dtype": "bf16",  # fp32 would not fit (benchmarks.memory_families)
         "pipeline": "/models/Qwen-Image",
-        "rollout.resolution": 512,
         "rollout.num_steps": 10,
-        "rollout.shift": None,
-        "rollout.dynamic_shift": True,
-        "rollout.prompts_per_iteration": 48,
-        "rollout.group_size": 16,
-        "optim.lr": 3e-4,
-        "evaluation.resolution": 1024,
-        "evaluation.num_steps": 28,
-        "evaluation.shift": "dynamic",
+        **LARGE_DYNAMIC_SHIFT_RECIPE,
     }
     tiny_pipeline = staticmethod(lambda: tiny_qwen_image_pipeline(seed=0))
 
     def pipeline_latents(self, pipe: Any, noise: torch.Tensor, steps: int) -> torch.Tensor:
-        packed = pipe(
-            prompt=list(PROMPTS),
-            height=16,
-            width=16,
-            num_inference_steps=steps,
-            latents=pack_latents(noise),
-            output_type="latent",
-        ).images
+        packed = self.call_pipeline(pipe, pack_latents(noise), steps).images
         return unpack_latents(packed, 8, 8)
 
     def test_adapter_encodes_decodes_and_shifts_as_the_pipeline_does(self, saved: Path) -> None:

@@ -5,14 +5,12 @@ refuses rollout.num_frames."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from tests.models.family_stage import assert_killed_stage_resumes, assert_trains_at_recipe_precision, stage_config
+from tests.models import family_stage
 from vgrpo.models.tiny_wan import TINY_WAN_FRAMES, TINY_WAN_RESOLUTION, tiny_wan_pipeline
 
 PROMPTS = ("a cat walking on grass", "a red car driving at night", "waves on a beach")
@@ -36,7 +34,7 @@ def _stage_config(**overrides: Any) -> Any:
         "eval_prompts": "test.txt",
         "evaluation": {"group_size": 2, "num_steps": 2, "num_frames": 9, "rewards": brightness},
     }
-    return stage_config("wan", shift=3.0, **(data | overrides))
+    return family_stage.stage_config("wan", shift=3.0, **(data | overrides))
 
 
 def test_a_wan_stage_trains_on_videos_scored_per_frame_and_exports_its_lora(
@@ -44,36 +42,20 @@ def test_a_wan_stage_trains_on_videos_scored_per_frame_and_exports_its_lora(
 ) -> None:
     from diffusers import WanPipeline
 
-    from vgrpo.checkpoints.state import LORA_FILE
     from vgrpo.models.wan import WanVelocity
-    from vgrpo.training.stage import run_stage
 
-    shapes: list[tuple[int, ...]] = []
-    forward = WanVelocity.forward
-
-    def spying(self: Any, latents: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
-        shapes.append(tuple(latents.shape[1:]))
-        return forward(self, latents, t, cond)
-
-    monkeypatch.setattr(WanVelocity, "forward", spying)
-    out = video_world / "out"
-    result = run_stage(
-        _stage_config(), pipeline_dir=Path("base"), work_dir=video_world / "run", out_dir=out, root=video_world
-    )
-    assert len(result.history) == 2 and all(math.isfinite(h["train/loss"]) for h in result.history)
+    shapes = family_stage.spy_on_forward(monkeypatch, WanVelocity, lambda latents, cond: tuple(latents.shape[1:]))
+    result = family_stage.run_two_iterations(video_world, _stage_config(), "videos")  # two finite iterations
     assert all(0.0 < h["reward/brightness_raw_mean"] < 1.0 for h in result.history)
     final = result.evaluations[-1]
     assert final["iteration"] == 2 and 0.0 < final["rewards"]["brightness"]["mean"] < 1.0
     # Rollouts and updates saw 5 frames' 2 latent frames of 4 x 4; the evaluation 9 frames' 3.
     assert len(shapes) > 10 and set(shapes) == {(4, 2, 4, 4), (4, 3, 4, 4)} and shapes[-1] == (4, 3, 4, 4)
-    assert (out / LORA_FILE).is_file()
-    base = WanPipeline.from_pretrained(video_world / "base", local_files_only=True)
-    base.load_lora_weights(out)
-    assert any("lora" in name for name, _ in base.transformer.named_parameters())
+    family_stage.assert_export_loads(video_world, "videos", WanPipeline, lora=True)
 
 
 def test_a_killed_wan_stage_resumes_to_the_same_weights(video_world: Path) -> None:
-    assert_killed_stage_resumes(video_world, _stage_config(eval_prompts=None))
+    family_stage.assert_killed_stage_resumes(video_world, _stage_config(eval_prompts=None))
 
 
 def test_an_image_family_refuses_num_frames() -> None:
@@ -125,4 +107,4 @@ def test_preflight_refuses_frames_the_vae_cannot_take_before_loading_a_weight(vi
 def test_a_wan_stage_trains_on_cuda_at_the_newer_families_precision(video_world: Path) -> None:
     from diffusers import WanPipeline
 
-    assert_trains_at_recipe_precision(video_world, _stage_config(), WanPipeline)
+    family_stage.assert_trains_at_recipe_precision(video_world, _stage_config(), WanPipeline)

@@ -38,15 +38,7 @@ class TestZImage(FamilyContract):
     tiny_pipeline = staticmethod(lambda: tiny_z_image_pipeline(seed=0))
 
     def pipeline_latents(self, pipe: Any, noise: torch.Tensor, steps: int) -> torch.Tensor:
-        return pipe(
-            prompt=list(PROMPTS),  # ZImagePipeline writes the chat-templated prompts into the list it is given
-            height=16,
-            width=16,
-            num_inference_steps=steps,
-            guidance_scale=0.0,  # Z-Image-Turbo samples without CFG
-            latents=noise.clone(),
-            output_type="latent",
-        ).images
+        return self.call_pipeline(pipe, noise.clone(), steps, guidance_scale=0.0).images  # Turbo samples without CFG
 
     def after_export(self, saved: Path, lora: Path, noise: torch.Tensor, ours: torch.Tensor) -> None:
         # Merge-and-export (python -m vgrpo.cli export) writes a ZImagePipeline that samples base + LoRA.

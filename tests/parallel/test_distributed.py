@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from tests.algorithms.helpers import make_config, make_policy
 from tests.distributed_worker import CASES, run_case
-from tests.tiny_world import KillAt, Killed
+from tests.tiny_world import run_whole_and_killed
 from vgrpo.pairs import draw_pairs
 from vgrpo.parallel.distributed import Distributed
 
@@ -238,22 +238,11 @@ def test_two_process_stage_resumes_a_one_process_checkpoint_and_matches_one_proc
     single-process run left after iteration 0, finishes on the ranks' halves of each batch (rank 0 writing the
     checkpoints and the adapter) and ends where one uninterrupted process ends."""
     from vgrpo.config import StageConfig
-    from vgrpo.training.stage import run_stage
 
     rollout = {"prompts_per_iteration": 2, "group_size": 4, "num_steps": 4, "shift": None, "micro_batch_size": 4}
     params = _stage_params(world, iterations=2, rollout=rollout, optim={"lr": 1e-2, "micro_batch_size": 4})
     cfg = StageConfig.model_validate(yaml.safe_load(params.read_text()))
-    run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "whole", out_dir=world / "whole_lora", root=world)
-
-    with pytest.raises(Killed):
-        run_stage(
-            cfg,
-            pipeline_dir=Path("base"),
-            work_dir=world / "cut",
-            out_dir=world / "cut_lora",
-            root=world,
-            callbacks=KillAt(1),
-        )
+    run_whole_and_killed(cfg, world)
     metrics = world / "two.json"
     log = _launch_two_processes(
         [

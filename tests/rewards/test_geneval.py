@@ -25,6 +25,9 @@ from vgrpo.rewards.detectors import (
 from vgrpo.rewards.geneval import GenEvalReward
 from vgrpo.rewards.geneval_rules import GenEvalThresholds, score_detections, select_objects
 
+GENEVAL_TAG_SET = frozenset({"single_object", "two_object", "counting", "colors", "position", "color_attr"})
+"""GenEval's six tags, written out as its benchmark names them."""
+
 
 def det(label: str, x: float, y: float = 0.0, score: float = 0.9, color: str | None = None, side: float = 20):
     return Detection(label=label, box=(x, y, x + side, y + side), score=score, color=color)
@@ -93,14 +96,7 @@ def test_score_detections_matches_geneval_and_flow_grpo_server(
 
 
 def test_every_geneval_tag_is_covered() -> None:
-    assert {md["tag"] for md, *_ in CASES} == {
-        "single_object",
-        "two_object",
-        "counting",
-        "colors",
-        "position",
-        "color_attr",
-    }
+    assert {md["tag"] for md, *_ in CASES} == GENEVAL_TAG_SET
 
 
 def test_reasons_use_genevals_wording() -> None:
@@ -303,7 +299,7 @@ def test_every_shipped_geneval_prompt_scores_one_when_satisfied_and_fails_withou
     assert len(lines) >= 553
     for line in lines:
         md = json.loads(line)
-        assert md["tag"] in {"single_object", "two_object", "counting", "colors", "position", "color_attr"}
+        assert md["tag"] in GENEVAL_TAG_SET
         assert {r["class"] for r in md["include"] + md.get("exclude", [])} <= names, md
         good = score_detections(md, _satisfying_detections(md))
         assert (good.correct, good.exact, good.reward) == (True, True, 1.0), (md, good.reasons)

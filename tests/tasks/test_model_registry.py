@@ -22,12 +22,8 @@ from mlflow import MlflowClient  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from tasks.callbacks import Sampling, log_adapter_model, model_alias  # noqa: E402
-from vgrpo.checkpoints.state import save_lora  # noqa: E402
-from vgrpo.models import add_lora  # noqa: E402
-from vgrpo.models.config import LoraConfig  # noqa: E402
-from vgrpo.models.pipeline import load_sd3_pipeline  # noqa: E402
+from tests.models.embedded_lora import BASE, saved_lora_transformer  # noqa: E402
 
-BASE = Path(__file__).resolve().parents[2] / "models" / "embedded-base"
 PROMPTS = ["a red cube left of a blue ball", "the word STOP on a sign"]
 
 
@@ -39,18 +35,6 @@ def tracking(tmp_path: Path) -> Iterator[str]:
     mlflow.set_tracking_uri(before)
 
 
-def _lora(out: Path) -> Path:
-    transformer = load_sd3_pipeline(BASE).transformer
-    add_lora(transformer, rank=4, alpha=8, target_modules=LoraConfig().target_modules)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in transformer.named_parameters():
-            if "lora_B" in name:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-    save_lora(transformer, out)
-    return out
-
-
 def _pixels(png: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
@@ -59,7 +43,8 @@ def test_a_registered_stage_model_predicts_with_plain_pyfunc(tracking: str, tmp_
     client = MlflowClient(tracking)
     experiment = client.create_experiment("tiny", artifact_location=(tmp_path / "artifacts").as_uri())
     run_id = client.create_run(experiment).info.run_id
-    lora = _lora(tmp_path / "lora")
+    lora = tmp_path / "lora"
+    saved_lora_transformer(lora)
     sampling = Sampling(num_inference_steps=3)
     uri = log_adapter_model(client, run_id, lora, BASE, "tiny", stage="s1-preference", sampling=sampling)
     client.set_terminated(run_id)

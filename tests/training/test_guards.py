@@ -11,14 +11,13 @@ import pytest
 import torch
 
 from tests.algorithms.helpers import make_config, make_policy
-from tests.tiny_world import Recorder, write_tiny_world
+from tests.tiny_world import Recorder, run_tiny_stage, write_tiny_world
 from tests.tiny_world import tiny_stage_config as _config
 from vgrpo.algorithms import build_algorithm
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning
 from vgrpo.training.guards import NonFiniteError, TrainingDiverged, check_finite, nonfinite_summary
 from vgrpo.training.iteration import train_iteration
 from vgrpo.training.optim import build_optimizer
-from vgrpo.training.stage import run_stage
 
 PROMPTS = ["a red circle", "two blue squares"]
 
@@ -110,14 +109,7 @@ def test_a_stage_skips_the_iteration_with_a_nan_reward_and_finishes(
     _nan_pickscore_on_calls(monkeypatch, {1})  # training iteration 1 (eval_prompts None: no evaluation calls)
     recorder = Recorder()
     cfg = _config(eval_prompts=None, keep_checkpoints=3)
-    result = run_stage(
-        cfg,
-        pipeline_dir=Path("base"),
-        work_dir=world / "nan1",
-        out_dir=world / "nan1-lora",
-        root=world,
-        callbacks=recorder,
-    )
+    result = run_tiny_stage(cfg, world, "nan1", "nan1-lora", callbacks=recorder)
     events = recorder.skips
     assert [e["iteration"] for e in events] == [1] and events[0]["quantity"] == "reward/pickscore"
     assert "pickscore" in events[0]["reward_errors"][0] and events[0]["consecutive"] == 1
@@ -138,7 +130,7 @@ def test_a_stage_stops_after_consecutive_skips_with_its_last_checkpoint_intact(
     _nan_pickscore_on_calls(monkeypatch, {1, 2, 3, 4})
     cfg = _config(eval_prompts=None, iterations=6, max_consecutive_skips=2, keep_checkpoints=6)
     with pytest.raises(TrainingDiverged, match=r"2 consecutive iterations .*reward/pickscore.* \[1, 2\]") as err:
-        run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "nan2", out_dir=world / "nan2-lora", root=world)
+        run_tiny_stage(cfg, world, "nan2", "nan2-lora")
     last = latest_checkpoint(world / "nan2" / "checkpoints")
     assert last is not None and str(last) in str(err.value)
     assert json.loads((last / "state.json").read_text())["consecutive_skips"] == 1

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.algorithms.helpers import GROUP, PROMPTS, grads, make_config, make_policy, prepared
-from tests.tiny_world import Recorder, write_tiny_world
+from tests.tiny_world import Recorder, run_tiny_stage, write_tiny_world
 from tests.tiny_world import tiny_stage_config as _config
 from vgrpo.algorithms.vgrpo import VGRPO
 from vgrpo.rewards.base import Metadata
@@ -25,7 +25,7 @@ from vgrpo.training.replay import (
     sample_replay_rows,
     unscored_replay,
 )
-from vgrpo.training.stage import StageOptions, run_stage
+from vgrpo.training.stage import StageOptions
 
 N = PROMPTS * GROUP
 REPLAY = {"prompts_per_iteration": 2, "tags": {"counting": 2.0, "colors": 1.0}}
@@ -149,15 +149,8 @@ def test_stage_with_replay_scores_only_its_own_prompts_and_holds_replay_by_the_k
     rewards = _Seen.from_configs(config.rewards)
     rewards.rows = []
     recorder = Recorder()
-    run_stage(
-        config,
-        pipeline_dir=Path("base"),
-        work_dir=world / "run",
-        out_dir=world / "lora",
-        root=world,
-        callbacks=recorder,
-        options=StageOptions(rewards=rewards, final_evaluation=False),
-    )
+    options = StageOptions(rewards=rewards, final_evaluation=False)
+    run_tiny_stage(config, world, "run", "lora", callbacks=recorder, options=options)
     assert len(rewards.rows) == 2 * 2 * 4  # iterations x own prompts x group size: no replay sample scored
     assert {r["tag"] for r in rewards.rows} <= {"single_object", "two_object"}
     first, second = (metrics for _, metrics in recorder.logged)

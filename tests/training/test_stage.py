@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tiny_world import KillAt, Killed, Recorder, write_tiny_world
+from tests.tiny_world import Recorder, run_tiny_stage, run_whole_and_killed, write_tiny_world
 from tests.tiny_world import tiny_stage_config as _config
 from vgrpo.training.phases import iteration_generator
 from vgrpo.training.prompt_rows import sample_prompt_rows
@@ -41,7 +41,7 @@ def test_tag_weights_set_each_tags_share_of_the_drawn_prompts() -> None:
 def test_tag_weights_must_cover_every_kept_tag(world: Path) -> None:
     config = _config(prompt_tag_weights={"single_object": 1.0})
     with pytest.raises(ValueError, match="no weight for the tags"):
-        run_stage(config, pipeline_dir=Path("base"), work_dir=world / "run", out_dir=world / "lora", root=world)
+        run_tiny_stage(config, world, "run", "lora")
     with pytest.raises(ValueError, match="must all be > 0"):
         _config(prompt_tag_weights={"single_object": 0.0})
 
@@ -53,14 +53,7 @@ def test_stage_exports_lora_that_diffusers_loads(world: Path) -> None:
     from vgrpo.models import add_lora
 
     recorder = Recorder()
-    result = run_stage(
-        _config(),
-        pipeline_dir=Path("base"),
-        work_dir=world / "run",
-        out_dir=world / "lora",
-        root=world,
-        callbacks=recorder,
-    )
+    result = run_tiny_stage(_config(), world, "run", "lora", callbacks=recorder)
     assert [i for i, _ in recorder.logged] == [0, 1, 2] and len(result.history) == 3
     assert {"reward/geneval_mean", "reward/geneval/strict_mean", "train/grad_norm", "surrogate/cv"} <= set(
         result.history[0]
@@ -98,9 +91,7 @@ def test_a_stage_mixing_tasks_scores_each_prompt_by_its_own_reward(world: Path) 
         ],
         eval_prompts=None,
     )
-    result = run_stage(
-        config, pipeline_dir=Path("base"), work_dir=world / "mixed", out_dir=world / "mixed-lora", root=world
-    )
+    result = run_tiny_stage(config, world, "mixed", "mixed-lora")
     fractions = [
         (h.get("reward/bright_scored_frac", 1.0), h.get("reward/dark_scored_frac", 1.0)) for h in result.history
     ]
@@ -113,24 +104,14 @@ def test_killed_stage_resumes_to_the_same_weights(world: Path) -> None:
     from safetensors.torch import load_file
 
     cfg = _config(eval_prompts=None)
-    run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "whole", out_dir=world / "whole_lora", root=world)
-
-    with pytest.raises(Killed):
-        run_stage(
-            cfg,
-            pipeline_dir=Path("base"),
-            work_dir=world / "cut",
-            out_dir=world / "cut_lora",
-            root=world,
-            callbacks=KillAt(1),
-        )
-    resumed = run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "cut_lora", root=world)
+    run_whole_and_killed(cfg, world)
+    resumed = run_tiny_stage(cfg, world, "cut", "cut_lora")
     assert resumed.resumed_from == 1  # iteration 1 died before its checkpoint
     a = load_file(world / "whole_lora" / "pytorch_lora_weights.safetensors")
     b = load_file(world / "cut_lora" / "pytorch_lora_weights.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     other = _config(eval_prompts=None, seed=1)
-    fresh = run_stage(other, pipeline_dir=Path("base"), work_dir=world / "cut", out_dir=world / "o", root=world)
+    fresh = run_tiny_stage(other, world, "cut", "o")
     assert fresh.resumed_from == 0  # a checkpoint written with other params is not resumed
     assert np.isfinite([h["reward/pickscore_mean"] for h in resumed.history]).all()
 
@@ -139,18 +120,9 @@ def test_a_stage_takes_the_same_steps_with_and_without_callbacks(world: Path) ->
     """Callbacks only listen: the recorder hears every log, evaluation and checkpoint, and the weights, history and
     evaluations are those of a stage run without one."""
     cfg = _config(eval_every=2)
-    plain = run_stage(
-        cfg, pipeline_dir=Path("base"), work_dir=world / "plain", out_dir=world / "plain_lora", root=world
-    )
+    plain = run_tiny_stage(cfg, world, "plain", "plain_lora")
     recorder = Recorder()
-    heard = run_stage(
-        cfg,
-        pipeline_dir=Path("base"),
-        work_dir=world / "heard",
-        out_dir=world / "heard_lora",
-        root=world,
-        callbacks=recorder,
-    )
+    heard = run_tiny_stage(cfg, world, "heard", "heard_lora", callbacks=recorder)
     lora = "pytorch_lora_weights.safetensors"
     assert (world / "plain_lora" / lora).read_bytes() == (world / "heard_lora" / lora).read_bytes()
 
@@ -184,34 +156,13 @@ def test_a_stage_does_not_resume_across_a_changed_starting_adapter(world: Path) 
     """Re-running a curriculum's earlier stage with other params rewrites its adapter at the same path; the next
     stage must then start over, not resume (or re-export) what it trained from the old adapter."""
     cfg, short = _config(eval_prompts=None, iterations=2), _config(eval_prompts=None, iterations=1)
-    run_stage(short, pipeline_dir=Path("base"), work_dir=world / "p1", out_dir=world / "prev", root=world)
-    first = run_stage(
-        cfg,
-        pipeline_dir=Path("base"),
-        work_dir=world / "next",
-        out_dir=world / "next_lora",
-        init_lora=Path("prev"),
-        root=world,
-    )
-    again = run_stage(
-        cfg,
-        pipeline_dir=Path("base"),
-        work_dir=world / "next",
-        out_dir=world / "next_lora",
-        init_lora=Path("prev"),
-        root=world,
-    )
+    run_tiny_stage(short, world, "p1", "prev")
+    first = run_tiny_stage(cfg, world, "next", "next_lora", init_lora=Path("prev"))
+    again = run_tiny_stage(cfg, world, "next", "next_lora", init_lora=Path("prev"))
     assert first.resumed_from == 0 and again.resumed_from == 2  # same start: the finished run is reused
     other = _config(eval_prompts=None, iterations=1, seed=1)
-    run_stage(other, pipeline_dir=Path("base"), work_dir=world / "p2", out_dir=world / "prev", root=world)
-    changed = run_stage(
-        cfg,
-        pipeline_dir=Path("base"),
-        work_dir=world / "next",
-        out_dir=world / "next_lora",
-        init_lora=Path("prev"),
-        root=world,
-    )
+    run_tiny_stage(other, world, "p2", "prev")
+    changed = run_tiny_stage(cfg, world, "next", "next_lora", init_lora=Path("prev"))
     assert changed.resumed_from == 0
 
 
@@ -252,9 +203,7 @@ def test_safetensors_header_is_canonical_whatever_order_it_was_written_in(tmp_pa
 
 def test_stage_trains_with_bf16_autocast_and_gradient_checkpointing(world: Path) -> None:
     config = _config(iterations=1, eval_prompts=None, precision={"autocast": "bf16", "gradient_checkpointing": True})
-    result = run_stage(
-        config, pipeline_dir=Path("base"), work_dir=world / "bf16", out_dir=world / "bf16-lora", root=world
-    )
+    result = run_tiny_stage(config, world, "bf16", "bf16-lora")
     metrics = result.history[0]
     assert all(np.isfinite(v) for v in metrics.values())
     assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy, one precision for both
@@ -287,12 +236,11 @@ def test_a_bf16_lora_base_holds_the_transformer_in_bf16_and_trains_the_adapter_i
     torch.testing.assert_close(velocities["bf16"], velocities["fp32"], rtol=0.03, atol=0.03)
     flat = {base: torch.cat([g.flatten() for g in grads]) for base, grads in gradients.items()}
     assert torch.nn.functional.cosine_similarity(flat["bf16"], flat["fp32"], dim=0) > 0.99
-    result = run_stage(
+    result = run_tiny_stage(
         _config(iterations=1, eval_prompts=None, precision={"autocast": "bf16", "lora_base_dtype": "bf16"}),
-        pipeline_dir=Path("base"),
-        work_dir=world / "bf16-base",
-        out_dir=world / "bf16-base-lora",
-        root=world,
+        world,
+        "bf16-base",
+        "bf16-base-lora",
     )
     assert all(np.isfinite(v) for v in result.history[0].values())
     assert result.history[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # one precision for both passes
@@ -323,26 +271,14 @@ def test_stage_evaluation_uses_hybrid_sampling_when_configured(world: Path) -> N
         "p_mix": 0.5,
         "base_pipeline": "base",
     }
-    result = run_stage(
-        _config(iterations=1, evaluation=evaluation),
-        pipeline_dir=Path("base"),
-        work_dir=world / "hybrid",
-        out_dir=world / "hybrid-lora",
-        root=world,
-    )
+    result = run_tiny_stage(_config(iterations=1, evaluation=evaluation), world, "hybrid", "hybrid-lora")
     assert result.evaluations[-1]["sampling"]["p_mix"] == 0.5
 
 
 @pytest.mark.parametrize("at_start", [True, False])
 def test_periodic_evaluation_includes_the_start_unless_it_is_switched_off(world: Path, at_start: bool) -> None:
     config = _config(iterations=2, eval_every=1, eval_at_start=at_start)
-    result = run_stage(
-        config,
-        pipeline_dir=Path("base"),
-        work_dir=world / f"start-{at_start}",
-        out_dir=world / f"start-{at_start}-lora",
-        root=world,
-    )
+    result = run_tiny_stage(config, world, f"start-{at_start}", f"start-{at_start}-lora")
     assert [e["iteration"] for e in result.evaluations] == ([0, 1, 2] if at_start else [1, 2])
 
 
@@ -361,12 +297,8 @@ def test_stage_evaluation_scores_on_the_reward_thread_only_with_overlap(
 
     monkeypatch.setattr(MultiReward, "submit", submit)
     evaluation = {"group_size": 1, "num_steps": 2, "rewards": [{"name": "geneval"}], "overlap": overlap}
-    result = run_stage(
-        _config(iterations=1, evaluation=evaluation),
-        pipeline_dir=Path("base"),
-        work_dir=world / f"overlap-{overlap}",
-        out_dir=world / f"overlap-{overlap}-lora",
-        root=world,
+    result = run_tiny_stage(
+        _config(iterations=1, evaluation=evaluation), world, f"overlap-{overlap}", f"overlap-{overlap}-lora"
     )
     assert result.evaluations  # the stage evaluated, on the reward thread exactly when evaluation.overlap says so
     assert (sum(submitted) > 0) == overlap
@@ -378,11 +310,8 @@ def test_a_full_fine_tune_continues_from_the_previous_stages_pipeline(world: Pat
     from diffusers import SD3Transformer2DModel
 
     cfg = _config(eval_prompts=None, iterations=1, lora=None, optim={"lr": 1e-4, "micro_batch_size": 8})
-    run_stage(cfg, pipeline_dir=Path("base"), work_dir=world / "ft1-work", out_dir=world / "ft1", root=world)
-    init = Path("ft1")
-    run_stage(
-        cfg, pipeline_dir=Path("base"), work_dir=world / "ft2-work", out_dir=world / "ft2", init_lora=init, root=world
-    )
+    run_tiny_stage(cfg, world, "ft1-work", "ft1")
+    run_tiny_stage(cfg, world, "ft2-work", "ft2", init_lora=Path("ft1"))
 
     def weights(name: str) -> dict[str, torch.Tensor]:
         model = SD3Transformer2DModel.from_pretrained(world / name / "transformer")

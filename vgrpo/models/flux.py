@@ -21,7 +21,15 @@ from vgrpo.models.config import ATTENTION_BOTH_STREAMS
 from vgrpo.models.geometry import FamilyGeometry, image_vae_scale
 from vgrpo.policy import Conditioning
 
-__all__ = ["FluxAdapter", "FluxVelocity", "latent_image_ids", "pack_latents", "text_ids", "unpack_latents"]
+__all__ = [
+    "FluxAdapter",
+    "FluxVelocity",
+    "PackedLatentsAdapter",
+    "latent_image_ids",
+    "pack_latents",
+    "text_ids",
+    "unpack_latents",
+]
 
 FLUX_DEFAULT_SAMPLE_SIZE = 128
 """``FluxPipeline.default_sample_size``: its default side in latent pixels (1024 px at the VAE's 8x)."""
@@ -85,26 +93,49 @@ class FluxVelocity(nn.Module):
     def forward(self, latents: Tensor, t: Tensor, cond: Conditioning) -> Tensor:
         if cond.pooled_prompt_embeds is None:
             raise ValueError("FLUX needs pooled_prompt_embeds (the CLIP pooled vector) in the conditioning")
-        n, _, h, w = latents.shape
-        dtype, device = next(self.transformer.parameters()).dtype, latents.device
+        _, _, h, w = latents.shape
+        dtype = next(self.transformer.parameters()).dtype
+        ids = latent_image_ids(h, w, device=latents.device, dtype=dtype)
+        out = self._transformer_out(
+            pack_latents(latents.to(dtype)), ids, t, cond.prompt_embeds, cond.pooled_prompt_embeds
+        )
+        return unpack_latents(out, h, w).to(latents.dtype)
+
+    def _transformer_out(self, tokens: Tensor, img_ids: Tensor, t: Tensor, text: Tensor, pooled: Tensor) -> Tensor:
+        """The transformer's output for packed image ``tokens`` (in its dtype) at rotary ids ``img_ids``, with the
+        text tokens, the pooled vector and the distilled guidance as ``FluxPipeline`` passes them; shared with
+        FLUX.1-Kontext, whose ``tokens`` carry the condition image's too."""
+        dtype, device = tokens.dtype, tokens.device
         guidance = None
         if self.transformer.config.guidance_embeds:  # type: ignore[union-attr]
             # float32 as in FluxPipeline; the transformer casts it to its own dtype.
-            guidance = torch.full((n,), self.guidance_scale, device=device, dtype=torch.float32)
-        out = self.transformer(
-            hidden_states=pack_latents(latents.to(dtype)),
+            guidance = torch.full((tokens.shape[0],), self.guidance_scale, device=device, dtype=torch.float32)
+        return self.transformer(
+            hidden_states=tokens,
             timestep=t.to(dtype),
             guidance=guidance,
-            pooled_projections=cond.pooled_prompt_embeds.to(dtype),
-            encoder_hidden_states=cond.prompt_embeds.to(dtype),
-            txt_ids=text_ids(cond.prompt_embeds.shape[1], device=device, dtype=dtype),
-            img_ids=latent_image_ids(h, w, device=device, dtype=dtype),
+            pooled_projections=pooled.to(dtype),
+            encoder_hidden_states=text.to(dtype),
+            txt_ids=text_ids(text.shape[1], device=device, dtype=dtype),
+            img_ids=img_ids,
             return_dict=False,
         )[0]
-        return unpack_latents(out, h, w).to(latents.dtype)
 
 
-class FluxAdapter(PipelineAdapter):
+class PackedLatentsAdapter(PipelineAdapter):
+    """The :class:`PipelineAdapter` properties of a family whose transformer reads FLUX-packed 2 x 2 latent patches
+    and whose pipeline has a ``default_sample_size`` (FLUX.1, Qwen-Image)."""
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.transformer.config.in_channels) // 4  # the transformer reads packed 2 x 2 patches
+
+    @property
+    def default_resolution(self) -> int:
+        return int(self.pipe.default_sample_size) * int(self.pipe.vae_scale_factor)
+
+
+class FluxAdapter(PackedLatentsAdapter):
     """What training and evaluation need from a ``FluxPipeline`` (:class:`PipelineAdapter`): T5 token embeddings
     and the CLIP pooled vector per prompt, spatial ``(C, H, W)`` latents (packing happens in :class:`FluxVelocity`).
 
@@ -134,14 +165,6 @@ class FluxAdapter(PipelineAdapter):
         self.max_sequence_length = (
             max_sequence_length if max_sequence_length is not None else min(512, int(pipe.tokenizer_2.model_max_length))
         )
-
-    @property
-    def latent_channels(self) -> int:
-        return int(self.transformer.config.in_channels) // 4  # the transformer reads packed 2 x 2 patches
-
-    @property
-    def default_resolution(self) -> int:
-        return int(self.pipe.default_sample_size) * int(self.pipe.vae_scale_factor)
 
     def _encode_prompt(self, prompt: str) -> tuple[Tensor, Tensor]:
         embeds, pooled, _ = self.pipe.encode_prompt(

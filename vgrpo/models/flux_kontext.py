@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vgrpo.models.flux import FluxAdapter, FluxVelocity, latent_image_ids, pack_latents, text_ids, unpack_latents
+from vgrpo.models.flux import FluxAdapter, FluxVelocity, latent_image_ids, pack_latents, unpack_latents
 from vgrpo.models.prompt_cache import PromptEmbeddingCache
 from vgrpo.policy import Conditioning
 from vgrpo.prompts import CONDITION_IMAGE_KEY
@@ -89,28 +89,17 @@ class FluxKontextVelocity(FluxVelocity):
             return super().forward(latents, t, cond)
         if cond.pooled_prompt_embeds is None:
             raise ValueError("FLUX.1-Kontext needs pooled_prompt_embeds (the CLIP pooled vector) in the conditioning")
-        n, _, h, w = latents.shape
+        _, _, h, w = latents.shape
         dtype, device = next(self.transformer.parameters()).dtype, latents.device
-        guidance = None
-        if self.transformer.config.guidance_embeds:  # type: ignore[union-attr]
-            guidance = torch.full((n,), self.guidance_scale, device=device, dtype=torch.float32)
         noisy = pack_latents(latents.to(dtype))
+        tokens = torch.cat([noisy, pack_latents(image.to(device=device, dtype=dtype))], dim=1)
         ids = torch.cat(
             [
                 latent_image_ids(h, w, device=device, dtype=dtype),
                 condition_image_ids(image.shape[2], image.shape[3], device=device, dtype=dtype),
             ]
         )
-        out = self.transformer(
-            hidden_states=torch.cat([noisy, pack_latents(image.to(device=device, dtype=dtype))], dim=1),
-            timestep=t.to(dtype),
-            guidance=guidance,
-            pooled_projections=cond.pooled_prompt_embeds.to(dtype),
-            encoder_hidden_states=cond.prompt_embeds.to(dtype),
-            txt_ids=text_ids(cond.prompt_embeds.shape[1], device=device, dtype=dtype),
-            img_ids=ids,
-            return_dict=False,
-        )[0]
+        out = self._transformer_out(tokens, ids, t, cond.prompt_embeds, cond.pooled_prompt_embeds)
         return unpack_latents(out[:, : noisy.shape[1]], h, w).to(latents.dtype)
 
 

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vgrpo.models.adapter import ONE_TEXT_ENCODER, PipelineAdapter, padded_conditioning
+from vgrpo.models.adapter import ONE_TEXT_ENCODER, padded_conditioning
 from vgrpo.models.config import ATTENTION_BOTH_STREAMS
-from vgrpo.models.flux import pack_latents, unpack_latents
+from vgrpo.models.flux import PackedLatentsAdapter, pack_latents, unpack_latents
 from vgrpo.models.geometry import FamilyGeometry
 from vgrpo.policy import Conditioning
 
@@ -63,7 +63,7 @@ class QwenImageVelocity(nn.Module):
         return unpack_latents(out, h, w).to(latents.dtype)
 
 
-class QwenImageAdapter(PipelineAdapter):
+class QwenImageAdapter(PackedLatentsAdapter):
     """A ``QwenImagePipeline``'s :class:`PipelineAdapter`: each prompt's Qwen2.5-VL token embeddings at its own
     length (no pooled vector), spatial ``(C, H, W)`` latents (packing happens in :class:`QwenImageVelocity`), the
     VAE's per-channel normalisation.
@@ -91,14 +91,6 @@ class QwenImageAdapter(PipelineAdapter):
     def __init__(self, pipe: Any, *, max_sequence_length: int = 512, **options: Any):
         super().__init__(pipe, **options)
         self.max_sequence_length = max_sequence_length
-
-    @property
-    def latent_channels(self) -> int:
-        return int(self.transformer.config.in_channels) // 4  # the transformer reads packed 2 x 2 patches
-
-    @property
-    def default_resolution(self) -> int:
-        return int(self.pipe.default_sample_size) * int(self.pipe.vae_scale_factor)
 
     def pipeline_shift(self, num_steps: int | None = None) -> float | None:
         terminal = self.pipe.scheduler.config.get("shift_terminal")

@@ -8,7 +8,7 @@ is actually pretrained lives elsewhere.
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import torch
@@ -43,6 +43,8 @@ from vgrpo.policy import Conditioning
 __all__ = [
     "TINY_FLUX",
     "TINY_LATENT_SHAPE",
+    "TINY_T5_SIZES",
+    "dynamic_shift_scheduler",
     "tiny_conditioning",
     "tiny_flux_pipeline",
     "tiny_qwen_image_pipeline",
@@ -104,6 +106,33 @@ TINY_FLUX = EmbeddedModelConfig(
 _T5_WIDTH, _T5_TOKENS = 16, 16
 _FLUX_VAE_SCALING, _FLUX_VAE_SHIFT = 0.3611, 0.1159  # FLUX.1's VAE normalisation
 _DEFAULT_CORPUS = ("a photo of a red circle", "two blue squares", "a green triangle left of a yellow star")
+TINY_T5_SIZES: Mapping[str, Any] = {
+    "d_model": _T5_WIDTH,
+    "d_kv": 8,
+    "d_ff": 2 * _T5_WIDTH,
+    "num_layers": 1,
+    "num_heads": 2,
+    "relative_attention_num_buckets": 8,
+    "relative_attention_max_distance": 16,
+}
+"""Sizes of the tiny pipelines' one-layer T5 encoders (FLUX.1's T5 here, Wan's UMT5 in :mod:`vgrpo.models.tiny_wan`):
+all but the vocabulary, which is their tokenizer's."""
+
+
+def dynamic_shift_scheduler(*, shift: float = 3.0, max_shift: float = 1.15, max_image_seq_len: int = 4096) -> Any:
+    """A flow-matching Euler scheduler whose shift grows with the image's tokens (the pipelines compute its ``mu``
+    from ``base_*`` / ``max_*``), with FLUX.1's and FLUX.2's parameters by default; Qwen-Image's differ in the
+    three arguments."""
+    return FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=shift,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=max_shift,
+        base_image_seq_len=256,
+        max_image_seq_len=max_image_seq_len,
+        time_shift_type="exponential",
+    )
 
 
 def tiny_t5_tokenizer(corpus: Iterable[str], model_max_length: int = _T5_TOKENS) -> Any:
@@ -132,18 +161,7 @@ def tiny_flux_pipeline(seed: int = 0, *, corpus: Iterable[str] = _DEFAULT_CORPUS
     vae: Any = build_vae(cfg, seed + 1)
     vae.register_to_config(scaling_factor=_FLUX_VAE_SCALING, shift_factor=_FLUX_VAE_SHIFT)
     torch.manual_seed(seed + 3)
-    t5_config = T5Config(
-        vocab_size=len(t5_tokenizer),
-        d_model=_T5_WIDTH,
-        d_kv=8,
-        d_ff=2 * _T5_WIDTH,
-        num_layers=1,
-        num_heads=2,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=16,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
+    t5_config = T5Config(vocab_size=len(t5_tokenizer), **TINY_T5_SIZES, pad_token_id=0, eos_token_id=1)
     t5 = T5EncoderModel(t5_config).eval()
     torch.manual_seed(seed)
     transformer = FluxTransformer2DModel(
@@ -158,17 +176,8 @@ def tiny_flux_pipeline(seed: int = 0, *, corpus: Iterable[str] = _DEFAULT_CORPUS
         guidance_embeds=True,
         axes_dims_rope=(2, 2, 4),  # sums to attention_head_dim, like FLUX.1's (16, 56, 56) to 128
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
     return FluxPipeline(
-        scheduler=scheduler,
+        scheduler=dynamic_shift_scheduler(),
         vae=vae,
         text_encoder=build_text_encoder(cfg, clip_tokenizer, seed + 2, with_projection=False),
         tokenizer=clip_tokenizer,
@@ -302,16 +311,7 @@ def tiny_qwen_image_pipeline(seed: int = 0) -> Any:
         joint_attention_dim=_QWEN_WIDTH,
         axes_dims_rope=(2, 2, 4),  # sums to the head width, like Qwen-Image's (16, 56, 56) to 128
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000,
-        shift=1.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=0.9,
-        base_image_seq_len=256,
-        max_image_seq_len=8192,
-        time_shift_type="exponential",
-    )
+    scheduler = dynamic_shift_scheduler(shift=1.0, max_shift=0.9, max_image_seq_len=8192)
     return QwenImagePipeline(
         scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
     )

@@ -13,9 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
+from diffusers import AutoencoderKLFlux2, Flux2Pipeline, Flux2Transformer2DModel
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PreTrainedTokenizerFast
+
+from vgrpo.models.tiny import dynamic_shift_scheduler
 
 __all__ = ["MISTRAL_CHAT_TEMPLATE", "TINY_FLUX2_TOKENS", "tiny_flux2_pipeline", "tiny_mistral_tokenizer"]
 
@@ -118,16 +120,7 @@ def tiny_flux2_pipeline(seed: int = 0) -> Any:
         axes_dims_rope=(2, 2, 2, 2),  # sums to the head width, like FLUX.2's (32, 32, 32, 32) to 128
         guidance_embeds=True,
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-        time_shift_type="exponential",
-    )
+    scheduler = dynamic_shift_scheduler()  # FLUX.2's parameters are FLUX.1's
     return Flux2Pipeline(
         scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
     )

@@ -18,7 +18,7 @@ import torch
 from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 from transformers import UMT5Config, UMT5EncoderModel
 
-from vgrpo.models.tiny import tiny_t5_tokenizer
+from vgrpo.models.tiny import TINY_T5_SIZES, tiny_t5_tokenizer
 
 __all__ = ["TINY_WAN_FRAMES", "TINY_WAN_RESOLUTION", "TINY_WAN_TOKENS", "tiny_wan_pipeline"]
 
@@ -29,7 +29,6 @@ TINY_WAN_FRAMES = 5
 TINY_WAN_TOKENS = 16
 """Text tokens per prompt of the tiny pipeline (its adapters' ``max_sequence_length``)."""
 _CORPUS = ("a cat walking on grass", "a red car driving at night", "waves on a beach")
-_WIDTH = 16
 
 
 def tiny_wan_pipeline(seed: int = 0, *, corpus: Iterable[str] = _CORPUS) -> Any:
@@ -37,18 +36,7 @@ def tiny_wan_pipeline(seed: int = 0, *, corpus: Iterable[str] = _CORPUS) -> Any:
     round-trip it."""
     tokenizer = tiny_t5_tokenizer(corpus, model_max_length=TINY_WAN_TOKENS)
     torch.manual_seed(seed + 2)
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=_WIDTH,
-            d_kv=8,
-            d_ff=2 * _WIDTH,
-            num_layers=1,
-            num_heads=2,
-            relative_attention_num_buckets=8,
-            relative_attention_max_distance=16,
-        )
-    ).eval()
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **TINY_T5_SIZES)).eval()
     torch.manual_seed(seed + 1)
     vae = AutoencoderKLWan(
         base_dim=8,
@@ -66,7 +54,7 @@ def tiny_wan_pipeline(seed: int = 0, *, corpus: Iterable[str] = _CORPUS) -> Any:
         attention_head_dim=12,  # rotary: 4 dims for time, 4 each for height and width
         in_channels=4,
         out_channels=4,
-        text_dim=_WIDTH,
+        text_dim=TINY_T5_SIZES["d_model"],  # the UMT5 encoder's width
         freq_dim=16,
         ffn_dim=32,
         num_layers=1,
