@@ -38,7 +38,7 @@ from benchmarks.roofline import phase_table, summarize
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import TrainConfig, load_config
 from vgrpo.models import SD3Velocity, add_lora
-from vgrpo.models.precision import apply_precision
+from vgrpo.models.precision import apply_precision_config
 from vgrpo.policy import Conditioning
 from vgrpo.training.iteration import train_iteration
 from vgrpo.training.optim import build_optimizer
@@ -123,16 +123,7 @@ def iteration_arguments(config: TrainConfig, transformer: torch.nn.Module, args:
     latent = args.resolution // 8
     assert config.lora is not None
     add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
-    policy = apply_precision(
-        SD3Velocity(transformer),
-        transformer,
-        autocast=config.precision.autocast,
-        gradient_checkpointing=config.precision.gradient_checkpointing,
-        merged_lora=config.precision.merged_lora,
-        compile=config.precision.compile,
-        attention=config.precision.attention,
-        gelu=config.precision.gelu,
-    )
+    policy = apply_precision_config(SD3Velocity(transformer), transformer, config.precision)
     latent_shape = (16, latent, latent)
     algorithm = build_algorithm(config, policy=policy, latent_shape=latent_shape)
     optimizer = build_optimizer(policy, config.optim)

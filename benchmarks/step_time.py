@@ -33,7 +33,7 @@ from vgrpo.demo import toy_reward
 from vgrpo.images import tensor_to_images
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline
-from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision, frozen_dtype
+from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision_config, frozen_dtype
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
 from vgrpo.rewards import build_reward
 from vgrpo.training.iteration import train_iteration
@@ -155,16 +155,7 @@ def pipeline_iteration(method: str, args: argparse.Namespace) -> dict[str, Any]:
         pipe.transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules
     )
     adapter, policy = build_adapter(pipe, precision=config.precision)
-    policy = apply_precision(
-        policy,
-        pipe.transformer,
-        autocast=config.precision.autocast,
-        gradient_checkpointing=config.precision.gradient_checkpointing,
-        merged_lora=config.precision.merged_lora,
-        compile=config.precision.compile,
-        attention=config.precision.attention,
-        gelu=config.precision.gelu,
-    )
+    policy = apply_precision_config(policy, pipe.transformer, config.precision)
     rows = [r for r in read_jsonl(ROOT / "data/world/train.jsonl") if r["tag"] in GENEVAL_TAGS][: args.prompts]
     prompts = [str(r["prompt"]) for r in rows]
     expanded = [r for r in rows for _ in range(args.group)]

@@ -12,6 +12,7 @@ MixGRPO is the same algorithm with SDE steps (and training) confined to a slidin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -114,7 +115,7 @@ class FlowGRPO(Algorithm[FlowGRPOPayload]):
     def accumulate_gradients(self, policy: nn.Module, batch: FlowGRPOBatch, idx: Tensor, step: int) -> dict[str, float]:
         traj, train_steps = batch.payload.trajectory, batch.payload.train_steps
         num_terms = idx.shape[0] * train_steps.shape[1]
-        t_cap = float(self.sigmas[1])
+        t_cap, noise_level = float(self.sigmas[1]), self.config.noise_level
         ratios, kls, loss_sum = [], [], 0.0
         for col in range(train_steps.shape[1]):
             for mb, _ in micro_batches(idx, self.train_micro_batch):
@@ -123,27 +124,15 @@ class FlowGRPO(Algorithm[FlowGRPOPayload]):
                 x_t, x_next = traj.latents[rows, k_at], traj.latents[rows, k_at + 1]
                 t, t_next = self.sigmas[k].to(x_t.device), self.sigmas[k + 1].to(x_t.device)
                 cond = batch.cond.index(mb)
-                current = sde_step(
-                    v=policy(x_t, t, cond),
-                    x_t=x_t,
-                    t=t,
-                    t_next=t_next,
-                    noise_level=self.config.noise_level,
-                    t_cap=t_cap,
-                    x_next=x_next,
+                # The same SDE step scores the recorded transition under the policy and under the reference.
+                step_to_x_next = partial(
+                    sde_step, x_t=x_t, t=t, t_next=t_next, noise_level=noise_level, t_cap=t_cap, x_next=x_next
                 )
+                current = step_to_x_next(v=policy(x_t, t, cond))
                 kl = None
                 if self.reference is not None:
                     with torch.no_grad(), self.reference.swapped_in():
-                        ref_mean = sde_step(
-                            v=policy(x_t, t, cond),
-                            x_t=x_t,
-                            t=t,
-                            t_next=t_next,
-                            noise_level=self.config.noise_level,
-                            t_cap=t_cap,
-                            x_next=x_next,
-                        ).mean
+                        ref_mean = step_to_x_next(v=policy(x_t, t, cond)).mean
                     # KL between Gaussians of equal std: ||mu_theta - mu_ref||^2 / (2 std^2), per dim.
                     sq = ((current.mean - ref_mean) ** 2).mean(dim=tuple(range(1, x_t.ndim)))
                     kl = sq / (2 * current.std**2)

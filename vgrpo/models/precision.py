@@ -16,11 +16,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from vgrpo.models.config import PrecisionConfig
 from vgrpo.models.gelu import use_sigmoid_gelu
 from vgrpo.models.merged_lora import MergedLoRAVelocity
 from vgrpo.policy import Conditioning
 
-__all__ = ["WEIGHT_DTYPES", "AttentionKernelVelocity", "AutocastVelocity", "apply_precision", "frozen_dtype"]
+__all__ = [
+    "WEIGHT_DTYPES",
+    "AttentionKernelVelocity",
+    "AutocastVelocity",
+    "apply_precision",
+    "apply_precision_config",
+    "frozen_dtype",
+]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -109,3 +117,17 @@ def apply_precision(
     if autocast not in AUTOCAST_DTYPES:
         raise ValueError(f"precision.autocast must be fp32 or bf16, got {autocast!r}")
     return AutocastVelocity(policy, AUTOCAST_DTYPES[autocast])
+
+
+def apply_precision_config(policy: nn.Module, transformer: nn.Module, precision: PrecisionConfig) -> nn.Module:
+    """:func:`apply_precision` with a stage's ``precision:`` section: what the stage loop and the benchmarks train."""
+    return apply_precision(
+        policy,
+        transformer,
+        autocast=precision.autocast,
+        gradient_checkpointing=precision.gradient_checkpointing,
+        merged_lora=precision.merged_lora,
+        compile=precision.compile,
+        attention=precision.attention,
+        gelu=precision.gelu,
+    )

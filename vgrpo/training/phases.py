@@ -36,7 +36,7 @@ from vgrpo.config import StageConfig
 from vgrpo.evaluation.evaluator import Evaluator
 from vgrpo.models import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline, place_pipeline
-from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision, frozen_dtype
+from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision_config, frozen_dtype
 from vgrpo.models.registry import family_of
 from vgrpo.models.saving import save_pipeline
 from vgrpo.parallel.distributed import Distributed, is_sharded
@@ -142,16 +142,7 @@ def _load_policy(config: StageConfig, pipeline_dir: Path, init_lora: Path | None
             )
         if init_lora is not None:
             load_lora_into(transformer, init_lora)
-    policy = apply_precision(
-        policy,
-        transformer,
-        autocast=config.precision.autocast,
-        gradient_checkpointing=config.precision.gradient_checkpointing,
-        merged_lora=config.precision.merged_lora,
-        compile=config.precision.compile,
-        attention=config.precision.attention,
-        gelu=config.precision.gelu,
-    )
+    policy = apply_precision_config(policy, transformer, config.precision)
     return pipe, adapter, policy
 
 
