@@ -58,7 +58,9 @@ def paired_interval(a: np.ndarray, b: np.ndarray, seed: int = 0, replicates: int
     return [round(float(diff.mean()), 4), round(float(lo), 4), round(float(hi), 4)]
 
 
-def _ocr_scores(adapter: Any, policy: Any, reward: MultiReward, rows: Sequence[Row], group: int, sampling: Sampling) -> np.ndarray:
+def _ocr_scores(
+    adapter: Any, policy: Any, reward: MultiReward, rows: Sequence[Row], group: int, sampling: Sampling
+) -> np.ndarray:
     """Per-prompt mean OCR score ``(len(rows),)`` of ``group`` samples each."""
     prompts = [str(r["prompt"]) for r in rows for _ in range(group)]
     meta = [r for r in rows for _ in range(group)]
@@ -94,7 +96,7 @@ def train_arm(
         transformer.requires_grad_(True)
     else:
         rank = int(arm)
-        add_lora(transformer, rank=rank, alpha=2 * rank, target_modules=type(adapter).lora_targets)
+        add_lora(transformer, rank=rank, alpha=2 * rank, target_modules=args.targets or type(adapter).lora_targets)
     params = [p for p in transformer.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.full_lr if arm == "full" else args.lr, weight_decay=0.0)
     # A linear warm-up: Adam's first steps at the full rate knock a pretrained model off what it can already do.
@@ -151,13 +153,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pipeline", type=Path)
     parser.add_argument("--ranks", nargs="+", default=["32", "128", "full"], help="LoRA ranks, and/or full")
+    parser.add_argument("--targets", nargs="+", default=None, help="LoRA target modules (default: the family's)")
     parser.add_argument("--train-prompts", default="data/world/train.jsonl")
     parser.add_argument("--eval-prompts", default="data/world/validation.jsonl")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3, help="the LoRA arms' rate")
     parser.add_argument(
-        "--full-lr", type=float, default=5e-4, help="the full fine-tune's (the pretraining schedule's at the release step)"
+        "--full-lr",
+        type=float,
+        default=5e-4,
+        help="the full fine-tune's (the pretraining schedule's at the release step)",
     )
     parser.add_argument("--warmup", type=int, default=100, help="steps of linear warm-up")
     parser.add_argument("--eval-every", type=int, default=500)
