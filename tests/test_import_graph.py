@@ -120,7 +120,18 @@ def test_the_deps_writer_keeps_data_deps_and_comments(tmp_path: Path) -> None:
 
 
 PACKAGE_ORDER: tuple[tuple[str, ...], ...] = (
-    ("errors", "seeding", "atomic", "logs", "config_base", "config_batch", "params_file", "images", "image_files"),
+    (
+        "errors",
+        "import_target",
+        "seeding",
+        "atomic",
+        "logs",
+        "config_base",
+        "config_batch",
+        "params_file",
+        "images",
+        "image_files",
+    ),
     ("outputs", "splits", "progress_bar", "progress_line", "flow", "prompts"),
     ("parallel", "surrogate", "pairs", "advantages"),
     ("policy",),

@@ -20,11 +20,12 @@ adapter module under ``vgrpo/models/`` and its line in :data:`FAMILIES` (``docs/
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
+
+from vgrpo.import_target import ImportTargetError, import_target
 
 if TYPE_CHECKING:
     from vgrpo.models.adapter import PipelineAdapter
@@ -68,16 +69,10 @@ class UnknownFamilyError(ValueError):
 
 
 def _import(target: str, what: str) -> Any:
-    module, _, attribute = target.partition(":")
     try:
-        found: Any = importlib.import_module(module)
-    except Exception as exc:  # the module's own code ran: any error is the user's
-        raise UnknownFamilyError(f"model family {what!r}: cannot import module {module!r}: {exc}") from exc
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise UnknownFamilyError(f"model family {what!r}: module {module!r} has no attribute {attribute!r}")
-        found = getattr(found, part)
-    return found
+        return import_target(target)
+    except ImportTargetError as exc:
+        raise UnknownFamilyError(f"model family {what!r}: {exc}") from exc
 
 
 def _checked(cls: Any, what: str) -> Family:

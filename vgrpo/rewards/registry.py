@@ -24,6 +24,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from vgrpo.errors import ConfigError
+from vgrpo.import_target import ImportTargetError, first_line, import_target
 from vgrpo.rewards.base import HeadlineColumn, Metadata, Reward, RewardOutput, plain_scores
 
 __all__ = [
@@ -189,14 +190,6 @@ def reward_key(name: str, key: str | None = None) -> str:
     return key or name.rpartition(":")[2]
 
 
-def _first_line(exc: BaseException) -> str:
-    """``Type: message`` of an exception, its message cut to the first line; a SyntaxError's file and line."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _import_target(name: str) -> Any:
     """What a reward name points at: the registry's class, an entry point's object, or ``module:attribute``."""
     if name in REWARDS:
@@ -208,23 +201,17 @@ def _import_target(name: str) -> Any:
         try:
             return entry.load()
         except Exception as exc:
-            raise KeyError(f"reward {name!r}: cannot load entry point {entry.value!r}: {_first_line(exc)}") from exc
+            raise KeyError(f"reward {name!r}: cannot load entry point {entry.value!r}: {first_line(exc)}") from exc
     if ":" not in name:
         plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
         raise KeyError(
             f"unknown reward {name!r}; valid names: {sorted(REWARDS)}, entry points {plugins}, or 'module:Class' "
             "(a Reward subclass) / 'module:function' (scores from images, prompts, metadata)"
         )
-    module, _, attr = name.partition(":")
     try:
-        target: Any = importlib.import_module(module)
-    except Exception as exc:  # the module's own code ran: any error (SyntaxError, NameError, ...) is the user's
-        raise KeyError(f"reward {name!r}: cannot import module {module!r}: {_first_line(exc)}") from exc
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise KeyError(f"reward {name!r}: module {module!r} has no attribute {attr!r}")
-        target = getattr(target, part)
-    return target
+        return import_target(name)
+    except ImportTargetError as exc:
+        raise KeyError(f"reward {name!r}: {exc}") from exc
 
 
 def resolve_reward(name: str) -> type[Reward] | Callable[..., Any]:
