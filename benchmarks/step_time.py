@@ -29,12 +29,11 @@ from benchmarks.flops import counted_iteration
 from benchmarks.roofline import summarize
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import TrainConfig, load_config, merge_overrides
-from vgrpo.demo import toy_reward
+from vgrpo.demo import tiny_iteration_inputs
 from vgrpo.images import tensor_to_images
-from vgrpo.models import SD3Velocity, add_lora
+from vgrpo.models import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.models.precision import WEIGHT_DTYPES, apply_precision_config, frozen_dtype
-from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
 from vgrpo.rewards import build_reward
 from vgrpo.training.iteration import train_iteration
 from vgrpo.training.optim import build_optimizer
@@ -70,27 +69,8 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
             "lora": {"rank": 8, "alpha": 16},
         },
     )
-    transformer = tiny_sd3_transformer(num_layers=args.layers)
-    assert config.lora is not None
-    add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
-    policy = SD3Velocity(transformer)
-    algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
-    optimizer = build_optimizer(policy, config.optim)
-    generator = torch.Generator().manual_seed(0)
     prompts = [f"prompt {i}" for i in range(args.prompts)]
-    cond = tiny_conditioning(args.prompts)
-    return _timed(
-        args.iterations,
-        policy=policy,
-        algorithm=algorithm,
-        optimizer=optimizer,
-        reward_fn=toy_reward,
-        prompts=prompts,
-        cond=cond,
-        config=config,
-        latent_shape=TINY_LATENT_SHAPE,
-        generator=generator,
-    )
+    return _timed(args.iterations, **tiny_iteration_inputs(config, prompts, num_layers=args.layers))
 
 
 def _timed(iterations: int, warmup: int = 0, **iteration: Any) -> dict[str, float]:

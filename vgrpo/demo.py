@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from vgrpo.algorithms import ALGORITHMS, build_algorithm
-from vgrpo.config import load_config
+from vgrpo.config import TrainConfig, load_config
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
 from vgrpo.training.iteration import train_iteration
@@ -40,6 +41,28 @@ def toy_reward(samples: Tensor, prompts: Sequence[str]) -> dict[str, Tensor]:
     return {"brightness": samples.mean(dim=(1, 2, 3)), "contrast": samples.std(dim=(1, 2, 3))}
 
 
+def tiny_iteration_inputs(config: TrainConfig, prompts: Sequence[str], num_layers: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of :func:`vgrpo.training.iteration.train_iteration` (all but ``iteration``) for
+    ``config`` on a tiny random SD3 transformer with ``config.lora``, the toy reward and ``prompts``' tiny
+    conditioning; the noise generator seeded by ``config.seed``."""
+    transformer = tiny_sd3_transformer() if num_layers is None else tiny_sd3_transformer(num_layers=num_layers)
+    if config.lora is None:
+        raise ValueError("lora: the tiny demo trains a LoRA; set lora.rank and lora.alpha")
+    add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
+    policy = SD3Velocity(transformer)
+    return {
+        "policy": policy,
+        "algorithm": build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE),
+        "optimizer": build_optimizer(policy, config.optim),
+        "reward_fn": toy_reward,
+        "prompts": list(prompts),
+        "cond": tiny_conditioning(len(prompts)),
+        "config": config,
+        "latent_shape": TINY_LATENT_SHAPE,
+        "generator": torch.Generator().manual_seed(config.seed),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2)
@@ -47,7 +70,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_flush_denormal(True)
     prompts = ["a red circle", "two blue squares"]
-    cond = tiny_conditioning(len(prompts))
     for name in ALGORITHMS:
         overrides: dict[str, object] = {
             "rollout": {"prompts_per_iteration": len(prompts), "group_size": 4, "num_steps": 8},
@@ -58,31 +80,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "lora": {"rank": 4, "alpha": 8},
         }
         config = load_config(args.params, overrides)
-        transformer = tiny_sd3_transformer()
-        assert config.lora is not None
-        add_lora(
-            transformer,
-            rank=config.lora.rank,
-            alpha=config.lora.alpha,
-            target_modules=config.lora.target_modules,
-        )
-        policy = SD3Velocity(transformer)
-        algorithm = build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE)
-        optimizer = build_optimizer(policy, config.optim)
-        generator = torch.Generator().manual_seed(config.seed)
+        inputs = tiny_iteration_inputs(config, prompts)
         for it in range(args.iterations):
-            record = train_iteration(
-                policy=policy,
-                algorithm=algorithm,
-                optimizer=optimizer,
-                reward_fn=toy_reward,
-                prompts=prompts,
-                cond=cond,
-                config=config,
-                latent_shape=TINY_LATENT_SHAPE,
-                generator=generator,
-                iteration=it,
-            )
+            record = train_iteration(**inputs, iteration=it)
             shown = ", ".join(f"{k}={record.metrics[k]:.4g}" for k in SHOWN if k in record.metrics)
             print(f"{name:>14} it {it}: {shown}")
 
