@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -75,25 +76,36 @@ def _stage_numbers(flat: Mapping[str, float]) -> dict[str, float]:
     return {name: round(float(flat[key]), 5) for name, key in STAGE_COLUMNS.items() if key in flat}
 
 
-def run_one(
-    seed: int,
-    threads: int,
-    *,
-    curriculum: Path,
-    run_root: Path,
-    root: Path,
-    evaluate_params: Path,
-    test_prompts: Path,
-    validation_prompts: Path,
-    overrides: Mapping[str, Any],
-    reuse: Path | None = None,
-    validation_params: Path = Path("params/embedded/validation.yaml"),
-    final_report: bool = False,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunInputs:
+    """What one run of a grid reads besides its seed and threads (the ``one`` and ``grid`` flags of the same names;
+    ``overrides`` from ``--set``): every run of a grid shares them."""
+
+    curriculum: Path
+    run_root: Path
+    root: Path
+    evaluate_params: Path
+    test_prompts: Path
+    validation_prompts: Path
+    overrides: Mapping[str, Any]
+    reuse: Path | None = None
+    validation_params: Path = Path("params/embedded/validation.yaml")
+    final_report: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunInputs:
+        """The inputs of a parsed ``one`` command line."""
+        from vgrpo.params_file import overrides_from_pairs
+
+        named = {f.name: getattr(args, f.name) for f in fields(cls) if f.name != "overrides"}
+        return cls(**named, overrides=overrides_from_pairs(args.set))
+
+
+def run_one(seed: int, threads: int, inputs: RunInputs) -> dict[str, Any]:
     """One run (this process, ``threads`` torch threads): the curriculum's stages (kept when finished, resumed when
-    not, or copied from ``reuse``'s run of the same seed and threads when that one trained the same stage from the
-    same start: :func:`reusable_stage`), the headline evaluation paired with the base's on the validation split (the
-    test split with ``final_report``), clutter on validation; its record."""
+    not, or copied from ``inputs.reuse``'s run of the same seed and threads when that one trained the same stage
+    from the same start: :func:`reusable_stage`), the headline evaluation paired with the base's on the validation
+    split (the test split with ``final_report``), clutter on validation; its record."""
     from benchmarks.clutter import measure
     from benchmarks.provenance import cpu_model
     from tasks.stage import dir_hash, output_is_intact, run_tracked_stage, stage_dirs
@@ -103,14 +115,16 @@ def run_one(
     from vgrpo.evaluation.report import evaluate_to_files
 
     use_threads(threads, flush_denormal=True)
+    root, run_root, final_report = inputs.root, inputs.run_root, inputs.final_report
     started = time.perf_counter()
     commit = _git("rev-parse", "HEAD") or None  # the code this process runs, whatever is committed while it runs
     code_dirty = bool(_git("status", "--porcelain", "--", "vgrpo", "tasks", "benchmarks", "params"))
-    _, stages = load_curriculum(root / curriculum, {**overrides, "seed": seed}, root=root)
+    _, stages = load_curriculum(root / inputs.curriculum, {**inputs.overrides, "seed": seed}, root=root)
     run_dir = run_root / f"seed{seed}-threads{threads}"
     init: str | None = None
     numbers: list[dict[str, Any]] = []
     reused: list[str] = []
+    reuse = inputs.reuse
     source = reuse / run_dir.name if reuse is not None and reuse.resolve() != run_root.resolve() else None
     for cfg in stages:
         out_dir, _ = stage_dirs(str(run_dir), cfg.name)
@@ -141,8 +155,8 @@ def run_one(
             {"stage": cfg.name, "kept_iteration": done["kept_iteration"], "hold": done.get("hold"), **done["final"]}
         )
         init = str(out_dir)
-    role, prompts = ("test", test_prompts) if final_report else ("validation", validation_prompts)
-    params = [root / evaluate_params] + ([] if final_report else [root / validation_params])
+    role, prompts = ("test", inputs.test_prompts) if final_report else ("validation", inputs.validation_prompts)
+    params = [root / inputs.evaluate_params] + ([] if final_report else [root / inputs.validation_params])
     evaluation = load_config(params, section="evaluation", schema=EvaluationConfig)
     pipeline = root / stages[0].pipeline
     suffix = "" if final_report else ".validation"  # a final report's files keep the names earlier runs wrote
@@ -152,15 +166,15 @@ def run_one(
     final = evaluate_to_files(
         evaluation, pipeline, root / prompts, run_dir / f"eval{suffix}.json", lora=init, baseline=base_eval
     )
-    clutter = measure(run_dir, root / curriculum, root / validation_prompts, root)
+    clutter = measure(run_dir, root / inputs.curriculum, root / inputs.validation_prompts, root)
     return {
         "seed": seed,
         "threads": threads,
         "cpu": cpu_model(),
         "commit": commit,
         "code_dirty": code_dirty,
-        "curriculum": str(curriculum),
-        "overrides": dict(overrides),
+        "curriculum": str(inputs.curriculum),
+        "overrides": dict(inputs.overrides),
         "wall_s": round(time.perf_counter() - started, 1),
         "split": split_record(root / prompts, role),
         "rewards": headline_gains(final, json.loads(base_eval.read_text())),
@@ -240,8 +254,6 @@ def _forward(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from vgrpo.params_file import overrides_from_pairs
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     grid = sub.add_parser("grid", help="every seed x thread count without a record, each in its own process")
@@ -287,20 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(stages_table(records) if args.stages else gains_table(records))
         return 0
     if args.command == "one":
-        record = run_one(
-            args.seed,
-            args.threads,
-            curriculum=args.curriculum,
-            run_root=args.run_root,
-            root=args.root,
-            evaluate_params=args.evaluate_params,
-            test_prompts=args.test_prompts,
-            validation_prompts=args.validation_prompts,
-            overrides=overrides_from_pairs(args.set),
-            reuse=args.reuse,
-            validation_params=args.validation_params,
-            final_report=args.final_report,
-        )
+        record = run_one(args.seed, args.threads, RunInputs.from_args(args))
         merge_record(args.out, record)
         print(f"seed {args.seed}, {args.threads} threads: {json.dumps(record['rewards'])} -> {args.out}")
         return 0
