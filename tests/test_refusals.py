@@ -460,6 +460,7 @@ OTHER_GRIDS = {
     # replay weighs V-GRPO's reference KL: a preset of another algorithm, or one without that KL, is refused over it
     "embedded-validation-kl3-ocr-replay.yaml": ("replay: weights",),
     "embedded-validation-kl3-ocr-replay-180.yaml": ("replay: weights",),
+    "embedded-validation-kl3-ocr-replay-ema.yaml": ("replay: weights",),
 }
 """Curricula of families whose own grid some presets do not fit (a dynamic shift; 6 rollout steps), with the
 cross-check that refuses the combination: not a bound."""
