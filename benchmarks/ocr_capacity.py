@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.ocr_signal import sample_rows
 from benchmarks.provenance import code_hash, cpu_model, git_state
 from vgrpo.atomic import write_json_atomic
-from vgrpo.evaluation.evaluator import Sampling, generate
+from vgrpo.evaluation.evaluator import Sampling
 from vgrpo.images import images_to_tensor
 from vgrpo.models.lora import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline
@@ -61,18 +62,8 @@ def paired_interval(a: np.ndarray, b: np.ndarray, seed: int = 0, replicates: int
 def _ocr_scores(
     adapter: Any, policy: Any, reward: MultiReward, rows: Sequence[Row], group: int, sampling: Sampling
 ) -> np.ndarray:
-    """Per-prompt mean OCR score ``(len(rows),)`` of ``group`` samples each."""
-    prompts = [str(r["prompt"]) for r in rows for _ in range(group)]
-    meta = [r for r in rows for _ in range(group)]
-    with torch.no_grad():
-        images, _ = generate(
-            encode=adapter.encode_prompts,
-            decode=adapter.decode_samples,
-            policy=policy,
-            prompts=prompts,
-            latent_shape=adapter.latent_shape,
-            sampling=sampling,
-        )
+    """Per-sample OCR scores ``(len(rows), group)``."""
+    images, prompts, meta = sample_rows(adapter, policy, rows, group, sampling)
     scores = reward(images, prompts, meta).scores["ocr"]
     return np.asarray(scores, dtype=np.float64).reshape(len(rows), group)
 

@@ -21,17 +21,38 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from vgrpo.evaluation.evaluator import Sampling, evaluate
+from vgrpo.evaluation.evaluator import Sampling, generate
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
 from vgrpo.world.quality import WORLD_OCR_REWARD, perturbed
+
+
+def sample_rows(
+    adapter: Any, policy: Any, rows: Sequence[dict[str, Any]], group: int, sampling: Sampling
+) -> tuple[np.ndarray, list[str], list[dict[str, Any]]]:
+    """``group`` images of each row's prompt (prompt-major) from ``policy``, sampled as an evaluation samples
+    (each sample's noise from ``(sampling.seed, index)``), with each image's prompt and row."""
+    prompts = [str(r["prompt"]) for r in rows for _ in range(group)]
+    meta = [r for r in rows for _ in range(group)]
+    with torch.no_grad():
+        images, _ = generate(
+            encode=adapter.encode_prompts,
+            decode=adapter.decode_samples,
+            policy=policy,
+            prompts=prompts,
+            latent_shape=adapter.latent_shape,
+            sampling=sampling,
+        )
+    return images, prompts, meta
 
 
 def main() -> None:
@@ -51,18 +72,7 @@ def main() -> None:
         pipe.load_lora_weights(args.lora)
     adapter, policy = build_adapter(pipe)
     reward = MultiReward.from_configs([RewardConfig.model_validate(WORLD_OCR_REWARD)])
-    with torch.no_grad():
-        _, images = evaluate(
-            adapter=adapter,
-            policy=policy,
-            metadata=rows,
-            rewards=reward,
-            group_size=args.group,
-            sampling=Sampling(args.steps, args.seed, None),
-            overlap=False,
-        )
-    prompts = [str(r["prompt"]) for r in rows for _ in range(args.group)]
-    meta = [r for r in rows for _ in range(args.group)]
+    images, prompts, meta = sample_rows(adapter, policy, rows, args.group, Sampling(args.steps, args.seed, None))
     clean = reward(images, prompts, meta).scores["ocr"]
     noisy = reward(perturbed(images, np.random.default_rng(args.seed)), prompts, meta).scores["ocr"]
     groups = clean.reshape(len(rows), args.group)

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.process_group import log_tail, stop_group
+from tasks.process_group import log_tail, start_detached, stop_group
 
 __all__ = ["QUIET_ENV", "LocalServices", "ServiceError", "local_services", "service_env", "wait_healthy"]
 
@@ -77,15 +77,7 @@ def local_services(root: Path, timeout: float = START_TIMEOUT_S) -> Iterator[Loc
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)]
     log = home / "server.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command,
-            env=server_env,
-            cwd=home,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = start_detached(command, server_env, home, out)
     try:
         wait_healthy("the Prefect server", url + "/health", proc, log, timeout)
         yield LocalServices(service_env(url, f"sqlite:///{store / 'mlflow.db'}", home), proc.pid, log)

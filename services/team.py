@@ -40,7 +40,7 @@ from services.local import QUIET_ENV, ServiceError, wait_healthy
 from services.team_checks import check_team_settings
 from services.team_config import HOST, TLS, TeamServices, write_private
 from services.team_postgres import start_postgres, stop_postgres
-from tasks.process_group import stop_recorded_group, write_pid_file
+from tasks.process_group import start_detached, stop_recorded_group, write_pid_file
 from vgrpo.errors import UserError
 
 __all__ = ["TLS", "TeamSecrets", "TeamServices", "client_secrets", "team_down", "team_env", "team_secrets", "team_up"]
@@ -132,15 +132,7 @@ def _spawn(name: str, cmd: Sequence[str], env: dict[str, str], root: Path) -> su
     log = root / f"{name}.log"
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "ab") as out:
-        proc = subprocess.Popen(
-            list(cmd),
-            env=env,
-            cwd=root,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = start_detached(cmd, env, root, out)
     write_pid_file(root / f"{name}.pid", proc.pid)
     return proc
 

@@ -1,5 +1,6 @@
-"""Stopping a child process and everything it started: the child runs in its own session (``start_new_session=True``),
-so its process group holds its own children too (a local Prefect server's workers, ``accelerate launch``'s ranks)."""
+"""Starting a child process detached, and stopping it with everything it started: the child runs in its own session
+(``start_new_session=True``), so its process group holds its own children too (a local Prefect server's workers,
+``accelerate launch``'s ranks)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 __all__ = [
     "ProcessGroupError",
     "log_tail",
     "process_group_members",
     "process_start_time",
+    "start_detached",
     "stop_group",
     "stop_process_group",
     "stop_recorded_group",
@@ -25,6 +27,20 @@ __all__ = [
 
 class ProcessGroupError(RuntimeError):
     """A process group survived SIGKILL."""
+
+
+def start_detached(command: Sequence[str], env: dict[str, str], cwd: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start ``command`` in its own session (its process group: :func:`stop_group` stops it and its children),
+    reading nothing, both its outputs to ``log``."""
+    return subprocess.Popen(
+        list(command),
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop_group(proc: subprocess.Popen[Any], timeout: float = 15.0, kill_timeout: float = 5.0) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from vgrpo.atomic import file_sha256
+from vgrpo.atomic import file_sha256, write_text_atomic
 
 __all__ = ["COMPLETE", "Store", "StoreError", "check_results_stay_local", "checked_key", "file_sha256"]
 
@@ -82,15 +82,7 @@ class Store:
         target = self.path(key)
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         if isinstance(self.fs, LocalFileSystem):
-            folder, name = target.rsplit("/", 1)
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(text)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_text_atomic(target, text)
         else:
             self.fs.pipe_file(target, text.encode())
 

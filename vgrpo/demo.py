@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vgrpo.algorithms import ALGORITHMS, build_algorithm
 from vgrpo.config import TrainConfig, load_config
@@ -41,15 +41,25 @@ def toy_reward(samples: Tensor, prompts: Sequence[str]) -> dict[str, Tensor]:
     return {"brightness": samples.mean(dim=(1, 2, 3)), "contrast": samples.std(dim=(1, 2, 3))}
 
 
-def tiny_iteration_inputs(config: TrainConfig, prompts: Sequence[str], num_layers: int | None = None) -> dict[str, Any]:
+def tiny_iteration_inputs(
+    config: TrainConfig,
+    prompts: Sequence[str],
+    *,
+    policy: nn.Module | None = None,
+    num_layers: int | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
     """The keyword arguments of :func:`vgrpo.training.iteration.train_iteration` (all but ``iteration``) for
-    ``config`` on a tiny random SD3 transformer with ``config.lora``, the toy reward and ``prompts``' tiny
-    conditioning; the noise generator seeded by ``config.seed``."""
-    transformer = tiny_sd3_transformer() if num_layers is None else tiny_sd3_transformer(num_layers=num_layers)
-    if config.lora is None:
-        raise ValueError("lora: the tiny demo trains a LoRA; set lora.rank and lora.alpha")
-    add_lora(transformer, rank=config.lora.rank, alpha=config.lora.alpha, target_modules=config.lora.target_modules)
-    policy = SD3Velocity(transformer)
+    ``config`` on ``policy`` (default: a tiny random SD3 transformer of ``num_layers`` layers with
+    ``config.lora``), the toy reward and ``prompts``' tiny conditioning; the noise generator seeded by ``seed``
+    (default ``config.seed``)."""
+    if policy is None:
+        transformer = tiny_sd3_transformer() if num_layers is None else tiny_sd3_transformer(num_layers=num_layers)
+        if config.lora is None:
+            raise ValueError("lora: the tiny demo trains a LoRA; set lora.rank and lora.alpha")
+        lora = config.lora
+        add_lora(transformer, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules)
+        policy = SD3Velocity(transformer)
     return {
         "policy": policy,
         "algorithm": build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE),
@@ -59,7 +69,7 @@ def tiny_iteration_inputs(config: TrainConfig, prompts: Sequence[str], num_layer
         "cond": tiny_conditioning(len(prompts)),
         "config": config,
         "latent_shape": TINY_LATENT_SHAPE,
-        "generator": torch.Generator().manual_seed(config.seed),
+        "generator": torch.Generator().manual_seed(config.seed if seed is None else seed),
     }
 
 

@@ -8,10 +8,9 @@ import torch
 
 from vgrpo.algorithms import build_algorithm
 from vgrpo.config import TrainConfig, load_config
-from vgrpo.demo import toy_reward
+from vgrpo.demo import tiny_iteration_inputs
 from vgrpo.models import SD3Velocity, add_lora
 from vgrpo.models.tiny import TINY_LATENT_SHAPE, tiny_conditioning, tiny_sd3_transformer
-from vgrpo.training.optim import build_optimizer
 
 PROMPTS, GROUP = 2, 3
 
@@ -71,16 +70,5 @@ def grads(policy: torch.nn.Module) -> list[torch.Tensor]:
 def iteration_kwargs(config: TrainConfig, seed: int = 0) -> dict[str, Any]:
     """The keyword arguments of ``train_iteration``'s first iteration on a fresh tiny policy under ``config``: the
     tiny conditioning of ``PROMPTS`` prompts, the toy reward, a generator seeded ``seed``."""
-    policy = make_policy(config)
-    return {
-        "policy": policy,
-        "algorithm": build_algorithm(config, policy=policy, latent_shape=TINY_LATENT_SHAPE),
-        "optimizer": build_optimizer(policy, config.optim),
-        "reward_fn": toy_reward,
-        "prompts": [f"p{i}" for i in range(PROMPTS)],
-        "cond": tiny_conditioning(PROMPTS),
-        "config": config,
-        "latent_shape": TINY_LATENT_SHAPE,
-        "generator": torch.Generator().manual_seed(seed),
-        "iteration": 0,
-    }
+    prompts = [f"p{i}" for i in range(PROMPTS)]
+    return tiny_iteration_inputs(config, prompts, policy=make_policy(config), seed=seed) | {"iteration": 0}
