@@ -34,12 +34,14 @@ from benchmarks.ocr_signal import sample_rows
 from benchmarks.provenance import code_hash, cpu_model, git_state
 from vgrpo.atomic import write_json_atomic
 from vgrpo.evaluation.evaluator import Sampling
+from vgrpo.evaluation.stats import bootstrap_ci
 from vgrpo.images import images_to_tensor
 from vgrpo.models.lora import add_lora
 from vgrpo.models.pipeline import build_adapter, load_pipeline
 from vgrpo.prompts import load_prompts
 from vgrpo.rewards.config import RewardConfig
 from vgrpo.rewards.multi import MultiReward
+from vgrpo.splits import TEST_SPLIT, is_test_split, split_record
 from vgrpo.world.prompts import scene_for
 from vgrpo.world.quality import WORLD_OCR_REWARD
 from vgrpo.world.render import render
@@ -53,10 +55,8 @@ Row = dict[str, Any]
 def paired_interval(a: np.ndarray, b: np.ndarray, seed: int = 0, replicates: int = 10_000) -> list[float]:
     """Mean of ``a - b`` (per-prompt scores, paired) and its 95% percentile bootstrap interval over prompts."""
     diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), size=(replicates, len(diff)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return [round(float(diff.mean()), 4), round(float(lo), 4), round(float(hi), 4)]
+    lo, hi = bootstrap_ci(diff, n_boot=replicates, seed=seed)
+    return [round(float(diff.mean()), 4), round(lo, 4), round(hi, 4)]
 
 
 def _ocr_scores(
@@ -80,8 +80,6 @@ def train_arm(
     torch.manual_seed(args.seed)
     pipe = load_pipeline(pipeline)
     adapter, policy = build_adapter(pipe)
-    for module in (pipe.vae, pipe.text_encoder, pipe.text_encoder_2):
-        module.requires_grad_(False)
     transformer = pipe.transformer
     if arm == "full":
         transformer.requires_grad_(True)
@@ -168,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for arm in args.ranks:
         if arm != "full" and not (arm.isdigit() and int(arm) > 0):
             parser.error(f"--ranks: {arm!r} is neither a positive rank nor 'full'")
-    if Path(args.eval_prompts).name == "test.jsonl":
+    if is_test_split(args.eval_prompts, [Path(args.train_prompts).parent / TEST_SPLIT]):
         parser.error("--eval-prompts: the test split is read by final reports only; use the validation split")
     for flag in ("train_prompts", "eval_prompts"):
         if not Path(getattr(args, flag)).is_file():
@@ -193,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "code_hash": code_hash(),
         "git": git_state(),
         "eval_prompts": len(eval_rows),
+        "split": split_record(args.eval_prompts, "validation"),
         "arms": arms,
     }
     if args.out is not None:

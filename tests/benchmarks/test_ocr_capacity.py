@@ -45,6 +45,21 @@ def test_bad_input_is_refused_naming_the_flag(
     assert message in capsys.readouterr().err
 
 
+def test_a_renamed_copy_of_the_test_split_is_refused_by_its_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world = tmp_path / "world"
+    world.mkdir()
+    (world / "train.jsonl").write_text('{"tag": "ocr", "text": "a", "prompt": "a sign that says \\"a\\""}\n')
+    (world / "test.jsonl").write_text('{"tag": "ocr", "text": "b", "prompt": "a sign that says \\"b\\""}\n')
+    copy = tmp_path / "held.jsonl"
+    copy.write_bytes((world / "test.jsonl").read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["models/embedded-base", "--train-prompts", str(world / "train.jsonl"), "--eval-prompts", str(copy)])
+    assert exit_info.value.code == 2
+    assert "--eval-prompts: the test split is read by final reports only" in capsys.readouterr().err
+
+
 def test_a_tiny_run_starts_every_arm_from_the_same_scores(tmp_path: Path) -> None:
     from vgrpo.world import make_splits, write_jsonl
 
