@@ -36,10 +36,15 @@ def committed_records(args: argparse.Namespace) -> Path:
 
 
 def run(
-    sweep: Sweep, args: argparse.Namespace, report: Callable[[dict[str, dict[str, Any]], list[RunSpec]], str]
+    sweep: Sweep,
+    args: argparse.Namespace,
+    report: Callable[[dict[str, dict[str, Any]], list[RunSpec]], str],
+    runnable: Callable[[dict[str, dict[str, Any]]], Callable[[RunSpec], bool]] | None = None,
 ) -> int:
     """Run (or resume) the sweep's cells in ``args.out``, writing them back to the committed records after each,
-    then write ``report(records, planned)`` to ``<docs>/tuning.md`` (only that with ``--report-only``)."""
+    then write ``report(records, planned)`` to ``<docs>/tuning.md`` (only that with ``--report-only``).
+    ``runnable(records)`` says which of the cells left this machine may run (default: all); the others are left
+    for a machine that may, and named."""
     args.quick, args.rerun_loaded, args.grid = False, False, "v2"  # the cells run at the v2 grid's sizes
     args.records = committed_records(args)
     args.records.parent.mkdir(parents=True, exist_ok=True)
@@ -51,8 +56,13 @@ def run(
     sizes = Sizes()
     eval_prompt_file(out, "geneval", "val", sizes)  # written once here, not by two cells at once
     while not args.report_only:
-        todo = [s for s in sweep.plan(load_records(out)) if not (out / f"{s.name}.json").is_file()]
+        records = load_records(out)
+        left = [s for s in sweep.plan(records) if not (out / f"{s.name}.json").is_file()]
+        here = runnable(records) if runnable else (lambda _: True)
+        todo = [s for s in left if here(s)]
         if not todo:
+            if left:
+                print(f"{len(left)} cells left for another machine: {', '.join(s.name for s in left)}", file=sys.stderr)
             break
         cell_runs.run_phase(todo, args, sizes, out, started)
         if all(not (out / f"{s.name}.json").is_file() for s in todo):

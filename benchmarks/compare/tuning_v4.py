@@ -7,9 +7,11 @@ prompts (the pre-registration gives the candidates' sources and reasons; the rul
     python -m benchmarks.compare.tuning_v4 --workers 1 --threads 2   # resumable: run it again to continue
     python -m benchmarks.compare.tuning_v4 --report-only             # docs/benchmarks-v4/tuning.md from the records
 
-Every cell runs on the CPU model and thread count of the sweep's first record: the runner refuses to start on
-another (exit 2), so no choice compares cells of two machine types. The report gives each rung's cost beside its
-score (transformer evaluations and seconds per iteration), since N_MC, the gradient steps and the group change it.
+Every cell of a method runs on the CPU model and thread count of that method's first record (the deviation of
+2026-12-07; the pre-registration pinned the whole sweep to its first record's): the runner runs the cells this
+machine may run and refuses to start (exit 2) when it may run none, so no method's choice compares cells of two
+machine types. The report gives each rung's cost beside its score (transformer evaluations and seconds per
+iteration), since N_MC, the gradient steps and the group change it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import ROOT
+from benchmarks.common import LABELS, ROOT
 from benchmarks.compare import tuning_runs
 from benchmarks.compare.analysis import load_records
 from benchmarks.compare.plan import RunSpec
@@ -101,7 +104,14 @@ V4 = Sweep(
     drop_margin=0.08,  # v3's margins, so the choices compare
     collapse_margin=0.10,
 )
-DEVIATIONS: tuple[str, ...] = ()
+DEVIATIONS: tuple[str, ...] = (
+    "from 2026-12-07 each method's cells run on the CPU model and thread count of that method's first record, not"
+    " the whole sweep's on its first record's (V-GRPO's first cell ran on an Intel Xeon (6/167) and later sessions"
+    " were lent AMD EPYC (25/17) machines, on which the pinned sweep could not run): each method's choice still"
+    " compares cells of one machine type, and the report names each method's machine; the base's validation"
+    " evaluation, which every method's collapse check reads, is its record's (Intel Xeon (6/167), 2 threads);"
+    " the records' library code is the pre-registration's (the worktree stays at its commit, with this runner)",
+)
 """Departures from the pre-registration, each a sentence: listed at the top of the report."""
 COMMAND = "python -m benchmarks.compare.tuning_v4"
 
@@ -138,14 +148,29 @@ def cost_columns(records: dict[str, dict[str, Any]]) -> tuple[Column, Column]:
     return Column("NFE / iteration", nfe), Column("s / iteration", seconds)
 
 
+def method_machines(records: dict[str, dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """Each method's machine: the CPU model and thread count of its first record (by start time), the base's
+    validation evaluation under ``base``."""
+    first: dict[str, tuple[str, str, int]] = {}
+    for record in records.values():
+        machine = record.get("machine", {})
+        if "cpu" not in machine:
+            continue
+        method, started = record["spec"]["method"], str(machine.get("started_at", ""))
+        if method not in first or started < first[method][0]:
+            first[method] = (started, str(machine["cpu"]), int(record.get("threads") or 0))
+    return {method: (cpu, threads) for method, (_, cpu, threads) in first.items()}
+
+
 def machine_line(records: dict[str, dict[str, Any]]) -> str:
-    """The CPU models and thread counts of the records, and how many tuning cells ran under load."""
-    models = sorted({r["machine"]["cpu"] for r in records.values() if "cpu" in r.get("machine", {})})
-    threads = sorted({r["threads"] for r in records.values() if "threads" in r})
+    """Each method's CPU model and thread count, and how many tuning cells ran under load."""
+    machines = method_machines(records)
+    names = {"base": "the base", **LABELS}
+    where = "; ".join(f"{names.get(m, m)}: {cpu} at {threads} threads" for m, (cpu, threads) in machines.items())
     cells = V4.tuning_cells(records)
     loaded = sum(1 for r in cells if r.get("machine", {}).get("under_load"))
     return (
-        f"Machine: {', '.join(models) or 'none yet'}, {', '.join(map(str, threads)) or '-'} threads per cell."
+        f"Machines: {where or 'none yet'}."
         " *NFE / iteration*: transformer evaluations (batch rows) per training iteration, evaluations not counted,"
         " seed mean. *s / iteration*: training seconds per iteration (rollout, reward, update; evaluations not"
         f" counted), the mean over the seeds that ran without other load ({loaded} of the {len(cells)} cells ran"
@@ -165,19 +190,32 @@ def report(records: dict[str, dict[str, Any]], planned: list[RunSpec], command: 
     return sweep_report(V4, text, records, planned, command, cost_columns(records))
 
 
+def runnable_here(records: dict[str, dict[str, Any]], threads: int) -> Callable[[RunSpec], bool]:
+    """Whether this machine at ``threads`` may run a cell: its method has no record yet, or its first record ran
+    on this CPU model at this thread count."""
+    machines, here = method_machines(records), (cpu_model(), threads)
+    return lambda spec: machines.get(spec.method, here) == here
+
+
 def other_machine(args: argparse.Namespace) -> str | None:
-    """Why this machine may not run the sweep's cells (None when it may): the records so far (the records folder
-    and the committed ones) ran on another CPU model or at another thread count."""
+    """Why this machine may not run the sweep (None when it may): every cell left to run belongs to a method whose
+    first record ran on another CPU model or at another thread count (the records folder and the committed ones)."""
     records = {**load_records(tuning_runs.committed_records(args)), **load_records(args.out)}
-    ran = {(r["machine"]["cpu"], r.get("threads")) for r in records.values() if "cpu" in r.get("machine", {})}
-    here = (cpu_model(), args.threads)
-    if not ran or ran == {here}:
+    left = [s for s in V4.plan(records) if s.name not in records]
+    runnable = runnable_here(records, args.threads)
+    if not left or any(runnable(s) for s in left):
         return None
-    theirs = "; ".join(f"{cpu} at {threads} threads" for cpu, threads in sorted(ran, key=str))
+    machines = method_machines(records)
+    theirs = "; ".join(
+        f"{method}: {cpu} at {threads} threads"
+        for method, (cpu, threads) in machines.items()
+        if any(s.method == method for s in left)
+    )
     return (
-        f"refusing to start: the sweep's records ran on {theirs}, this machine is {here[0]} at --threads {here[1]};"
-        " every cell of the sweep runs on the CPU model and thread count of its first record"
-        " (docs/benchmarks-v4/tuning-preregistration.md): run it on that machine with that --threads"
+        f"refusing to start: the cells left belong to methods whose records ran elsewhere ({theirs}), this machine is"
+        f" {cpu_model()} at --threads {args.threads}; each method's cells run on the CPU model and thread count of"
+        " its first record (docs/benchmarks-v4/tuning-preregistration.md, and the deviation in tuning.md): run it"
+        " on one of those machines with that --threads"
     )
 
 
@@ -187,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only and (why := other_machine(args)):
         print(why, file=sys.stderr)
         return 2
-    return tuning_runs.run(V4, args, lambda records, planned: report(records, planned, COMMAND))
+    return tuning_runs.run(
+        V4,
+        args,
+        lambda records, planned: report(records, planned, COMMAND),
+        runnable=lambda records: runnable_here(records, args.threads),
+    )
 
 
 if __name__ == "__main__":

@@ -172,19 +172,14 @@ def _machine(records: dict[str, Any], cpu: str, threads: int) -> None:
         record["machine"], record["threads"] = {"cpu": cpu, "under_load": False}, threads
 
 
-@pytest.mark.parametrize("where", ["folder", "committed"])
-@pytest.mark.parametrize(("cpu", "threads"), [("Other CPU (25/17)", 2), (None, 1)])
-def test_another_cpu_model_or_thread_count_is_refused(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    where: str,
-    cpu: str | None,
-    threads: int,
-) -> None:
-    records = sweep_records(V4, {("vgrpo", "v3", 4e-4): [[0.5]]})
-    _machine(records, cpu or cpu_model(), threads)
-    out, docs = tmp_path / "out", tmp_path / "docs"
+def _every_method_ran(cpu: str, threads: int) -> dict[str, Any]:
+    """The base and one finished rung of every method, on ``cpu`` at ``threads``."""
+    records = sweep_records(V4, {(m, next(iter(V4.recipes[m])), V4.rates[m][1]): [[0.5], [0.5]] for m in V4.recipes})
+    _machine(records, cpu, threads)
+    return records
+
+
+def _write(records: dict[str, Any], out: Path, docs: Path, where: str) -> None:
     target = out if where == "folder" else docs / "tuning"
     target.mkdir(parents=True)
     for name, record in records.items():
@@ -193,31 +188,91 @@ def test_another_cpu_model_or_thread_count_is_refused(
         else:
             with open(target / "cells.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+@pytest.mark.parametrize("where", ["folder", "committed"])
+@pytest.mark.parametrize(("cpu", "threads"), [("Other CPU (25/17)", 2), (None, 1)])
+def test_a_machine_that_may_run_no_cell_left_is_refused(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+    cpu: str | None,
+    threads: int,
+) -> None:
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    _write(_every_method_ran(cpu or cpu_model(), threads), out, docs, where)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
 
-    def started(*_: Any) -> int:
+    def started(*_: Any, **__: Any) -> int:
         raise AssertionError("the sweep started")
 
     monkeypatch.setattr(tuning_runs, "run", started)
     argv = ["--out", str(out), "--docs", str(docs), "--threads", "2"]
     assert tuning_v4.main(argv) == 2
     err = capsys.readouterr().err
-    assert f"{cpu or cpu_model()} at {threads} threads" in err and f"{cpu_model()} at --threads 2" in err
+    assert f"vgrpo: {cpu or cpu_model()} at {threads} threads" in err and f"{cpu_model()} at --threads 2" in err
     assert len(err.strip().splitlines()) == 1
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
     # the report alone runs no cell: it is not refused
-    monkeypatch.setattr(tuning_runs, "run", lambda *_: 0)
+    monkeypatch.setattr(tuning_runs, "run", lambda *_, **__: 0)
     assert tuning_v4.main([*argv, "--report-only"]) == 0
 
 
-def test_the_same_machine_and_threads_may_run(tmp_path: Path) -> None:
+def test_each_method_runs_on_the_machine_of_its_first_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """V-GRPO's cells ran on another machine: this one runs the baselines' cells and none of V-GRPO's."""
     records = sweep_records(V4, {("vgrpo", "v3", 4e-4): [[0.5]]})
-    _machine(records, cpu_model(), 2)
-    for name, record in records.items():
-        (tmp_path / f"{name}.json").write_text(json.dumps(record))
-    args = tuning_runs.parser("p", "", tmp_path, tmp_path / "docs").parse_args(["--threads", "2"])
+    _machine(records, "Other CPU (6/167)", 2)
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    _write(records, out, docs, "committed")
+    args = tuning_runs.parser("p", "", out, docs).parse_args(["--threads", "2"])
     assert tuning_v4.other_machine(args) is None
-    assert tuning_v4.other_machine(tuning_runs.parser("p", "", tmp_path / "empty", tmp_path).parse_args([])) is None
+    runnable = tuning_v4.runnable_here(records, 2)
+    left = [s for s in V4.plan(records) if s.name not in records]
+    assert {s.method for s in left if runnable(s)} == set(V4.recipes) - {"vgrpo"}
+    assert {s.method for s in left if not runnable(s)} == {"vgrpo"}
+    assert not any(tuning_v4.runnable_here(records, 1)(s) for s in left if s.method == "vgrpo")
+    # a method's first record decides, by start time, and a method with none runs anywhere
+    here = {"cpu": cpu_model(), "under_load": False, "started_at": "2026-12-07T12:00:00+0000"}
+    mix = sweep_records(V4, {("mixgrpo", "official", 8e-4): [[0.5], [0.5]]})
+    later = {k: {**r, "machine": here, "threads": 2} for k, r in mix.items() if r["spec"]["method"] == "mixgrpo"}
+    both = {**records, **later}
+    assert tuning_v4.method_machines(both) == {
+        "base": ("Other CPU (6/167)", 2),
+        "vgrpo": ("Other CPU (6/167)", 2),
+        "mixgrpo": (cpu_model(), 2),
+    }
+    assert "V-GRPO: Other CPU (6/167) at 2 threads; MixGRPO: " in tuning_v4.machine_line(both)
+    # the runner leaves V-GRPO's cells for their machine and names them
+    seen: dict[str, Any] = {}
+
+    def run(sweep: Any, run_args: Any, report: Any, runnable: Any = None) -> int:
+        seen["runnable"] = runnable(records)
+        return 0
+
+    monkeypatch.setattr(tuning_runs, "run", run)
+    assert tuning_v4.main(["--out", str(out), "--docs", str(docs), "--threads", "2"]) == 0
+    assert [s.method for s in left if seen["runnable"](s)] == [s.method for s in left if runnable(s)]
+
+
+def test_the_runner_runs_only_the_cells_this_machine_may_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = _every_method_ran("Other CPU (6/167)", 2)
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    _write(records, out, docs, "folder")
+    ran: list[list[str]] = []
+    monkeypatch.setattr(tuning_runs.cell_runs, "run_phase", lambda todo, *_: ran.append([s.method for s in todo]))
+    monkeypatch.setattr(tuning_runs, "eval_prompt_file", lambda *_: None)
+    args = tuning_runs.parser("p", "", out, docs).parse_args(["--threads", "2"])
+    runnable = {"mixgrpo"}
+    code = tuning_runs.run(V4, args, lambda *_: "report", runnable=lambda _: lambda s: s.method in runnable)
+    assert code == 1 and len(ran) == 1 and ran[0]  # its cells did not finish (run_phase is a stand-in)
+    assert set(ran[0]) == {"mixgrpo"}
+    runnable.clear()
+    assert tuning_runs.run(V4, args, lambda *_: "report", runnable=lambda _: lambda s: s.method in runnable) == 0
+    assert "cells left for another machine" in capsys.readouterr().err
+    assert (docs / "tuning.md").read_text() == "report"
 
 
 def test_the_report_gives_each_rungs_cost_without_loaded_seconds() -> None:
@@ -241,7 +296,10 @@ def test_the_report_gives_each_rungs_cost_without_loaded_seconds() -> None:
     assert row.endswith("| yes | 3940 | 6.00 (1 of 2 seeds) |")
     row = next(line for line in text.splitlines() if line.startswith("| V-GRPO | v3 | 0.0004 |"))
     assert row.endswith("| yes | 1960 | 3.00 |")
-    assert "Machine: Test CPU (6/167), 2 threads per cell." in text and "(3 of the 12 cells ran under load" in text
-    assert "Deviations from the pre-registration: none." in text
+    assert (
+        "Machines: the base: Test CPU (6/167) at 2 threads; V-GRPO: Test CPU (6/167) at 2 threads." in text
+        and "(3 of the 12 cells ran under load" in text
+    )
+    assert "Deviations from the pre-registration: from 2026-12-07 each method's cells run on the CPU model" in text
     assert text.startswith("# Benchmark v4: the tuning sweep (validation prompts)")
     assert "2 seeds (1600-1601), 160 iterations (benchmark v4's horizon), validation GenEval strict every 20" in text
