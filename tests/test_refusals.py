@@ -461,6 +461,11 @@ OTHER_GRIDS = {
     "embedded-validation-kl3-ocr-replay.yaml": ("replay: weights",),
     "embedded-validation-kl3-ocr-replay-180.yaml": ("replay: weights",),
     "embedded-validation-kl3-ocr-replay-ema.yaml": ("replay: weights",),
+    # a DiffusionNFT stage 5: V-GRPO's ablations set fields DiffusionNFT has not (prediction, share, self_normalize)
+    "embedded-validation-kl3-ocr-nft-180.yaml": tuple(
+        f"algorithm.diffusion_nft.{field}: Extra inputs are not permitted"
+        for field in ("prediction", "share", "self_normalize")
+    ),
 }
 """Curricula of families whose own grid some presets do not fit (a dynamic shift; 6 rollout steps), with the
 cross-check that refuses the combination: not a bound."""

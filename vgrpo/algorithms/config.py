@@ -260,8 +260,13 @@ class DiffusionNFTConfig(AlgorithmOptions):
     adv_max: float = Field(5.0, gt=0, description="r = clip(A / adv_max / 2 + 0.5, 0, 1).")
     n_mc: int = Field(4, ge=1, le=MAX_N_MC, description="[inferred] training timesteps per sample and iteration.")
     timestep_sampling: Literal["stratified", "uniform", "logit_normal"] = "uniform"
-    ema_decay_rate: float = Field(0.001, ge=0, description="[inferred] old-policy EMA decay = min(rate * it, max).")
+    ema_decay_rate: float = Field(
+        0.001, ge=0, description="[inferred] old-policy EMA decay = min(rate * max(0, it - flat), max)."
+    )
     ema_decay_max: float = Field(0.5, ge=0, le=1)
+    ema_decay_flat: float = Field(
+        0.0, ge=0, description="Iterations the decay stays 0 (the old policy is the policy) before it ramps up."
+    )
 
     def check_rollout(self, rollout: RolloutConfig) -> None:
         _check_stratified(self.n_mc, self.timestep_sampling, rollout)

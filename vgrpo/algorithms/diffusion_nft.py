@@ -114,6 +114,7 @@ class DiffusionNFT(Algorithm[DiffusionNFTPayload]):
         return totals
 
     def end_iteration(self, policy: nn.Module, iteration: int) -> dict[str, float]:
-        decay = min(self.config.ema_decay_max, self.config.ema_decay_rate * iteration)
+        ramp = max(0.0, iteration - self.config.ema_decay_flat)  # DiffusionNFT's decay types: a flat start, a ramp
+        decay = min(self.config.ema_decay_max, self.config.ema_decay_rate * ramp)
         self.old.ema_update(decay)
         return {"nft/ema_decay": decay}
