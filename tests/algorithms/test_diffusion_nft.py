@@ -39,3 +39,11 @@ def test_without_a_flat_start_the_decay_is_the_rate_times_the_iteration() -> Non
     config = make_config({"name": "diffusion_nft", "ema_decay_rate": 0.002})
     algorithm, _ = prepared(config, make_policy(config))
     assert [algorithm.end_iteration(make_policy(config), i)["nft/ema_decay"] for i in (0, 3, 400)] == [0.0, 0.006, 0.5]
+
+
+def test_a_config_without_a_flat_start_dumps_as_before_the_option_existed() -> None:
+    """Recorded cells and stage fingerprints of DiffusionNFT stay as they were (FrozenConfig.LATER_OPTIONS)."""
+    from vgrpo.algorithms.config import DiffusionNFTConfig
+
+    assert "ema_decay_flat" not in DiffusionNFTConfig().model_dump(mode="json")
+    assert DiffusionNFTConfig(ema_decay_flat=37.5).model_dump(mode="json")["ema_decay_flat"] == 37.5

@@ -267,6 +267,7 @@ class DiffusionNFTConfig(AlgorithmOptions):
     ema_decay_flat: float = Field(
         0.0, ge=0, description="Iterations the decay stays 0 (the old policy is the policy) before it ramps up."
     )
+    LATER_OPTIONS: ClassVar[Mapping[str, Any]] = {"ema_decay_flat": 0.0}
 
     def check_rollout(self, rollout: RolloutConfig) -> None:
         _check_stratified(self.n_mc, self.timestep_sampling, rollout)
