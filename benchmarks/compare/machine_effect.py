@@ -87,12 +87,18 @@ def paired(arm: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]], itera
     }
 
 
+def trained_config(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's config less the path of its evaluation prompts, which names the records folder the cell ran in
+    (the file itself is drawn from the world's generator by the cells' code, so one code hash gives one file)."""
+    return {k: v for k, v in record.get("config", {}).items() if k != "eval_prompts"}
+
+
 def config_mismatches(arm: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]]) -> list[int]:
     """Seeds whose arm record trained another config or code than v3's (none expected: the runner refuses)."""
     return [
         s
         for s in sorted(set(arm) & set(ref))
-        if arm[s].get("config") != ref[s].get("config") or arm[s].get("code_hash") != ref[s].get("code_hash")
+        if trained_config(arm[s]) != trained_config(ref[s]) or arm[s].get("code_hash") != ref[s].get("code_hash")
     ]
 
 

@@ -58,6 +58,8 @@ def test_the_report_pairs_each_arm_and_refuses_another_config(tmp_path: Path) ->
     arms = tmp_path / "docs" / "machine-effect"
     arms.mkdir(parents=True)
     same = _cells(V3, "AMD EPYC (25/17)", 2)
+    for r in same.values():  # the evaluation prompts' path names the arm's records folder: not a difference
+        r["config"] = {**r["config"], "eval_prompts": "/elsewhere/prompts/geneval-test-540.jsonl"}
     (arms / "amd-epyc-25-17-t2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in same.values()))
     other = _cells(V3, "AMD EPYC (25/17)", 1)
     other[1003]["config"] = {"lr": 8e-4}
