@@ -195,6 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--docs", type=Path, default=docs_default)
     args = parser.parse_args(argv)
     if args.command == "run":
+        if args.threads < 1 or args.workers < 1:
+            parser.error(f"--threads {args.threads} and --workers {args.workers}: each at least 1")
+        if not args.v3_records.is_file():
+            parser.error(f"--v3-records {args.v3_records}: no such file (benchmark v3's cells.jsonl)")
         return run(args)
     write_text_atomic(args.docs / "machine-effect.md", report(args.docs, args.v3_records))
     return 0

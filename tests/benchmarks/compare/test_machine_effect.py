@@ -102,3 +102,21 @@ def test_the_runner_trains_v3s_specs_in_its_arms_folder(tmp_path: Path, monkeypa
     assert machine_effect.main([*argv, "--out", str(tmp_path / "out")]) == 0
     assert ran == [((tmp_path / "out" / "amd-epyc-25-17-t1").resolve(), "v3", 1, [1000, 1001])]
     assert machine_effect.arm_name("Intel(R) Xeon(R) Processor (6/167)", 2) == "intel-xeon-processor-6-167-t2"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--threads", "0"], "--threads 0 and --workers 1: each at least 1"),
+        (["--v3-records", "nowhere.jsonl"], "no such file"),
+    ],
+)
+def test_bad_input_is_refused_before_any_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    monkeypatch.setattr(machine_effect.cell_runs, "run_phase", lambda *_: pytest.fail("a cell ran"))
+    argv = ["run", "--threads", "2", "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exc:
+        machine_effect.main([*argv, *extra])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
