@@ -127,9 +127,9 @@ def report(docs: Path, v3_records: Path) -> str:
             continue
         machines = sorted({f"{r['machine']['cpu']} at {r['threads']} threads" for r in arm.values()})
         loaded = sum(1 for r in arm.values() if r["machine"].get("under_load"))
+        name = f"{'; '.join(machines)} ({loaded} of {len(arm)} under load)"
         for iteration in READ_POINTS:
             p = paired(arm, ref, iteration)
-            name = f"{'; '.join(machines)} ({loaded} of {len(arm)} under load)"
             per_seed = ", ".join(f"{d:+.3f}" for d in p["diffs"])
             if "mean" not in p:
                 lines.append(f"| {name} | {len(p['seeds'])} | {iteration} | | {per_seed} | | | {p['verdict']} |")
