@@ -7,8 +7,9 @@ prompts (the pre-registration gives the candidates' sources and reasons; the rul
     python -m benchmarks.compare.tuning_v4 --workers 1 --threads 2   # resumable: run it again to continue
     python -m benchmarks.compare.tuning_v4 --report-only             # docs/benchmarks-v4/tuning.md from the records
 
-Every cell of a method runs on the CPU model and thread count of that method's first record (the deviation of
-2026-12-07; the pre-registration pinned the whole sweep to its first record's): the runner runs the cells this
+Every cell of a method runs on the CPU model and thread count of that method's first record (the deviations of
+2026-12-07; the pre-registration pinned the whole sweep to its first record's; a record moved to
+``tuning/superseded.jsonl`` no longer counts): the runner runs the cells this
 machine may run and refuses to start (exit 2) when it may run none, so no method's choice compares cells of two
 machine types. The report gives each rung's cost beside its score (transformer evaluations and seconds per
 iteration), since N_MC, the gradient steps and the group change it.
@@ -17,9 +18,11 @@ iteration), since N_MC, the gradient steps and the group change it.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import LABELS, ROOT
@@ -111,6 +114,10 @@ DEVIATIONS: tuple[str, ...] = (
     " compares cells of one machine type, and the report names each method's machine; the base's validation"
     " evaluation, which every method's collapse check reads, is its record's (Intel Xeon (6/167), 2 threads);"
     " the records' library code is the pre-registration's (the worktree stays at its commit, with this runner)",
+    "from 2026-12-07 15:30 UTC V-GRPO's cells run on an AMD EPYC (25/17) at 2 threads, as the baselines' have: its"
+    " one cell on the Intel Xeon (6/167) is moved to tuning/superseded.jsonl (kept, read by no choice) and runs"
+    " again; four sessions in a row were lent the AMD EPYC, and the machine-effect study found no shift between the"
+    " two models beyond +-0.02 (docs/benchmarks-v4/machine-effect.md); the base's record stays the Intel one",
 )
 """Departures from the pre-registration, each a sentence: listed at the top of the report."""
 COMMAND = "python -m benchmarks.compare.tuning_v4"
@@ -219,9 +226,32 @@ def other_machine(args: argparse.Namespace) -> str | None:
     )
 
 
+def retire_superseded(args: argparse.Namespace) -> list[str]:
+    """Move the records folder's copies of the superseded records (``<docs>/tuning/superseded.jsonl``, the same
+    run: same name and start time) to its ``stale/``, so that those cells run again and no choice reads them; the
+    names moved."""
+    superseded = Path(args.docs) / "tuning" / "superseded.jsonl"
+    if not superseded.is_file():
+        return []
+    moved = []
+    for name, record in load_records(superseded).items():
+        path = Path(args.out) / f"{name}.json"
+        if not path.is_file():
+            continue
+        started = json.loads(path.read_text()).get("machine", {}).get("started_at")
+        if started == record.get("machine", {}).get("started_at"):
+            stale = Path(args.out) / "stale" / f"{name}.superseded.json"
+            stale.parent.mkdir(parents=True, exist_ok=True)
+            path.rename(stale)
+            moved.append(name)
+    return moved
+
+
 def main(argv: list[str] | None = None) -> int:
     docs, out = ROOT / "docs" / "benchmarks-v4", ROOT / "runs" / "bench" / "v4-tuning"
     args = tuning_runs.parser(COMMAND, __doc__.splitlines()[0], out, docs).parse_args(argv)
+    for name in retire_superseded(args):  # before the report too: it reads no superseded record
+        print(f"{name}: superseded (docs/benchmarks-v4/tuning/superseded.jsonl); moved to stale/", flush=True)
     if not args.report_only and (why := other_machine(args)):
         print(why, file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from benchmarks.compare import tuning_runs, tuning_v4
+from benchmarks.compare.analysis import load_records
 from benchmarks.compare.plan import Sizes, stage_config
 from benchmarks.compare.rungs import BASE
 from benchmarks.provenance import cpu_model
@@ -303,3 +304,33 @@ def test_the_report_gives_each_rungs_cost_without_loaded_seconds() -> None:
     assert "Deviations from the pre-registration: from 2026-12-07 each method's cells run on the CPU model" in text
     assert text.startswith("# Benchmark v4: the tuning sweep (validation prompts)")
     assert "2 seeds (1600-1601), 160 iterations (benchmark v4's horizon), validation GenEval strict every 20" in text
+
+
+def test_a_superseded_record_runs_again_and_pins_no_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deviation 2: V-GRPO's one record on another machine is superseded; its cell runs again here, and the
+    method's machine is fixed by its next record. A record of the same name from another run stays."""
+    records = sweep_records(V4, {("vgrpo", "v3", 2e-4): [[0.5]]})
+    _machine(records, "Other CPU (6/167)", 2)
+    name = next(n for n, r in records.items() if r["spec"]["method"] == "vgrpo")
+    records[name]["machine"]["started_at"] = "2026-12-06T18:43:35+0000"
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    _write(records, out, docs, "folder")
+    (docs / "tuning").mkdir(parents=True)
+    (docs / "tuning" / "superseded.jsonl").write_text(json.dumps(records[name]) + "\n")
+    seen: dict[str, Any] = {}
+
+    def run(sweep: Any, run_args: Any, report: Any, runnable: Any = None) -> int:
+        seen["records"] = load_records(run_args.out)
+        return 0
+
+    monkeypatch.setattr(tuning_runs, "run", run)
+    argv = ["--out", str(out), "--docs", str(docs), "--threads", "2"]
+    assert tuning_v4.main([*argv, "--report-only"]) == 0  # the report reads no superseded record either
+    assert name not in seen["records"] and (out / "stale" / f"{name}.superseded.json").is_file()
+    assert tuning_v4.method_machines(seen["records"]) == {"base": ("Other CPU (6/167)", 2)}
+    assert tuning_v4.runnable_here(seen["records"], 2)(next(s for s in V4.plan(seen["records"]) if s.name == name))
+    # the cell's new record (another start) is not superseded
+    rerun = {**records[name], "machine": {"cpu": cpu_model(), "started_at": "2026-12-07T15:40:00+0000"}}
+    (out / f"{name}.json").write_text(json.dumps(rerun))
+    assert tuning_v4.main(argv) == 0 and name in seen["records"]
+    assert tuning_v4.method_machines(seen["records"])["vgrpo"] == (cpu_model(), 2)
