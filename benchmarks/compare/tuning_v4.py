@@ -114,7 +114,7 @@ DEVIATIONS: tuple[str, ...] = (
     " compares cells of one machine type, and the report names each method's machine; the base's validation"
     " evaluation, which every method's collapse check reads, is its record's (Intel Xeon (6/167), 2 threads);"
     " the records' library code is the pre-registration's (the worktree stays at its commit, with this runner)",
-    "from 2026-12-07 15:30 UTC V-GRPO's cells run on an AMD EPYC (25/17) at 2 threads, as the baselines' have: its"
+    "from 2026-12-07 15:20 UTC V-GRPO's cells run on an AMD EPYC (25/17) at 2 threads, as the baselines' have: its"
     " one cell on the Intel Xeon (6/167) is moved to tuning/superseded.jsonl (kept, read by no choice) and runs"
     " again; four sessions in a row were lent the AMD EPYC, and the machine-effect study found no shift between the"
     " two models beyond +-0.02 (docs/benchmarks-v4/machine-effect.md); the base's record stays the Intel one",
