@@ -41,10 +41,23 @@ def groups_of(claim: Claim, an: Analysis) -> tuple[Groups, dict[str, str]]:
     return groups or [("none", None)], words
 
 
-def read(claim: Claim, an: Analysis, rows: dict[str, Row], family_size: int) -> Row | None:
+def machines(groups: Groups) -> list[str]:
+    """The machine types the groups' cells ran on: each a CPU model at a thread count, sorted."""
+    seen = {
+        f"{(run.get('machine') or {}).get('cpu', 'an unrecorded CPU')} at {run.get('threads', '?')} threads"
+        for _, g in groups
+        if g is not None
+        for run in g.runs
+    }
+    return sorted(seen)
+
+
+def read(claim: Claim, an: Analysis, rows: dict[str, Row], family_size: int, one_machine: bool = False) -> Row | None:
     """One claim's row from the records: its statistic's estimate, replicates and t-based test and the seeds for
     80% power (at Bonferroni's level over ``family_size`` confirmatory rows too; no verdict yet:
-    :func:`~benchmarks.compare.verdicts.decide`). None for a :class:`PaperFactor` whose row has no ratio."""
+    :func:`~benchmarks.compare.verdicts.decide`). None for a :class:`PaperFactor` whose row has no ratio.
+    With ``one_machine``, a row whose cells ran on more than one machine type gets no estimate: its verdict says
+    it is refused and names the machines (a confirmatory one enters Holm's family as p = 1)."""
     groups, words = groups_of(claim, an)
     note = claim.note if isinstance(claim.note, str) else claim.note(groups)
     r = Row(
@@ -60,7 +73,9 @@ def read(claim: Claim, an: Analysis, rows: dict[str, Row], family_size: int) -> 
         confirmatory=claim.confirmatory,
     )
     stat = claim.statistic
-    if isinstance(stat, PaperFactor):
+    if one_machine and len(types := machines(groups)) > 1:
+        r.verdict = "refused: its cells ran on " + " and ".join(types)
+    elif isinstance(stat, PaperFactor):
         of = rows[stat.of]
         if "cv_means" not in of.extra:
             return None
@@ -140,7 +155,7 @@ def claim_rows(an: Analysis, refine_near: bool = True, claims: ClaimSet = V2) ->
     rows: dict[str, Row] = {}
     family = claims.confirmatory
     for claim in sorted(claims.claims, key=lambda c: c.read_last):
-        row = read(claim, an, rows, len(family))
+        row = read(claim, an, rows, len(family), claims.one_machine)
         if row is not None:
             rows[claim.id] = row
     ordered = [rows[c.id] for c in claims.claims if c.id in rows]

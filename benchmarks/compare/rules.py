@@ -149,6 +149,9 @@ class ClaimSet:
 
     name: str
     claims: tuple[Claim, ...]
+    one_machine: bool = False
+    """Refuse a row whose cells ran on more than one CPU model or thread count (benchmark v4's rule: every group of
+    a comparison on one machine type); v2 and v3 read their rows across machines, as they ran."""
 
     @property
     def confirmatory(self) -> tuple[str, ...]:

@@ -178,6 +178,8 @@ def refine(
 
 def fmt_value(r: Row) -> str:
     if r.estimate is None:
+        if r.verdict.startswith("refused"):
+            return "refused"
         return r.verdict if r.verdict in ("not run", "not measurable") else "n/a"
     f = (lambda v: f"{v:+.{r.digits}f}") if r.signed else (lambda v: f"{v:.{r.digits}f}")
     return f"{f(r.estimate)} [{f(r.low)}, {f(r.high)}]"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import METHODS
-from benchmarks.compare import analysis, claim_rows, claim_sets, claims, plan_v3, report
+from benchmarks.compare import analysis, claim_rows, claim_sets, claims, plan_v3, report, verdicts
 from tests.benchmarks.compare import synthetic
 
 TUNED = {m: plan_v3.Tuned("v2", 4e-4, {}) for m in METHODS} | {
@@ -169,3 +169,44 @@ def test_the_v3_report_reads_every_confirmatory_row_again_from_other_streams() -
         assert cells[6] == ("yes" if all(o.verdict == r.verdict for o in again) else "no")
     # A bootstrap p inside (0, 1) from 4,000 replicates moves with the stream; the t p alone would not.
     assert any(float(cells[4].split("; ")[0]) > 0 for cells in table)
+
+
+def test_a_one_machine_claim_set_refuses_a_row_whose_cells_ran_on_two_machine_types(v3_records) -> None:
+    """Benchmark v4's rule: every group of a comparison on one CPU model and thread count. On one machine type the
+    rows read as without the rule; with V-GRPO's methods cells on another model, the rows that read them are
+    refused (no estimate, both machines named, p = 1 in Holm's family) and the others read as before."""
+    one = dataclasses.replace(claim_sets.V3, one_machine=True)
+    records = {n: {**r, "machine": {"cpu": "CPU A (6/167)"}, "threads": 2} for n, r in v3_records.items()}
+
+    def rows(records: dict, claims: object) -> dict:
+        an = analysis.Analysis(records, n_boot=500)
+        return {r.id: r for r in claim_rows.claim_rows(an, refine_near=False, claims=claims)}  # type: ignore[arg-type]
+
+    plain, guarded = rows(records, claim_sets.V3), rows(records, one)
+    assert {i: (r.estimate, r.verdict) for i, r in plain.items()} == {
+        i: (r.estimate, r.verdict) for i, r in guarded.items()
+    }
+    moved = dict(records)
+    for name, r in records.items():
+        if r["spec"]["phase"] == "methods" and r["spec"]["method"] == "vgrpo":
+            moved[name] = {**r, "machine": {"cpu": "CPU B (25/17)"}}
+    plain, guarded = rows(moved, claim_sets.V3), rows(moved, one)
+    refused = {i for i, r in guarded.items() if r.verdict.startswith("refused")}
+    reads_vgrpo_methods = {
+        c.id
+        for c in claim_sets.V3.claims
+        if not isinstance(c.cells, claim_rows.RaisedRates)
+        and any(g.phase == "methods" and g.method == "vgrpo" for g in c.cells)
+    }
+    assert "E1" in refused and refused == reads_vgrpo_methods
+    e1 = guarded["E1"]
+    assert e1.estimate is None and e1.p is None and e1.p_holm is None
+    assert e1.verdict == "refused: its cells ran on CPU A (6/167) at 2 threads and CPU B (25/17) at 2 threads"
+    assert plain["E1"].estimate is not None  # v3's set reads across machines, as v3 ran
+    # the other rows' estimates stand (their intervals draw from the stream after fewer rows, and Holm's family
+    # holds the refused rows at p = 1, so their intervals and verdicts may move)
+    assert {i: guarded[i].estimate for i in guarded.keys() - refused} == {
+        i: plain[i].estimate for i in guarded.keys() - refused
+    }
+    line = next(x for x in verdicts.claims_table(list(guarded.values()), 15) if x.startswith("| E1 |"))
+    assert "| refused | " in line and "| refused: its cells ran on CPU A (6/167) at 2 threads and" in line
