@@ -2,6 +2,8 @@
 
     python -m benchmarks.compare.diagnosis docs/benchmarks-v3/grid/cells.jsonl --phase methods \\
         --out docs/benchmarks-v3/diagnosis.md
+    python -m benchmarks.compare.diagnosis docs/benchmarks-v4/tuning/cells.jsonl --phase tune --by rung \\
+        --out docs/benchmarks-v4/diagnosis.md      # a tuning sweep: a row per rung (method, recipe, rate)
 
 Per method and quarter of the run: the train reward, the surrogate CV (overall and within group), the gradient
 norm and every other per-iteration series of :data:`benchmarks.compare.series.DIAGNOSTICS` the records carry (the
@@ -54,13 +56,13 @@ def prompt_tags(records: Sequence[dict[str, Any]], reward: str) -> tuple[list[st
     return None, None
 
 
-def _reward_lines(records: Sequence[dict[str, Any]], phase: str, reward: str) -> list[str]:
-    cells = by_method(records, phase, reward)
+def _reward_lines(records: Sequence[dict[str, Any]], phase: str, reward: str, by: str) -> list[str]:
+    cells = by_method(records, phase, reward, by)
     seeds = {method: len(c) for method, c in cells.items()}
     lines = [
         f"## {phase} phase, {reward} reward",
         "",
-        "Cells per method (seeds): " + ", ".join(f"{m} {n}" for m, n in seeds.items()) + ". Each entry is the seeds' "
+        f"Cells per {by} (seeds): " + ", ".join(f"{m} {n}" for m, n in seeds.items()) + ". Each entry is the seeds' "
         "median [min, max] of one cell's value; a quarter's value is the cell's mean over the quarter's iterations.",
         "",
         "### What changed late in the run (per seed)",
@@ -92,14 +94,15 @@ def _reward_lines(records: Sequence[dict[str, Any]], phase: str, reward: str) ->
     return lines
 
 
-def diagnosis_lines(records: Sequence[dict[str, Any]], phase: str) -> list[str]:
-    """The generated block: one section per reward the phase's cells score."""
+def diagnosis_lines(records: Sequence[dict[str, Any]], phase: str, by: str = "method") -> list[str]:
+    """The generated block: one section per reward the phase's cells score, a row per method (or per rung of a
+    tuning sweep, ``by="rung"``)."""
     rewards = sorted({r["spec"]["reward"] for r in records if r["spec"]["phase"] == phase})
     if not rewards:
         raise SystemExit(f"no cell of phase {phase!r} in these records")
     lines = [BEGIN, ""]
     for reward in rewards:
-        lines += [*_reward_lines(records, phase, reward), ""]
+        lines += [*_reward_lines(records, phase, reward, by), ""]
     return [*lines, END]
 
 
@@ -119,16 +122,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("records", type=Path, help="cells.jsonl, or a grid folder of one JSON per cell")
     parser.add_argument("--phase", default="methods", help="the grid phase whose methods to compare")
+    parser.add_argument(
+        "--by",
+        choices=("method", "rung"),
+        default="method",
+        help="a row per method, or per rung (a tuning sweep's method, recipe and rate)",
+    )
     parser.add_argument("--out", type=Path, help="the markdown page to write (default: print the tables)")
     args = parser.parse_args(argv)
     if not args.records.exists():  # load_records reads a missing path as no records: say which file instead
         parser.error(f"records: {args.records}: no such file or folder")
     records = list(load_records(args.records).values())
-    block = diagnosis_lines(records, args.phase)
+    block = diagnosis_lines(records, args.phase, args.by)
     if args.out is None:
         print("\n".join(block))
         return
-    command = f"python -m benchmarks.compare.diagnosis {args.records} --phase {args.phase} --out {args.out}"
+    by = "" if args.by == "method" else f" --by {args.by}"
+    command = f"python -m benchmarks.compare.diagnosis {args.records} --phase {args.phase}{by} --out {args.out}"
     write_page(args.out, block, command)
 
 

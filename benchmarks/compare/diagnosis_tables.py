@@ -31,14 +31,32 @@ NOT_RECORDED = "not recorded"
 Records = dict[str, list[dict[str, Any]]]
 
 
-def by_method(records: Sequence[dict[str, Any]], phase: str, reward: str) -> Records:
-    """The trained cells of ``phase`` scoring ``reward``, by method (the report's order), each method's by seed."""
+def by_method(records: Sequence[dict[str, Any]], phase: str, reward: str, by: str = "method") -> Records:
+    """The trained cells of ``phase`` scoring ``reward``, by method (the report's order), each method's by seed.
+    With ``by="rung"``, by rung instead (a tuning sweep's method, recipe and rate, labelled ``V-GRPO nmc10 lr
+    0.0004``): the methods in the report's order, each method's recipes in the order of their first cell, rates
+    rising."""
+    if by not in ("method", "rung"):
+        raise ValueError(f"by: {by!r} is not 'method' or 'rung'")
+    cells = [r for r in records if r["spec"]["phase"] == phase and r["spec"]["reward"] == reward]
+    order = {m: i for i, m in enumerate((*METHODS, *sorted({r["spec"]["method"] for r in cells} - set(METHODS))))}
+    recipes: dict[tuple[str, str], int] = {}
+    for r in cells if by == "rung" else ():
+        recipes.setdefault((r["spec"]["method"], r["spec"]["variant"]), len(recipes))
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        spec = r["spec"]
+        if by == "method":
+            return (order[spec["method"]],)
+        return (order[spec["method"]], recipes[(spec["method"], spec["variant"])], spec["lr"])
+
     out: Records = {}
-    for method in (*METHODS, *sorted({r["spec"]["method"] for r in records} - set(METHODS))):
-        cells = [r for r in records if r["spec"]["phase"] == phase and r["spec"]["reward"] == reward]
-        chosen = sorted((r for r in cells if r["spec"]["method"] == method), key=lambda r: r["spec"]["seed"])
-        if chosen:
-            out[method] = chosen
+    for r in sorted(cells, key=lambda r: (*key(r), r["spec"]["seed"])):
+        spec = r["spec"]
+        label = spec["method"]
+        if by == "rung":
+            label = f"{LABELS.get(label, label)} {spec['variant']} lr {spec['lr']:g}"
+        out.setdefault(label, []).append(r)
     return out
 
 

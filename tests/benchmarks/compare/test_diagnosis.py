@@ -67,6 +67,36 @@ def test_methods_come_in_the_reports_order_each_by_seed() -> None:
     assert [r["spec"]["seed"] for r in cells["vgrpo"]] == [0, 1]
 
 
+def test_a_tuning_sweeps_cells_come_by_rung_each_by_seed() -> None:
+    """``by="rung"``: a row per method, recipe and rate (methods in the report's order, recipes in the order of
+    their first cell, rates rising), each by seed; the tables and the page take the rung labels."""
+    cells = []
+    for method, recipe, lr, seed in (
+        ("diffusion_nft", "official", 8e-4, 1601),
+        ("vgrpo", "v3", 4e-4, 1601),
+        ("vgrpo", "nmc10", 2e-4, 1600),
+        ("vgrpo", "v3", 2e-4, 1600),
+        ("vgrpo", "v3", 4e-4, 1600),
+    ):
+        cell = _cell(method, seed, 0.1 * (seed - 1600))
+        cell["spec"].update(phase="tune", variant=recipe, lr=lr)
+        cells.append(cell)
+    rungs = by_method(cells, "tune", "geneval", by="rung")
+    assert list(rungs) == [
+        "V-GRPO v3 lr 0.0002",
+        "V-GRPO v3 lr 0.0004",
+        "V-GRPO nmc10 lr 0.0002",
+        "DiffusionNFT official lr 0.0008",
+    ]
+    assert [r["spec"]["seed"] for r in rungs["V-GRPO v3 lr 0.0004"]] == [1600, 1601]
+    assert list(by_method(cells, "tune", "geneval")) == ["vgrpo", "diffusion_nft"]
+    table = diagnostic_table(rungs, SERIES["grad_norm_per_iteration"])
+    assert table is not None and table[2] == "| V-GRPO v3 lr 0.0002 | 1 | 1 | 0.5 | 0.5 |"
+    assert table[3] == "| V-GRPO v3 lr 0.0004 | 1.05 [1, 1.1] | 1.05 [1, 1.1] | 0.55 [0.5, 0.6] | 0.55 [0.5, 0.6] |"
+    lines = diagnosis_lines([_records()[0], *cells], "tune", by="rung")
+    assert "Cells per rung (seeds): V-GRPO v3 lr 0.0002 1, V-GRPO v3 lr 0.0004 2, " in "\n".join(lines)
+
+
 def test_a_diagnostic_table_gives_each_quarter_the_seeds_median_and_range() -> None:
     cells = by_method(_records(), "methods", "geneval")
     reward = diagnostic_table(cells, SERIES["train_reward"])
