@@ -80,6 +80,20 @@ class AtBudget:
 
 
 @dataclass(frozen=True)
+class EqualBudget:
+    """The first group (V-GRPO) minus the second, both read at the smaller of their two full budgets on ``axis``
+    (transformer evaluations or training seconds): the methods at equal cost, whichever costs less per iteration.
+    Linear in the groups' seed-mean curves, as every statistic here is."""
+
+    axis: str
+
+    def function(self, groups: list[Group]) -> Callable[..., np.ndarray]:
+        xa, xb = groups[0].axes[self.axis], groups[1].axes[self.axis]
+        x = min(float(xa[-1]), float(xb[-1]))
+        return lambda a, b: at_budget(xa, a, x) - at_budget(xb, b, x)
+
+
+@dataclass(frozen=True)
 class WorstDrops:
     """A combination, linear in the groups, of each group's seed-mean worst drop below the base
     (:meth:`Group.worst_drop`): ``combine(*drops)``."""
@@ -104,7 +118,7 @@ class PaperFactor:
     ratio: float
 
 
-Statistic = Curves | AtBudget | WorstDrops | CvRatio | PaperFactor
+Statistic = Curves | AtBudget | EqualBudget | WorstDrops | CvRatio | PaperFactor
 
 FINAL_DIFFERENCE = Curves(lambda a, b: final(a) - final(b))
 GAIN = Curves(lambda a: final(a) - start(a))

@@ -3,6 +3,7 @@ v3's plan (its own-rate cells included)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import METHODS
-from benchmarks.compare import analysis, claim_rows, claim_sets, claims, plan_v3, report, verdicts
+from benchmarks.compare import analysis, claim_rows, claim_sets, claims, plan_v3, report, rules, verdicts
 from tests.benchmarks.compare import synthetic
 
 TUNED = {m: plan_v3.Tuned("v2", 4e-4, {}) for m in METHODS} | {
@@ -210,3 +211,39 @@ def test_a_one_machine_claim_set_refuses_a_row_whose_cells_ran_on_two_machine_ty
     }
     line = next(x for x in verdicts.claims_table(list(guarded.values()), 15) if x.startswith("| E1 |"))
     assert "| refused | " in line and "| refused: its cells ran on CPU A (6/167) at 2 threads and" in line
+
+
+def test_equal_budget_reads_both_methods_at_the_smaller_full_budget(v3_records) -> None:
+    """V-GRPO minus DiffusionNFT at equal transformer evaluations: both curves read at the smaller of the two
+    methods' last NFE (linear between evaluation points), through the claim machinery (its linearity check,
+    its t test)."""
+    an = analysis.Analysis(v3_records, n_boot=500)
+    ours, theirs = (an.group("methods", m) for m in ("vgrpo", "diffusion_nft"))
+    assert ours is not None and theirs is not None
+    x = min(ours.axes["nfe"][-1], theirs.axes["nfe"][-1])
+    point, _ = an.weights("geneval")
+    expected = float(
+        analysis.at_budget(ours.axes["nfe"], ours.per_seed(point), x)
+        - analysis.at_budget(theirs.axes["nfe"], theirs.per_seed(point), x)
+    )
+    claim = claims.Claim(
+        "D1",
+        "V-GRPO matches DiffusionNFT at equal cost",
+        "",
+        "V-GRPO minus DiffusionNFT at the smaller of their NFE budgets > -0.03",
+        (claims.Cells("methods", "vgrpo"), claims.Cells("methods", "diffusion_nft")),
+        rules.EqualBudget("nfe"),
+        threshold=-0.03,
+    )
+    row = claim_rows.read(claim, an, {}, 1)
+    assert row is not None and row.estimate == pytest.approx(expected) and row.t is not None
+    # the synthetic cells cost the same per iteration: equal NFE is equal iterations, the final difference
+    final = analysis.final(ours.per_seed(point)) - analysis.final(theirs.per_seed(point))
+    assert ours.axes["nfe"][-1] == theirs.axes["nfe"][-1] and row.estimate == pytest.approx(float(final))
+    cheap = copy.copy(ours)
+    cheap.axes = {**ours.axes, "nfe": ours.axes["nfe"] / 2}  # V-GRPO at half the cost: the other read at its middle
+    fn = rules.EqualBudget("nfe").function([cheap, theirs])
+    mid = analysis.at_budget(theirs.axes["nfe"], theirs.per_seed(point), theirs.axes["nfe"][-1] / 2)
+    assert float(fn(cheap.per_seed(point), theirs.per_seed(point))) == pytest.approx(
+        float(analysis.final(ours.per_seed(point)) - mid)
+    )
