@@ -247,3 +247,41 @@ def test_equal_budget_reads_both_methods_at_the_smaller_full_budget(v3_records) 
     assert float(fn(cheap.per_seed(point), theirs.per_seed(point))) == pytest.approx(
         float(analysis.final(ours.per_seed(point)) - mid)
     )
+
+
+def test_v4_states_what_each_row_tests_adds_equal_cost_rows_and_reads_on_one_machine(v3_records) -> None:
+    v3 = {c.id: c for c in claim_sets.V3.claims}
+    v4 = {c.id: c for c in claim_sets.V4.claims}
+    assert list(v4)[:8] == ["E1", "E4", "E2", "E5", "E3", "D1", "D2", "D3"]  # wall time beside iterations
+    assert list(v4)[8:] == [i for i in v3 if not i.startswith("E")] and set(v3) < set(v4)
+    assert claim_sets.V4.one_machine and not claim_sets.V3.one_machine
+    assert claim_sets.V4.confirmatory == (
+        "E1",
+        "E2",
+        "E3",
+        "D1",
+        "D2",
+        *[i for i in claim_sets.V3.confirmatory if not i.startswith("E")],
+    )
+    for i in v3:  # only words and notes change: every rule, threshold, side and statistic is v3's
+        assert (v4[i].threshold, v4[i].side, v4[i].statistic, v4[i].cells) == (
+            v3[i].threshold,
+            v3[i].side,
+            v3[i].statistic,
+            v3[i].cells,
+        )
+    words = " ".join(c.claim for c in v4.values())
+    assert "2x faster" not in words and "unstable where" not in words and "is stable" not in words
+    assert all(claim_sets.ESTIMATION_NOTE not in (c.note if isinstance(c.note, str) else "") for c in v4.values())
+    # Read over one machine's records: the equal-cost rows and the ablations' notes.
+    records = {n: {**r, "machine": {"cpu": "CPU A (6/167)"}, "threads": 2} for n, r in v3_records.items()}
+    an = analysis.Analysis(records, n_boot=500)
+    rows = {r.id: r for r in claim_rows.claim_rows(an, refine_near=False, claims=claim_sets.V4)}
+    assert not any(r.verdict.startswith("refused") for r in rows.values())
+    # the synthetic methods cost the same per iteration: D1 (iterations) and D2 (NFE) read the same difference
+    assert rows["D1"].estimate is not None and rows["D2"].estimate == pytest.approx(rows["D1"].estimate)
+    assert rows["D1"].rule == "final V-GRPO minus DiffusionNFT > -0.03 (non-inferiority, margin 0.03)"
+    assert rows["D2"].rule.startswith("V-GRPO minus DiffusionNFT, both at the smaller of their full budgets in trans")
+    assert rows["S1"].claim.startswith("Naive ELBO-GRPO drops further below the base than V-GRPO at x2 and x4 each")
+    n_mc = records[next(n for n, r in records.items() if r["spec"]["phase"] == "methods")]["config"]["algorithm"]
+    assert rows["A4"].note == f"at V-GRPO's chosen recipe and rate (N_MC {n_mc['n_mc']}), not retuned for the variant"
