@@ -464,6 +464,7 @@ OTHER_GRIDS = {
     "embedded-validation-kl3-ocr-replay-180-lr2.5e-4.yaml": ("replay: weights",),
     "embedded-validation-kl3-ocr-replay-180-lr1e-3.yaml": ("replay: weights",),
     "embedded-validation-kl3-ocr-replay-300.yaml": ("replay: weights",),
+    "embedded-validation-kl3-tagged-ocr-replay-180.yaml": ("replay: weights",),
     # a DiffusionNFT stage 5: V-GRPO's ablations set fields DiffusionNFT has not (prediction, share, self_normalize)
     "embedded-validation-kl3-ocr-nft-180.yaml": tuple(
         f"algorithm.diffusion_nft.{field}: Extra inputs are not permitted"
