@@ -285,3 +285,21 @@ def test_v4_states_what_each_row_tests_adds_equal_cost_rows_and_reads_on_one_mac
     assert rows["S1"].claim.startswith("Naive ELBO-GRPO drops further below the base than V-GRPO at x2 and x4 each")
     n_mc = records[next(n for n, r in records.items() if r["spec"]["phase"] == "methods")]["config"]["algorithm"]
     assert rows["A4"].note == f"at V-GRPO's chosen recipe and rate (N_MC {n_mc['n_mc']}), not retuned for the variant"
+
+
+def test_the_power_command_sizes_v4_from_records_that_ran_across_machines(v3_records, tmp_path: Path, capsys) -> None:
+    """v4 refuses rows read across machine types; its power analysis reads v3's variances, which did: every row
+    with a test gets its seeds, the ablation rows (another machine than the methods cells here) included."""
+    from benchmarks.compare import power
+
+    cells = tmp_path / "cells"
+    cells.mkdir()
+    for name, r in v3_records.items():
+        cpu = "CPU B (25/17)" if r["spec"]["phase"] == "ablation" else "CPU A (6/167)"
+        (cells / f"{name}.json").write_text(json.dumps({**r, "machine": {"cpu": cpu}, "threads": 2}))
+    power.main([str(cells), "--claims", "v4", "--out", str(tmp_path / "power.md")])
+    ids = [
+        line.split(" | ")[0][2:] for line in (tmp_path / "power.md").read_text().splitlines() if line.startswith("| ")
+    ]
+    assert {"A2", "A3", "A5", "D1", "D2", "E1"} <= set(ids) and "refused" not in capsys.readouterr().out
+    assert "(v4's confirmatory rows)" in (tmp_path / "power.md").read_text()
