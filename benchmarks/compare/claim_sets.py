@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from benchmarks.compare.analysis import AXES, Analysis
+from benchmarks.compare.analysis import AXES, Analysis, cells
 from benchmarks.compare.claims import CLAIMS, E3_MARGIN, V2, V
 from benchmarks.compare.rules import (
     FINAL_DIFFERENCE,
@@ -96,10 +96,14 @@ ORDER_V4 = ("E1", "E4", "E2", "E5", "E3", "D1", "D2", "D3")
 """The efficiency rows first, each wall-time row beside the iteration row it qualifies; the rest in v3's order."""
 
 
+V2_CLAIMS = {c.id: c for c in CLAIMS}
+"""v2's claims by id: v4 starts each row's note from v2's (v3's added the estimation notes)."""
+
+
 def chosen_recipe(an: Analysis, groups: Groups, note: str) -> str:
     """An ablation row's note: the variant runs V-GRPO's chosen recipe and rate (its N_MC named), not retuned."""
-    v = an.group("methods", "vgrpo")
-    n_mc = (v.runs[0].get("config") or {}).get("algorithm", {}).get("n_mc") if v else None
+    runs = cells(an.records, "methods", "vgrpo")  # its config alone: no group (score arrays) built per row
+    n_mc = (runs[0].get("config") or {}).get("algorithm", {}).get("n_mc") if runs else None
     where = f"at V-GRPO's chosen recipe and rate (N_MC {n_mc}), not retuned for the variant" if n_mc else ""
     return "; ".join(n for n in (where, note) if n)
 
@@ -133,8 +137,7 @@ def equal_cost(id_: str, axis: str, confirmatory: bool) -> Claim:
 def as_v4(claim: Claim) -> Claim:
     """A v3 claim as benchmark v4 states it: its tested words; an ablation's note names the chosen recipe; no
     pre-registered estimation note (v4's own power analysis decides which rows are estimation rows)."""
-    v2 = {c.id: c for c in CLAIMS}[claim.id]
-    claim = replace(claim, note=v2.note, claim=WORDS_V4.get(claim.id, claim.claim))
+    claim = replace(claim, note=V2_CLAIMS[claim.id].note, claim=WORDS_V4.get(claim.id, claim.claim))
     if claim.id == "E3":
         claim = replace(claim, note=e3_note_v3)
     if claim.id in ("S1o", "S2o"):
