@@ -24,6 +24,7 @@ from benchmarks.compare import plan_v3
 from benchmarks.compare.analysis import AXES, Analysis, load_records, write_records
 from benchmarks.compare.claim_rows import claim_rows
 from benchmarks.compare.claim_sets import V2, V3
+from benchmarks.compare.exchange_check import exchange_lines
 from benchmarks.compare.method_tables import cost_ratios, methods_table, time_to_reward
 from benchmarks.compare.mlflow_runs import track
 from benchmarks.compare.phase_tables import (
@@ -174,6 +175,7 @@ def write_report(
         lines += claims_table(rows, len(claims.confirmatory))
         if tuned is not None:
             lines += stream_lines(records, rows, claims)
+            lines += exchange_lines(records, rows, claims)  # nothing unless the grid ran a replicate group
         if an.groups:
             methods_table(an, lines)
             if tuned is not None:

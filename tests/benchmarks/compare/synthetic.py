@@ -135,3 +135,16 @@ def v3_grid(tuned: dict[str, Any], noise: float = 0.02) -> dict[str, dict[str, A
         if spec.phase != "base":
             records[spec.name] = cell_record(spec, plan_v3.V3, rng, noise)
     return records
+
+
+def v4_grid(tuned: dict[str, Any], design: Any, noise: float = 0.02) -> dict[str, dict[str, Any]]:
+    """Records for every cell of a benchmark v4 plan (:func:`benchmarks.compare.grid.full_plan` on ``design``) at
+    ``tuned``; the replicate group has its methods group's effect."""
+    from benchmarks.compare import grid
+
+    records = {r["name"]: r for r in (base_record("geneval", "test"), base_record("preference", "test"))}
+    rng = np.random.default_rng(2)
+    for spec in grid.full_plan(tuned, design):
+        if spec.phase != "base":
+            records[spec.name] = cell_record(spec, design.sizes, rng, noise)
+    return records
