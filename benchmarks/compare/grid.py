@@ -16,8 +16,10 @@ Phases, each on its own block of fresh seeds:
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import METHODS
@@ -51,6 +53,27 @@ class Design:
     replicated: tuple[str, ...] = ()
     recipe_in_preference: bool = False
     """Whether the preference cells train each method's tuned recipe (at the stage's rate): v3 ran its presets there."""
+
+
+class NotPreregistered(RuntimeError):
+    """A pre-registered grid may not start: its pre-registration is a draft or not committed."""
+
+
+def check_preregistered(path: Path, root: Path) -> None:
+    """Refuse to run a grid before its pre-registration is fixed: ``path`` must say no ``DRAFT`` and be committed
+    as it is (a :class:`NotPreregistered` naming the file otherwise), so that the commit that fixes the rows, rules
+    and seeds precedes the first cell."""
+    if not path.is_file():
+        raise NotPreregistered(f"{path}: the pre-registration is missing")
+    if "DRAFT" in path.read_text():
+        raise NotPreregistered(
+            f"{path}: still a DRAFT; fill in the tuned settings, remove DRAFT and commit it before the grid runs"
+        )
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--", str(path)], cwd=root, capture_output=True, text=True, check=False
+    )
+    if status.returncode != 0 or status.stdout.strip():
+        raise NotPreregistered(f"{path}: not committed as it is (git status: {status.stdout.strip() or 'failed'})")
 
 
 def tuned_settings(sweep: Sweep, records: dict[str, dict[str, Any]]) -> dict[str, Tuned]:

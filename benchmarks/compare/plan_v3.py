@@ -10,7 +10,6 @@ tuning sweep has settled every method (:func:`tuned_settings`) and the pre-regis
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,25 +41,12 @@ DESIGN = Design(
 """The v3 grid as :mod:`benchmarks.compare.grid` lays it out: the preference cells run each method's preset."""
 
 
-class NotPreregistered(RuntimeError):
-    """The v3 grid may not start: its pre-registration is a draft or not committed."""
+NotPreregistered = grid.NotPreregistered
 
 
 def check_preregistered(path: Path = PREREGISTRATION, root: Path = ROOT) -> None:
-    """Refuse to run the grid before its pre-registration is fixed: ``path`` must say no ``DRAFT`` and be
-    committed as it is (a :class:`NotPreregistered` naming the file otherwise), so that the commit that fixes the
-    rows, rules and seeds precedes the first cell."""
-    if not path.is_file():
-        raise NotPreregistered(f"{path}: the pre-registration is missing")
-    if "DRAFT" in path.read_text():
-        raise NotPreregistered(
-            f"{path}: still a DRAFT; fill in the tuned settings, remove DRAFT and commit it before the grid runs"
-        )
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "--", str(path)], cwd=root, capture_output=True, text=True, check=False
-    )
-    if status.returncode != 0 or status.stdout.strip():
-        raise NotPreregistered(f"{path}: not committed as it is (git status: {status.stdout.strip() or 'failed'})")
+    """:func:`benchmarks.compare.grid.check_preregistered` on v3's pre-registration."""
+    grid.check_preregistered(path, root)
 
 
 def tuned_settings(tuning_records: dict[str, dict[str, Any]]) -> dict[str, Tuned]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.common import ROOT
 from benchmarks.compare.plan_v3 import PREREGISTRATION
-from benchmarks.compare.report import V3_DOCS
+from benchmarks.compare.registered import V3_DOCS
 
 
 def _git(*args: str) -> str:

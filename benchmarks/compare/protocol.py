@@ -1,19 +1,21 @@
 """The protocol a benchmark report states at its top, with the sizes its cells ran at: the v2 grid's, the quick
-grid's, and benchmark v3's (pre-registered); :func:`protocol_lines` picks and fills one."""
+grid's, and benchmarks v3's and v4's (pre-registered); :func:`protocol_lines` picks and fills one."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from benchmarks.compare import plan_v3
 from benchmarks.compare.analysis import N_BOOT
-from benchmarks.compare.claim_sets import V3
+from benchmarks.compare.claim_sets import EQUAL_COST_MARGIN
 from benchmarks.compare.claims import CONVERGED_GAIN, E3_MARGIN, MARGIN
 from benchmarks.compare.collapse import COLLAPSE_DROP, SPIKE_FACTOR
 from benchmarks.compare.method_tables import PLATEAU
 from benchmarks.compare.plan import SWEEP_BOUNDS, SWEEP_LADDER, Sizes, stage_lr
 from benchmarks.compare.verdicts import NEAR, REFINED
 from benchmarks.provenance import LOADED_CORES
+
+if TYPE_CHECKING:
+    from benchmarks.compare.registered import Registered
 
 PROTOCOL = """\
 ## Protocol
@@ -96,6 +98,49 @@ any deviation from it is listed there and at the top of this report. The v2 grid
 """
 
 
+PROTOCOL_V4 = """\
+## Protocol (pre-registered)
+
+The rows, rules, seeds and stopping rule were fixed in [../grid-preregistration.md](../grid-preregistration.md),
+committed before the first cell; any deviation from it is listed there and at the top of this report. Benchmark v3
+([../../benchmarks-v3/grid/README.md](../../benchmarks-v3/grid/README.md)) is history.
+
+- **Model, task and evaluation: as v3.** Every cell trains a LoRA (r 32) on `models/embedded-base`, on the GenEval
+  stage or the preference stage, {prompts} prompts x {group} samples per iteration, {steps} sampling steps; every
+  evaluation point scores the same {test_prompts} test prompts ({pref_prompts} in the preference stage) x
+  {eval_group} image, {eval_steps} Euler steps, sampling seed 0, paired across methods.
+- **Recipes and rates: chosen by the v4 tuning sweep** ([../tuning.md](../tuning.md); its candidates and rule
+  committed before its first cell) on the validation prompts at this grid's horizon, V-GRPO's recipe tuned as the
+  baselines' were. Each method's recipe and rate are in the table below; the preference cells train each method's
+  recipe at the preference stage's own rate ({pref_lr:g}).
+- **Seeds, all fresh** (no v2, v3 or tuning seed): {seeds} per method ({iterations} iterations, evaluated every
+  {every}) and a replicate group of {rep_seeds} V-GRPO seeds of the same config; {abl_seeds} per ablation;
+  {pref_seeds} per preference cell ({pref_it} iterations); stress cells at {mults} each method's own rate,
+  {stab_seeds} per GenEval cell and {pref_stress} per preference cell, and own-rate cells at the same cadence,
+  {own_seeds} per cell ({stab_it} iterations, evaluated every {stab_every}).
+- **p-values, intervals and verdicts: as v3.** Each row's p is the larger of the two-sided bootstrap p ({n_boot}
+  replicates over prompts within tags and each group's seeds; {refined} for a row within a factor {near:g} of 0.05)
+  and the t test's (Welch over seeds, unbiased variances, the prompts' interaction added); the interval is the hull
+  of the two 95% intervals. The {family} confirmatory rows are Holm-corrected together (a row not run or refused
+  counting as p = 1).
+- **Rules** as v3 (`benchmarks/compare/claims.py`, `claim_sets.py`): non-inferiority margin {margin_g} GenEval
+  strict ({margin_p} world PickScore), E3's {e3_margin:g}; V-GRPO against DiffusionNFT at equal iterations,
+  transformer evaluations and training seconds, non-inferiority at {cost_margin:g} (an equal-cost row reads both
+  methods at the smaller of their full budgets on its axis); collapse: a divergence or a drop below the base of more
+  than {drop_g} GenEval strict ({drop_p} world PickScore) at any evaluation point.
+- **One machine type per row.** A row whose cells ran on two CPU models or thread counts is refused (no estimate,
+  p = 1 in the family).
+- **Robustness.** Every verdict is read again from two other random streams and with the replicate V-GRPO group in
+  the methods group's place (the tables at the end of the claims).
+- **Stopping rule.** Every planned cell runs once; no interim look at a confirmatory statistic; a cell that
+  crashes for a machine reason runs again with the same seed, a divergence is data; cells that ran under load keep
+  their scores, and their wall times are left out of the rows read in seconds.
+- **Machine** (the invocations grid.json records): {machine}. A record says its CPU model and the load its cell
+  ran under.
+"""
+PROTOCOLS = {"v3": PROTOCOL_V3, "v4": PROTOCOL_V4}
+
+
 QUICK_PROTOCOL = """\
 ## Protocol (quick)
 
@@ -120,10 +165,8 @@ def invocation_summary(history: list[dict[str, Any]]) -> str:
     )
 
 
-def protocol_lines(
-    sizes: Sizes, quick: bool, tuned: dict[str, plan_v3.Tuned] | None, history: list[dict[str, Any]]
-) -> str:
-    """The protocol section with the sizes the cells ran at: the quick grid's, v2's, or v3's (``tuned``)."""
+def protocol_lines(sizes: Sizes, quick: bool, grid: Registered | None, history: list[dict[str, Any]]) -> str:
+    """The protocol section with the sizes the cells ran at: the quick grid's, v2's, or a pre-registered grid's."""
     last = history[-1] if history else {}
     if quick:
         return QUICK_PROTOCOL.format(
@@ -162,14 +205,17 @@ def protocol_lines(
         "workers": last.get("workers", 1),
         "threads": last.get("threads", 2),
     }
-    if tuned is not None:
-        return PROTOCOL_V3.format(
+    if grid is not None:
+        design = grid.design
+        return PROTOCOLS[grid.name].format(
             **common,
             pref_lr=stage_lr("preference"),
-            pref_stress=plan_v3.PREFERENCE_STRESS_SEEDS,
-            own_seeds=plan_v3.OWN_RATE_SEEDS,
-            family=len(V3.confirmatory),
+            pref_stress=design.preference_stress_seeds,
+            own_seeds=design.own_rate_seeds,
+            rep_seeds=design.replicate_seeds,
+            family=len(grid.claims.confirmatory),
             e3_margin=E3_MARGIN,
+            cost_margin=EQUAL_COST_MARGIN,
             machine=invocation_summary(history),
         )
     return PROTOCOL.format(

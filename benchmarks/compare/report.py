@@ -20,11 +20,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from benchmarks.common import LABELS, METHODS, ROOT
-from benchmarks.compare import plan_v3
 from benchmarks.compare.analysis import AXES, Analysis, load_records, write_records
 from benchmarks.compare.claim_rows import claim_rows
-from benchmarks.compare.claim_sets import V2, V3
+from benchmarks.compare.claim_sets import V2
 from benchmarks.compare.exchange_check import exchange_lines
+from benchmarks.compare.grid import Tuned
+from benchmarks.compare.grid import full_plan as full_grid_plan
 from benchmarks.compare.method_tables import cost_ratios, methods_table, time_to_reward
 from benchmarks.compare.mlflow_runs import track
 from benchmarks.compare.phase_tables import (
@@ -46,6 +47,7 @@ from benchmarks.compare.plan import (
 )
 from benchmarks.compare.plots import plot_curves
 from benchmarks.compare.protocol import protocol_lines
+from benchmarks.compare.registered import GRIDS, Registered
 from benchmarks.compare.standing import standing_lines
 from benchmarks.compare.stream_check import stream_lines
 from benchmarks.compare.verdicts import Row, claims_table
@@ -73,7 +75,7 @@ def config_mismatches(records: dict[str, dict[str, Any]], sizes: Sizes) -> list[
     return out
 
 
-def tuned_table(tuned: dict[str, plan_v3.Tuned], lines: list[str]) -> None:
+def tuned_table(tuned: dict[str, Tuned], lines: list[str]) -> None:
     """Each method's recipe and rate, as the tuning sweep chose them."""
     lines += ["## Recipes and rates (the tuning sweep's choice)", "", "| method | recipe | rate | settings |"]
     lines.append("|---|---|---|---|")
@@ -81,12 +83,6 @@ def tuned_table(tuned: dict[str, plan_v3.Tuned], lines: list[str]) -> None:
         settings = json.dumps(t.overrides, sort_keys=True) if t.overrides else "its params/algorithms preset"
         lines.append(f"| {LABELS[m]} | {t.recipe} | {t.lr:g} | `{settings}` |")
     lines.append("")
-
-
-V3_DOCS = ROOT / "docs" / "benchmarks-v3" / "grid"
-"""Benchmark v3's records (``cells.jsonl``, ``grid.json``) and report."""
-DEVIATIONS = V3_DOCS.parent / "deviations.md"
-"""Benchmark v3's departures from its pre-registration, written by hand; the report prints them at its top."""
 
 
 def deviation_lines(path: Path) -> list[str]:
@@ -117,22 +113,24 @@ def write_report(
     tracking_uri: str | None = None,
     sizes: Sizes | None = None,
     code_now: str | None = None,
-    tuned: dict[str, plan_v3.Tuned] | None = None,
-    deviations: Path | None = None,
+    grid: Registered | None = None,
+    tuned: dict[str, Tuned] | None = None,
 ) -> list[Row]:
     """Write ``docs/README.md`` and the plots from the cell records in ``out`` (a folder or a ``cells.jsonl``),
-    and the MLflow runs; return the claim rows. With ``tuned`` (each method's recipe and rate), the report is
-    benchmark v3's: its protocol, its claim set (:data:`benchmarks.compare.claim_sets.V3`) and no sweep; with
-    ``deviations`` (:data:`DEVIATIONS`), its departures from the pre-registration come first."""
+    and the MLflow runs; return the claim rows. With a pre-registered ``grid`` (:data:`GRIDS`) and ``tuned`` (each
+    method's recipe and rate), the report is that grid's: its departures from the pre-registration first, its
+    protocol, its claim set, no sweep."""
     records = load_records(out)
-    sizes = sizes or (QUICK if quick else Sizes())
+    sizes = sizes or (grid.design.sizes if grid else QUICK if quick else Sizes())
     docs.mkdir(parents=True, exist_ok=True)
-    claims = V2 if tuned is None else V3
+    if (grid is None) != (tuned is None):
+        raise ValueError("a pre-registered grid's report needs both the grid and its tuned recipes")
+    claims = V2 if grid is None else grid.claims
     an = Analysis(records)
     history = _invocations(docs)
-    if tuned is not None:
-        title = "# Benchmark v3: the pre-registered replication on the embedded default"
-        alone = "python -m benchmarks.compare --grid v3 --report-only"
+    if grid is not None:
+        title = f"# {grid.title}"
+        alone = f"{grid.command} --report-only"
     else:
         title = "# Benchmarks: V-GRPO and the baselines on the embedded default"
         folder = "docs/benchmarks-quick" if quick else "docs/benchmarks"
@@ -143,8 +141,8 @@ def write_report(
         f"Produced by `{command}`; the report alone, from the committed records: `{alone}`. Machine: 2 CPU cores, "
         "no GPU.",
         "",
-        *(deviation_lines(deviations) if deviations is not None else []),
-        protocol_lines(sizes, quick, tuned, history),
+        *(deviation_lines(grid.deviations) if grid is not None else []),
+        protocol_lines(sizes, quick, grid, history),
     ]
     if tuned is not None:
         tuned_table(tuned, lines)
@@ -161,7 +159,7 @@ def write_report(
     if missing:
         lines += [f"Not run yet ({len(missing)}; the command resumes the grid): {', '.join(missing)}", ""]
     later = PHASES[2:]
-    if tuned is None and not quick and not any(n.startswith(tuple(f"{p}-" for p in later)) for n in planned):
+    if grid is None and not quick and not any(n.startswith(tuple(f"{p}-" for p in later)) for n in planned):
         every = {m: 1e-4 for m in METHODS}  # the count does not depend on the rates
         count = sum(len(plan_phase(p, sizes, every, False)) for p in later)
         lines += [
@@ -173,12 +171,12 @@ def write_report(
     if an.base and not quick:
         rows = claim_rows(an, claims=claims)
         lines += claims_table(rows, len(claims.confirmatory))
-        if tuned is not None:
+        if grid is not None:
             lines += stream_lines(records, rows, claims)
             lines += exchange_lines(records, rows, claims)  # nothing unless the grid ran a replicate group
         if an.groups:
             methods_table(an, lines)
-            if tuned is not None:
+            if grid is not None:
                 lines += standing_lines(an, f"test prompts, {sizes.iterations} iterations, the methods cells")
             cost_ratios(an, (out.parent if out.is_file() else docs) / "speed", lines)  # speed.md's repeats
             time_to_reward(an, lines)
@@ -203,7 +201,7 @@ def write_report(
     if out.is_dir():  # the records themselves (the report's only input), so the numbers can be recomputed
         write_records(docs / "cells.jsonl", records)
     if tracking_uri:
-        track(records, tracking_uri, grid="v3" if tuned else "quick" if quick else "full", claims=rows)
+        track(records, tracking_uri, grid=grid.name if grid else "quick" if quick else "full", claims=rows)
     return rows
 
 
@@ -213,30 +211,30 @@ def main() -> None:
     parser.add_argument("docs", type=Path, help="report folder")
     parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--grid", choices=("v2", "v3"), default="v2", help="the grid the records are of")
+    parser.add_argument("--grid", choices=("v2", *GRIDS), default="v2", help="the grid the records are of")
     args = parser.parse_args()
     records = load_records(args.out)
-    tuned = None
-    if args.grid == "v3":
+    grid, tuned = GRIDS.get(args.grid), None
+    if grid is not None:
         try:
-            tuned = plan_v3.load_tuned()
+            tuned = grid.load_tuned()
         except RuntimeError as exc:
-            parser.error(f"--grid v3: {exc}")
-        sizes, planned = plan_v3.V3, [s.name for s in plan_v3.full_plan(tuned)]
+            parser.error(f"--grid {args.grid}: {exc}")
+        sizes, planned = grid.design.sizes, [s.name for s in full_grid_plan(tuned, grid.design)]
     else:
         sizes = QUICK if args.quick else Sizes()
         planned = [s.name for s in full_plan(records, sizes, args.quick)]
     write_report(
         args.out,
         args.docs,
-        command="python -m benchmarks.compare" + (" --quick" if args.quick else " --grid v3" if tuned else ""),
+        command=grid.command if grid else "python -m benchmarks.compare" + " --quick" * args.quick,
         planned=planned,
         quick=args.quick,
         tracking_uri=args.tracking_uri,
         sizes=sizes,
         code_now=code_hash(),
+        grid=grid,
         tuned=tuned,
-        deviations=DEVIATIONS if tuned else None,
     )
 
 

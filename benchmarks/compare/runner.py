@@ -5,6 +5,7 @@ embedded base, under the protocol written at the top of the report (:data:`bench
     python -m benchmarks.compare                # the full grid (resumable: run it again to continue)
     python -m benchmarks.compare --report-only  # rewrite the report and the MLflow runs from the records
     python -m benchmarks.compare --grid v3      # benchmark v3: the pre-registered replication (plan_v3)
+    python -m benchmarks.compare --grid v4      # benchmark v4: the re-tuned methods at 160 iterations (plan_v4)
 
 The grid runs in phases; each phase's cells are independent subprocesses (``--workers`` at a time), and a phase
 that needs an earlier one's result (each method's learning rate) is planned when that phase is done:
@@ -30,9 +31,11 @@ the cells' subprocesses :mod:`~benchmarks.compare.cell_runs`) and then writes th
 
 ``--grid v3`` runs benchmark v3 instead (:mod:`~benchmarks.compare.plan_v3`, records and report under
 ``docs/benchmarks-v3/grid``): no sweep (the tuning sweep, :mod:`~benchmarks.compare.tuning`, chose each method's
-recipe and rate), an own-rate phase after the stress cells, the seeds the pre-registration fixed. It refuses to
-start a cell before the pre-registration is committed without ``DRAFT`` or while the tuning sweep has not settled
-every method.
+recipe and rate), an own-rate phase after the stress cells, the seeds the pre-registration fixed. ``--grid v4``
+runs benchmark v4 the same way (:mod:`~benchmarks.compare.plan_v4`, ``docs/benchmarks-v4/grid``; the sweep
+:mod:`~benchmarks.compare.tuning_v4`), with a replicate V-GRPO group. A pre-registered grid
+(:mod:`~benchmarks.compare.registered`) refuses to start a cell before its pre-registration is committed without
+``DRAFT`` or while its tuning sweep has not settled every method.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import ROOT
-from benchmarks.compare import plan_v3
+from benchmarks.compare import grid
 from benchmarks.compare.analysis import load_records
 from benchmarks.compare.cell import run_cell
 from benchmarks.compare.cell_runs import record_elapsed, run_phase, sync_records
@@ -59,7 +62,8 @@ from benchmarks.compare.plan import (
     plan_phase,
     sweep_extensions,
 )
-from benchmarks.compare.report import DEVIATIONS, V3_DOCS, write_report
+from benchmarks.compare.registered import GRIDS
+from benchmarks.compare.report import write_report
 from benchmarks.provenance import code_hash
 from vgrpo.atomic import write_json_atomic
 
@@ -67,9 +71,10 @@ from vgrpo.atomic import write_json_atomic
 def run_grid(args: argparse.Namespace, sizes: Sizes, out: Path, started: float) -> None:
     """Every phase in order (``--phases``), each planned when the phases it needs are done; the sweep adds the
     next rung out while a method's best rung is at an edge of its ladder."""
-    if args.grid == "v3":
+    if args.grid in GRIDS:
+        design = replace(GRIDS[args.grid].design, sizes=sizes)
         for phase in args.phases:
-            run_phase(plan_v3.plan_phase(phase, args.tuned, sizes), args, sizes, out, started)
+            run_phase(grid.plan_phase(phase, args.tuned, design), args, sizes, out, started)
         return
     tried: list[str] = []  # a rung whose cell failed is not planned again in this invocation
     for phase in PHASES if args.quick else args.phases:
@@ -95,14 +100,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="cells trained at once")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per cell")
     parser.add_argument(
-        "--grid", choices=("v2", "v3"), default="v2", help="v2 (default) or v3, the pre-registered replication"
+        "--grid",
+        choices=("v2", *GRIDS),
+        default="v2",
+        help="v2 (default), or a pre-registered grid: v3 (the replication), v4 (the re-tuned methods)",
     )
     parser.add_argument(
         "--phases",
         nargs="*",
         default=None,
-        choices=sorted(set(PHASES) | set(plan_v3.PHASES)),
-        help=f"phases to run (v2: {', '.join(PHASES)}; v3: {', '.join(plan_v3.PHASES)})",
+        choices=sorted(set(PHASES).union(*(g.design.phases for g in GRIDS.values()))),
+        help=f"phases to run (v2: {', '.join(PHASES)}; "
+        + "; ".join(f"{n}: {', '.join(g.design.phases)}" for n, g in GRIDS.items())
+        + ")",
     )
     parser.add_argument("--seeds", type=int, default=None, help="training seeds per method (default 3; quick 1)")
     parser.add_argument("--report-only", action="store_true")
@@ -128,33 +138,35 @@ def main() -> None:
     )
     parser.add_argument("--cell", help="(internal) run this cell's spec JSON in this process")
     args = parser.parse_args()
-    v3 = args.grid == "v3"
-    phases = plan_v3.PHASES if v3 else PHASES
+    registered = GRIDS.get(args.grid)
+    phases = registered.design.phases if registered else PHASES
     args.phases = phases if args.phases is None else args.phases
     if unknown := [p for p in args.phases if p not in phases]:
         parser.error(f"--phases: {unknown} are not phases of grid {args.grid} ({', '.join(phases)})")
-    if v3 and (args.quick or args.seeds is not None):
+    if registered and (args.quick or args.seeds is not None):
         parser.error(
-            "--quick and --seeds are v2's: v3's cells and seeds are pre-registered (benchmarks/compare/plan_v3.py)"
+            f"--quick and --seeds are v2's: {args.grid}'s cells and seeds are pre-registered "
+            f"(benchmarks/compare/plan_{args.grid}.py)"
         )
-    sizes = plan_v3.V3 if v3 else QUICK if args.quick else Sizes()
+    sizes = registered.design.sizes if registered else QUICK if args.quick else Sizes()
     if args.seeds is not None:
         sizes = replace(sizes, seeds=args.seeds)
-    name = "v3" if v3 else "quick" if args.quick else "full"
+    name = args.grid if registered else "quick" if args.quick else "full"
     out = Path(args.out or ROOT / "runs" / "bench" / name).resolve()
     if args.cell:
         spec = RunSpec(**json.loads(args.cell))
         write_json_atomic(out / f"{spec.name}.json", run_cell(spec, sizes, out, args.threads))
         return
-    if v3:
+    args.tuned = None
+    if registered:
         try:
-            args.tuned = plan_v3.load_tuned()
+            args.tuned = registered.load_tuned()
             if not args.report_only:
-                plan_v3.check_preregistered()
-        except (RuntimeError, plan_v3.NotPreregistered) as exc:
-            parser.error(f"--grid v3: {exc}")
+                registered.check_preregistered()
+        except (RuntimeError, grid.NotPreregistered) as exc:
+            parser.error(f"--grid {args.grid}: {exc}")
     out.mkdir(parents=True, exist_ok=True)
-    default_docs = {"v3": V3_DOCS, "quick": ROOT / "docs" / "benchmarks-quick"}
+    default_docs = {"quick": ROOT / "docs" / "benchmarks-quick", **{n: g.docs for n, g in GRIDS.items()}}
     docs = Path(args.docs) if args.docs else default_docs.get(name, ROOT / "docs" / "benchmarks")
     args.records = args.records or docs / "cells.jsonl"
     sync_records(out, args.records, export=False)
@@ -163,11 +175,12 @@ def main() -> None:
     if not args.report_only:
         run_grid(args, sizes, out, started)
         record_elapsed(out, args, started)  # the grid's elapsed time is the sum of its invocations (it resumes)
-    command = "python -m benchmarks.compare" + (" --quick" if args.quick else " --grid v3" if v3 else "")
     tracking = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
-    if v3:
-        planned = [s.name for s in plan_v3.full_plan(args.tuned, sizes)]
+    if registered:
+        command = registered.command
+        planned = [s.name for s in grid.full_plan(args.tuned, replace(registered.design, sizes=sizes))]
     else:
+        command = "python -m benchmarks.compare" + " --quick" * args.quick
         planned = [s.name for s in full_plan(load_records(out), sizes, args.quick)]
     write_report(
         out,
@@ -178,8 +191,8 @@ def main() -> None:
         tracking_uri=tracking,
         sizes=sizes,
         code_now=code_hash(),
-        tuned=args.tuned if v3 else None,
-        deviations=DEVIATIONS if v3 else None,
+        grid=registered,
+        tuned=args.tuned,
     )
     print(f"report: {docs / 'README.md'}")
 

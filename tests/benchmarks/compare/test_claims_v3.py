@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import METHODS
-from benchmarks.compare import analysis, claim_rows, claim_sets, claims, plan_v3, report, rules, verdicts
+from benchmarks.compare import analysis, claim_rows, claim_sets, claims, plan_v3, registered, report, rules, verdicts
 from tests.benchmarks.compare import synthetic
 
 TUNED = {m: plan_v3.Tuned("v2", 4e-4, {}) for m in METHODS} | {
@@ -86,7 +86,7 @@ def test_the_v3_report_states_its_protocol_recipes_and_fifteen_row_family(v3_rec
         planned=planned,
         sizes=plan_v3.V3,
         tuned=TUNED,
-        deviations=deviations,
+        grid=dataclasses.replace(registered.GRIDS["v3"], deviations=deviations),
     )
     text = (docs / "README.md").read_text()
     assert text.startswith("# Benchmark v3: the pre-registered replication")

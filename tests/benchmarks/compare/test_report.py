@@ -25,6 +25,7 @@ from benchmarks.compare import (
     mlflow_runs,
     plan,
     plan_v3,
+    registered,
     report,
     verdicts,
 )
@@ -377,12 +378,12 @@ def test_the_committed_records_rebuild_the_committed_report(folder: str, tmp_pat
 def test_the_committed_v3_records_rebuild_the_committed_v3_report(tmp_path: Path) -> None:
     tuned = plan_v3.load_tuned()
     rebuilt = _rebuild_committed_report(
-        report.V3_DOCS,
+        registered.V3_DOCS,
         tmp_path,
         command="python -m benchmarks.compare --grid v3",
         planned=[s.name for s in plan_v3.full_plan(tuned, plan_v3.V3)],
         sizes=plan_v3.V3,
         tuned=tuned,
-        deviations=report.DEVIATIONS,
+        grid=registered.GRIDS["v3"],
     )
     assert "Not run yet" not in rebuilt
