@@ -3,10 +3,12 @@ the v3 pre-registration (`docs/benchmarks/v3-preregistration.md`) sizes its seed
 
     python -m benchmarks.compare.power docs/benchmarks/cells.jsonl [--out docs/benchmarks/v3-power.md] [--claims v3]
     python -m benchmarks.compare.power docs/benchmarks-v3/tuning/cells.jsonl --tuning --claims v3
+    python -m benchmarks.compare.power docs/benchmarks-v4/tuning/cells.jsonl --tuning v4 --claims v4
 
-With ``--tuning`` the records are the v3 tuning sweep's: each method's chosen rung (its seeds, validation prompts)
-stands in for its methods cells (:func:`benchmarks.compare.tuning.chosen_as_methods`), so the rows that compare
-methods (E1-E3, N1, N2) are sized by the tuned baselines' effects; the other rows have no cells there.
+With ``--tuning`` the records are the v3 tuning sweep's (``--tuning v4``: v4's): each method's chosen rung (its
+seeds, validation prompts) stands in for its methods cells (:meth:`benchmarks.compare.rungs.Sweep.chosen_as_methods`),
+so the rows that compare methods (E1-E3, D1-D3, N1, N2) are sized by the tuned methods' effects; the other rows have
+no cells there, nor do the methods the sweep has not settled yet.
 
 For each row: its estimate's distance from the threshold (taken as the true effect), the seeds' part of the
 variance at one seed per group (unbiased) and the prompt interaction (which seeds do not lower), both from
@@ -20,14 +22,17 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.compare import tuning
+from benchmarks.compare import tuning, tuning_v4
 from benchmarks.compare.analysis import Analysis, load_records
 from benchmarks.compare.claim_rows import claim_rows
 from benchmarks.compare.claim_sets import CLAIM_SETS
 from benchmarks.compare.rules import ClaimSet
+from benchmarks.compare.rungs import BASE
 from benchmarks.compare.studentized import POWER, seeds_for_power
 from benchmarks.compare.verdicts import ALPHA, Row, fmt_seeds
 from vgrpo.atomic import write_text_atomic
+
+SWEEPS = {"v3": tuning.V3, "v4": tuning_v4.V4}
 
 
 def bonferroni(r: Row, family_size: int) -> float | None:
@@ -73,7 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("records", type=Path, help="a report's cells.jsonl (or a grid's cell folder)")
     parser.add_argument("--out", type=Path, default=None, help="write the table here (markdown) as well")
     parser.add_argument("--claims", choices=sorted(CLAIM_SETS), default="v2", help="the grid's claims (default v2)")
-    parser.add_argument("--tuning", action="store_true", help="the records are the v3 tuning sweep's (see above)")
+    parser.add_argument(
+        "--tuning",
+        nargs="?",
+        const="v3",
+        choices=sorted(SWEEPS),
+        default=None,
+        help="the records are a tuning sweep's (see above): v3's (the default) or v4's",
+    )
     args = parser.parse_args(argv)
     if not args.records.exists():
         parser.error(f"records: {args.records} does not exist")
@@ -82,11 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     claims = replace(CLAIM_SETS[args.claims], one_machine=False)
     records = load_records(args.records)
     if args.tuning:
-        if tuning.BASE.name not in records:
-            parser.error(f"records: {args.records} has no {tuning.BASE.name} (not the tuning sweep's records?)")
-        records = tuning.chosen_as_methods(records)
+        if BASE.name not in records:
+            parser.error(f"records: {args.records} has no {BASE.name} (not the tuning sweep's records?)")
+        records = SWEEPS[args.tuning].chosen_as_methods(records)
     rows = claim_rows(Analysis(records), refine_near=False, claims=claims)
-    source = args.records.as_posix() + (" --tuning" if args.tuning else "")
+    flag = {None: "", "v3": " --tuning", "v4": " --tuning v4"}[args.tuning]
+    source = args.records.as_posix() + flag
     lines = power_table(rows, source, claims)
     print("\n".join(lines))
     if args.out:

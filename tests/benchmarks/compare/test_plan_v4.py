@@ -141,3 +141,21 @@ def _write(tmp_path: Path, records: dict[str, Any]) -> Path:
     path = tmp_path / "cells.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records.values()))
     return path
+
+
+def test_the_power_command_sizes_v4_from_the_v4_sweeps_choices(tmp_path: Path) -> None:
+    """``--tuning v4``: each method the v4 sweep has settled stands in with its chosen rung for its methods cells,
+    so the rows between settled methods (D1: V-GRPO against DiffusionNFT) are sized; the others have no cells."""
+    from benchmarks.compare import power
+
+    curves: dict[tuple[str, str, float], list[list[float]]] = {}
+    for lr in V4.rates["vgrpo"]:
+        curves[("vgrpo", "nmc10", lr)] = [[0.5] * 7 + [0.60], [0.5] * 7 + [0.62]]
+    for lr in V4.rates["diffusion_nft"]:
+        curves[("diffusion_nft", "official", lr)] = [[0.5] * 7 + [0.64], [0.5] * 7 + [0.63]]
+    path = _write(tmp_path, sweep_records(V4, curves))
+    power.main([str(path), "--tuning", "v4", "--claims", "v4", "--out", str(tmp_path / "power.md")])
+    text = (tmp_path / "power.md").read_text()
+    assert f"`{path.as_posix()} --tuning v4`" in text
+    ids = [line.split(" | ")[0][2:] for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert "D1" in ids and "E1" not in ids  # MixGRPO has no settled rung
