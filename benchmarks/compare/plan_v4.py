@@ -51,14 +51,15 @@ DESIGN = Design(
     sizes=SIZES,
     seed0=SEED0,
     phases=PHASES,
-    preference_stress_seeds=15,
+    preference_stress_seeds=5,
     own_rate_seeds=9,
     replicate_seeds=11,
     replicated=("vgrpo",),
     recipe_in_preference=True,
 )
-"""Benchmark v4's grid. Unlike v3 the preference cells train each method's tuned recipe (at the preference stage's
-rate): a recipe is the method's, a rate the reward's."""
+"""Benchmark v4's grid (DRAFT counts). Unlike v3 the preference cells train each method's tuned recipe (at the
+preference stage's rate): a recipe is the method's, a rate the reward's. 5 seeds per preference stress cell, not
+v3's 15: S2 needs 3 at Bonferroni on v3's variances (``docs/benchmarks-v4/power-from-v3.md``)."""
 TUNING_RECORDS = ROOT / "docs" / "benchmarks-v4" / "tuning" / "cells.jsonl"
 PREFERENCE_EVAL_FACTOR = 11.13 / 630 / (6.49 / 540)
 """A preference evaluation prompt's seconds over a GenEval one's: v3's base evaluations on one machine

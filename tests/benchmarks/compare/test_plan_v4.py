@@ -34,7 +34,7 @@ def test_the_cells_by_phase_and_their_fresh_seed_blocks() -> None:
         "base": 2,
         "methods": 55,
         "replicate": 11,
-        "stability": 72,
+        "stability": 32,
         "own_rate": 36,
         "ablation": 28,
         "preference": 10,
