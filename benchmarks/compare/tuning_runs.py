@@ -1,6 +1,6 @@
 """Running a tuning sweep (:mod:`benchmarks.compare.tuning`, :mod:`benchmarks.compare.tuning_v4`): its command
-line, and its rounds of cells until its plan has nothing left to run (each round's finished rungs may add edge
-extensions), then its report."""
+line, and its cells in the sweep's order, planned again after each (a finished rung may add an edge extension,
+which runs next to its recipe's other rungs), until its plan has nothing left to run; then its report."""
 
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ def committed_records(args: argparse.Namespace) -> Path:
     return Path(args.docs) / "tuning" / "cells.jsonl"
 
 
+def running_order(sweep: Sweep, spec: RunSpec) -> int:
+    """A cell's place in the running order: the base first, then by its (method, recipe) in the sweep's order, so
+    that a recipe's edge extensions run before the recipes after it (the sort keeps the plan's order within one)."""
+    return -1 if spec.phase == "base" else sweep.order.index((spec.method, spec.variant))
+
+
 def run(
     sweep: Sweep,
     args: argparse.Namespace,
@@ -55,20 +61,26 @@ def run(
     args.started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     sizes = Sizes()
     eval_prompt_file(out, "geneval", "val", sizes)  # written once here, not by two cells at once
+    tried: set[str] = set()  # a cell that failed is not started again in this invocation
     while not args.report_only:
         records = load_records(out)
         left = [s for s in sweep.plan(records) if not (out / f"{s.name}.json").is_file()]
         here = runnable(records) if runnable else (lambda _: True)
-        todo = [s for s in left if here(s)]
+        todo = sorted((s for s in left if here(s) and s.name not in tried), key=lambda spec: running_order(sweep, spec))
         if not todo:
-            if left:
-                print(f"{len(left)} cells left for another machine: {', '.join(s.name for s in left)}", file=sys.stderr)
+            if others := [s for s in left if not here(s)]:
+                names = ", ".join(s.name for s in others)
+                print(f"{len(others)} cells left for another machine: {names}", file=sys.stderr)
             break
-        cell_runs.run_phase(todo, args, sizes, out, started)
-        if all(not (out / f"{s.name}.json").is_file() for s in todo):
-            print("no cell of this round finished; see the logs", file=sys.stderr)
-            return 1
+        # ``workers`` cells at a time, planned again after each batch: a rung's edge extension runs as soon as
+        # its recipe's rungs call for it, before the recipes after it in the sweep's order
+        batch = todo[: max(1, args.workers)]
+        tried |= {s.name for s in batch}
+        cell_runs.run_phase(batch, args, sizes, out, started)
+    failed = sorted(n for n in tried if not (out / f"{n}.json").is_file())
+    if failed:
+        print(f"{len(failed)} cells did not finish (see their logs): {', '.join(failed)}", file=sys.stderr)
     records = load_records(out)
     write_text_atomic(args.docs / "tuning.md", report(records, sweep.plan(records)))
     print(json.dumps({m: (c.recipe, c.lr) if c else None for m, c in sweep.choose(records).items()}))
-    return 0
+    return 1 if not args.report_only and failed else 0

@@ -118,6 +118,9 @@ DEVIATIONS: tuple[str, ...] = (
     " one cell on the Intel Xeon (6/167) is moved to tuning/superseded.jsonl (kept, read by no choice) and runs"
     " again; four sessions in a row were lent the AMD EPYC, and the machine-effect study found no shift between the"
     " two models beyond +-0.02 (docs/benchmarks-v4/machine-effect.md); the base's record stays the Intel one",
+    "from 2026-12-07 about 19:55 UTC the runner plans again after each cell and runs a recipe's edge extensions"
+    " next to its own rungs, in the sweep's order of recipes, not after every recipe's first rungs (so V-GRPO's"
+    " choice no longer waits for the baselines' 40 first cells); the cells, seeds, rates and rule are unchanged",
 )
 """Departures from the pre-registration, each a sentence: listed at the top of the report."""
 COMMAND = "python -m benchmarks.compare.tuning_v4"

@@ -268,8 +268,11 @@ def test_the_runner_runs_only_the_cells_this_machine_may_run(
     args = tuning_runs.parser("p", "", out, docs).parse_args(["--threads", "2"])
     runnable = {"mixgrpo"}
     code = tuning_runs.run(V4, args, lambda *_: "report", runnable=lambda _: lambda s: s.method in runnable)
-    assert code == 1 and len(ran) == 1 and ran[0]  # its cells did not finish (run_phase is a stand-in)
-    assert set(ran[0]) == {"mixgrpo"}
+    assert code == 1 and ran  # its cells did not finish (run_phase is a stand-in), each tried once, one at a time
+    assert all(batch == ["mixgrpo"] for batch in ran)
+    left = [s for s in V4.plan(records) if s.method == "mixgrpo" and s.name not in records]
+    assert len(ran) == len(left)
+    assert "did not finish" in capsys.readouterr().err
     runnable.clear()
     assert tuning_runs.run(V4, args, lambda *_: "report", runnable=lambda _: lambda s: s.method in runnable) == 0
     assert "cells left for another machine" in capsys.readouterr().err
@@ -334,3 +337,34 @@ def test_a_superseded_record_runs_again_and_pins_no_machine(tmp_path: Path, monk
     (out / f"{name}.json").write_text(json.dumps(rerun))
     assert tuning_v4.main(argv) == 0 and name in seen["records"]
     assert tuning_v4.method_machines(seen["records"])["vgrpo"] == (cpu_model(), 2)
+
+
+def test_an_edge_extension_runs_next_to_its_recipes_rungs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """V-GRPO's v3 recipe is best at its lowest rate: its next rate down runs before the next recipe's cells, not
+    after every recipe's first rungs (the cells are planned again after each)."""
+    lows = {("vgrpo", "v3", lr): [[0.5, 0.6 - 1000 * (lr - 2e-4)]] * 2 for lr in V4.rates["vgrpo"]}
+    records = sweep_records(V4, lows)
+    _machine(records, cpu_model(), 2)
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    _write(records, out, docs, "folder")
+    ran: list[str] = []
+
+    def run_phase(todo: list[Any], *_: Any) -> None:
+        for spec in todo:
+            ran.append(spec.name)
+            score = 0.55 if spec.variant == "v3" else 0.6 - 1000 * abs(spec.lr - 4e-4)  # interior: no extension
+            (out / f"{spec.name}.json").write_text(json.dumps(_cell(spec, score)))
+
+    monkeypatch.setattr(tuning_runs.cell_runs, "run_phase", run_phase)
+    monkeypatch.setattr(tuning_runs, "eval_prompt_file", lambda *_: None)
+    args = tuning_runs.parser("p", "", out, docs).parse_args(["--threads", "2"])
+    here = {"v3", "nmc10"}
+    assert tuning_runs.run(V4, args, lambda *_: "report", runnable=lambda _: lambda s: s.variant in here) == 0
+    assert ran[:2] == ["tune-geneval-vgrpo-v3-lr0.0001-s1600", "tune-geneval-vgrpo-v3-lr0.0001-s1601"]
+    assert all("nmc10" in name for name in ran[2:]) and len(ran) == 2 + 2 * len(V4.rates["vgrpo"])
+
+
+def _cell(spec: Any, score: float) -> dict[str, Any]:
+    from tests.benchmarks.compare.tuning_records import record
+
+    return record(spec, [0.5, score], every=float(V4.eval_every))
