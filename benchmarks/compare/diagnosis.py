@@ -23,11 +23,13 @@ from typing import Any
 
 from benchmarks.compare.analysis import load_records
 from benchmarks.compare.diagnosis_tables import (
+    FALL,
     by_method,
     change_table,
     diagnostic_table,
     heldout_table,
     not_recorded,
+    precursor_table,
     seed_tag_table,
     tag_tables,
 )
@@ -73,6 +75,19 @@ def _reward_lines(records: Sequence[dict[str, Any]], phase: str, reward: str, by
         "",
         *heldout_table(cells),
         "",
+    ]
+    if precursors := precursor_table(cells, first=by):
+        lines += [
+            "### What moved before a held-out fall",
+            "",
+            f"Each {by} with a cell whose held-out score fell more than {FALL} below its best earlier point, each "
+            f"seed: where it fell, and means over the blocks between evaluation points up to the fall (the seeds "
+            "that did not fall: up to the latest fall), the first block first.",
+            "",
+            *precursors,
+            "",
+        ]
+    lines += [
         "### Per-iteration diagnostics, by quarter of the run",
     ]
     for diagnostic in DIAGNOSTICS:

@@ -14,12 +14,15 @@ from benchmarks.common import LABELS, METHODS
 from benchmarks.compare.series import DIAGNOSTICS, Diagnostic
 
 __all__ = [
+    "FALL",
     "NOT_RECORDED",
     "by_method",
     "change_table",
     "diagnostic_table",
+    "fall_point",
     "heldout_table",
     "not_recorded",
+    "precursor_table",
     "quarter_bounds",
     "quarter_means",
     "seed_tag_table",
@@ -224,5 +227,59 @@ def seed_tag_table(records: Records, tags: Sequence[str]) -> list[str]:
             point = r["curve"][-1]
             cols = [str(r["spec"]["seed"]), str(int(point["iteration"])), fmt(point["score"])]
             cols += [fmt(_tag_mean(point["per_prompt"], tags, tag)) for tag in names]
+            lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cols) + " |")
+    return lines
+
+
+FALL = 0.08
+"""A held-out fall: an evaluation point this far below the cell's best point before it (the tuning sweeps' late
+collapse margin, pre-registered for v3's and v4's sweeps)."""
+PRECURSORS = (
+    ("gradient norm", "grad_norm_per_iteration"),
+    ("surrogate mean", "surrogate_mean_per_iteration"),
+    ("train reward", "train_reward"),
+)
+
+
+def fall_point(curve: Sequence[dict[str, Any]], fall: float = FALL) -> tuple[int, float, float] | None:
+    """The first evaluation point more than ``fall`` below the best point before it: (iteration, best, score)."""
+    best = None
+    for p in curve:
+        if best is not None and p["score"] < best - fall:
+            return int(p["iteration"]), best, float(p["score"])
+        best = p["score"] if best is None else max(best, p["score"])
+    return None
+
+
+def _block_means(series: Sequence[float | None], width: int) -> list[float | None]:
+    out = []
+    for start in range(0, len(series), width):
+        values = [v for v in series[start : start + width] if v is not None]
+        out.append(statistics.fmean(values) if values else None)
+    return out
+
+
+def precursor_table(records: Records, fall: float = FALL, first: str = "method") -> list[str]:
+    """For every method (rung) with a cell whose held-out score fell (:func:`fall_point`), each of its seeds: where
+    it fell, and each series of :data:`PRECURSORS` as means over the blocks between evaluation points (the last
+    block the one ending at the fall), beside the seeds that did not fall: what moved before the score did. Empty
+    when no cell fell."""
+    lines: list[str] = []
+    for method, cells in records.items():
+        falls = {id(r): fall_point(r["curve"], fall) for r in cells}
+        if not any(falls.values()):
+            continue
+        width = int(cells[0]["spec"].get("eval_every") or 1)
+        stop = max(f[0] for f in falls.values() if f)
+        if not lines:
+            lines = _header(first, ["seed", "held-out fell at", *(name for name, _ in PRECURSORS)])
+        for r in cells:
+            f = falls[id(r)]
+            where = f"it. {f[0]}: {f[1]:.3f} to {f[2]:.3f}" if f else "did not fall"
+            cols = [str(r["spec"]["seed"]), where]
+            for _, key in PRECURSORS:
+                blocks = _block_means(r.get(key) or [], width)[: (f[0] if f else stop) // width]
+                shown = " → ".join(NOT_RECORDED if v is None else fmt(v) for v in blocks)
+                cols.append(shown if any(v is not None for v in blocks) else NOT_RECORDED)
             lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cols) + " |")
     return lines

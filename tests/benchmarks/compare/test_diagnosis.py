@@ -11,7 +11,9 @@ from benchmarks.compare.diagnosis_tables import (
     by_method,
     change_table,
     diagnostic_table,
+    fall_point,
     heldout_table,
+    precursor_table,
     quarter_bounds,
     quarter_means,
     spread,
@@ -159,3 +161,24 @@ def test_the_v3_diagnosis_page_holds_the_tables_of_the_committed_records() -> No
 
     records = list(load_records(ROOT / "docs/benchmarks-v3/grid/cells.jsonl").values())
     assert "\n".join(diagnosis_lines(records, "methods")) in (ROOT / "docs/benchmarks-v3/diagnosis.md").read_text()
+
+
+def test_a_held_out_fall_and_what_moved_before_it() -> None:
+    """V-GRPO's seed 0 falls at iteration 6 (0.70 to 0.55, more than FALL below its best); the table shows its
+    series by block up to the fall, and its seed 1, which did not fall, up to the same iteration; a method with
+    no fall has no row."""
+    assert fall_point([{"iteration": 2, "score": 0.6}, {"iteration": 4, "score": 0.7}]) is None
+    curve = [{"iteration": float(it), "score": s} for it, s in ((2, 0.6), (4, 0.7), (6, 0.55), (8, 0.3))]
+    assert fall_point(curve) == (6, 0.7, 0.55)
+    cells = by_method(_records()[1:], "methods", "geneval")
+    for cell in cells["vgrpo"]:
+        cell["spec"]["eval_every"] = 2
+    cells["vgrpo"][0]["curve"] = curve
+    cells["vgrpo"][0]["surrogate_mean_per_iteration"] = [-0.4, -0.4, -0.5, -0.5, -0.9, -0.9, -2.0, -2.0]
+    lines = precursor_table(cells)
+    assert lines[0] == "| method | seed | held-out fell at | gradient norm | surrogate mean | train reward |"
+    fell, held = lines[2:]
+    assert fell.startswith("| V-GRPO | 0 | it. 6: 0.700 to 0.550 | 1.2 → 1.2 → 0.7 |")  # 3 blocks of 2 iterations
+    assert "| -0.4 → -0.5 → -0.9 | 0.3 → 0.4 → 0.5 |" in fell
+    assert held == "| V-GRPO | 1 | did not fall | 1 → 1 → 0.5 | not recorded | 0.1 → 0.2 → 0.3 |"
+    assert precursor_table(by_method(_records()[1:], "methods", "geneval")) == []
