@@ -13,7 +13,9 @@ The machine time is an estimate for one machine type, from the sweep's own recor
 each cell's training seconds per iteration are its recipe's in the sweep (an N_MC ablation scales the part of the
 iteration that N_MC multiplies, the surrogate's preparation and the update, by its N_MC over the recipe's), and
 each evaluation point costs the sweep's seconds per evaluated prompt times the cell's evaluation prompts (the
-preference evaluation's prompts at :data:`PREFERENCE_EVAL_FACTOR` times a GenEval prompt's).
+preference evaluation's prompts at :data:`PREFERENCE_EVAL_FACTOR` times a GenEval prompt's). A sweep cell's seconds
+per evaluated prompt are its wall time less its training seconds over its evaluated prompts, so they carry its
+loading too.
 """
 
 from __future__ import annotations
@@ -129,10 +131,10 @@ def cost_model(records: dict[str, dict[str, Any]], sizes: Sizes = SIZES) -> Call
             return None
         prompts = sizes.preference_prompts if spec.reward == "preference" else sizes.test_prompts
         factor = PREFERENCE_EVAL_FACTOR if spec.reward == "preference" else 1.0
-        points = spec.iterations // spec.eval_every + 1
-        evaluation = points * prompts * eval_prompt_s * factor
+        one_evaluation = prompts * eval_prompt_s * factor
         if spec.phase == "base":
-            return evaluation / points
+            return one_evaluation
+        evaluation = (spec.iterations // spec.eval_every) * one_evaluation  # the start is the base's evaluation
         overrides, n_mc = spec.overrides, None
         if spec.phase == "ablation":
             # the variant's keys off the recipe: its cost is the recipe's, N_MC scaled
