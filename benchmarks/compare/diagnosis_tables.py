@@ -69,13 +69,19 @@ def quarter_bounds(n: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
-def quarter_means(series: Sequence[float | None]) -> list[float | None]:
-    """Each quarter's mean of a per-iteration series, over the iterations that logged it (None: none did)."""
+def span_means(series: Sequence[float | None], bounds: Sequence[tuple[int, int]]) -> list[float | None]:
+    """The mean of a per-iteration series over each ``[start, stop)`` span, over the iterations that logged it
+    (None: none did)."""
     out: list[float | None] = []
-    for start, stop in quarter_bounds(len(series)):
+    for start, stop in bounds:
         values = [v for v in series[start:stop] if v is not None]
         out.append(sum(values) / len(values) if values else None)
     return out
+
+
+def quarter_means(series: Sequence[float | None]) -> list[float | None]:
+    """Each quarter's mean of a per-iteration series (:func:`span_means`)."""
+    return span_means(series, quarter_bounds(len(series)))
 
 
 def fmt(x: float) -> str:
@@ -252,11 +258,7 @@ def fall_point(curve: Sequence[dict[str, Any]], fall: float = FALL) -> tuple[int
 
 
 def _block_means(series: Sequence[float | None], width: int) -> list[float | None]:
-    out = []
-    for start in range(0, len(series), width):
-        values = [v for v in series[start : start + width] if v is not None]
-        out.append(statistics.fmean(values) if values else None)
-    return out
+    return span_means(series, [(start, start + width) for start in range(0, len(series), width)])
 
 
 def precursor_table(records: Records, fall: float = FALL, first: str = "method") -> list[str]:
@@ -266,15 +268,14 @@ def precursor_table(records: Records, fall: float = FALL, first: str = "method")
     when no cell fell."""
     lines: list[str] = []
     for method, cells in records.items():
-        falls = {id(r): fall_point(r["curve"], fall) for r in cells}
-        if not any(falls.values()):
+        falls = [fall_point(r["curve"], fall) for r in cells]
+        if not any(falls):
             continue
         width = int(cells[0]["spec"].get("eval_every") or 1)
-        stop = max(f[0] for f in falls.values() if f)
+        stop = max(f[0] for f in falls if f)
         if not lines:
             lines = _header(first, ["seed", "held-out fell at", *(name for name, _ in PRECURSORS)])
-        for r in cells:
-            f = falls[id(r)]
+        for r, f in zip(cells, falls, strict=True):
             where = f"it. {f[0]}: {f[1]:.3f} to {f[2]:.3f}" if f else "did not fall"
             cols = [str(r["spec"]["seed"]), where]
             for _, key in PRECURSORS:

@@ -72,7 +72,7 @@ def run_grid(args: argparse.Namespace, sizes: Sizes, out: Path, started: float) 
     """Every phase in order (``--phases``), each planned when the phases it needs are done; the sweep adds the
     next rung out while a method's best rung is at an edge of its ladder."""
     if args.grid in GRIDS:
-        design = replace(GRIDS[args.grid].design, sizes=sizes)
+        design = GRIDS[args.grid].design  # its sizes are ``sizes``: --seeds is refused for a pre-registered grid
         for phase in args.phases:
             run_phase(grid.plan_phase(phase, args.tuned, design), args, sizes, out, started)
         return
@@ -178,7 +178,7 @@ def main() -> None:
     tracking = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
     if registered:
         command = registered.command
-        planned = [s.name for s in grid.full_plan(args.tuned, replace(registered.design, sizes=sizes))]
+        planned = [s.name for s in grid.full_plan(args.tuned, registered.design)]
     else:
         command = "python -m benchmarks.compare" + " --quick" * args.quick
         planned = [s.name for s in full_plan(load_records(out), sizes, args.quick)]
